@@ -1,0 +1,1 @@
+"""shmring.fault_injection: fault plans, the seams that carry them, and the suites."""

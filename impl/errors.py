@@ -1,0 +1,97 @@
+"""One error tree for shmring.
+
+`ShmringError` is the root. As in trio, `ClosedError` means *you* closed the
+object, while `BrokenError` / `ProducerGoneError` mean the other side changed
+(the cause, when there is one, is in `__cause__`). Each error also inherits
+the builtin a caller would catch without knowing shmring (PyAV's
+`InvalidDataError(FFmpegError, ValueError)` is the pattern), and messages
+carry the offending value: ``"ring capacity out of range: capacity=1000"``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+
+class ShmringError(Exception):
+    """Root of every error shmring raises on purpose."""
+
+
+class ConfigurationError(ShmringError, ValueError):
+    """A configuration value is invalid (ring size, budget, scope, option type)."""
+
+
+class ClosedError(ShmringError, RuntimeError):
+    """The object was closed by its owner and cannot be used any more."""
+
+
+class BrokenError(ShmringError, RuntimeError):
+    """The other side changed under us (corruption, unexpected state)."""
+
+
+class ProducerGoneError(BrokenError):
+    """The producer of a channel exited or closed it."""
+
+
+class CorruptFrameError(BrokenError, ValueError):
+    """A header, frame, descriptor or segment failed validation."""
+
+
+class FrameTooLargeError(ShmringError, ValueError):
+    """A frame is larger than anything that can carry it."""
+
+
+class UnsupportedPayloadError(ShmringError, TypeError):
+    """The payload holds an object the codec does not carry (never pickled)."""
+
+
+class InvalidKeyError(ShmringError, ValueError):
+    """A key or name is malformed (separators, `..`, too long, wrong type)."""
+
+
+class BackPressureError(ShmringError, BufferError):
+    """The fallback byte budget is spent; retry after readers drain it."""
+
+
+class NoSpaceError(ShmringError, OSError):
+    """The OS has no space for a segment (ENOSPC and friends)."""
+
+    def __init__(self, message: str, errno: int = _errno.ENOSPC) -> None:
+        OSError.__init__(self, errno, message)
+
+
+class RegistrationError(ShmringError, RuntimeError):
+    """A CUDA host registration step failed; carries the CUDA error name."""
+
+    def __init__(self, message: str, cuda_error: str | None = None) -> None:
+        super().__init__(message)
+        self.cuda_error = cuda_error
+
+
+class RegistryPoisonedError(RegistrationError):
+    """An unregister failed for good: no new registration until the process restarts."""
+
+
+def describe_errno(code: int) -> str:
+    """`ENOSPC (No space left on device)` for an errno value."""
+    name = _errno.errorcode.get(code, str(code))
+    return f"{name} ({os.strerror(code)})"
+
+
+__all__ = [
+    "BackPressureError",
+    "BrokenError",
+    "ClosedError",
+    "ConfigurationError",
+    "CorruptFrameError",
+    "FrameTooLargeError",
+    "InvalidKeyError",
+    "NoSpaceError",
+    "ProducerGoneError",
+    "RegistrationError",
+    "RegistryPoisonedError",
+    "ShmringError",
+    "UnsupportedPayloadError",
+    "describe_errno",
+]

@@ -1,0 +1,1 @@
+"""shmring.model_tests: lockstep machines (model next to implementation) and their tests."""

@@ -1,0 +1,9 @@
+"""shmring.spec: the executable model of shmring's transports.
+
+Pure Python, no I/O. Reviewers read it to learn what the transports promise;
+tests run it next to the implementation. Nothing here imports numpy, torch,
+mmap, ctypes, cuda or shmring.impl (a test enforces it).
+
+Reading order: layout, ring, connector, producers, discovery, registration,
+leases, invariants, explore. docs/model.md walks through it.
+"""

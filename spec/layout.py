@@ -1,0 +1,132 @@
+"""Byte layout of a host ring file: ring header, then frames.
+
+This module is the single place where the layout is written down. The
+implementation imports these names; it never restates a number.
+
+A ring file::
+
+    0                                                     RING_HEADER_LENGTH
+    +--------------------------- ring header ---------------------------+
+    | magic u64 | version u32 | header length u32 | capacity u64        |  0..24
+    | producer pid u64 | producer start time u64                        | 24..40
+    | ring state u32 | reserved u32 | ...padding to the next cache line |  40..64
+    | head position u64 (written by the producer only)    ...           |  64..128
+    | tail position u64 (written by the producer only)    ...           | 128..192
+    | wake-up sequence u64 (bumped after every publication) ...         | 192..256
+    +-------------------------------------------------------------------+
+    | data region: `capacity` bytes, physical offset = position % capacity
+    +-------------------------------------------------------------------+
+
+A frame in the data region, every field little-endian::
+
+    0       4       6       8               12              16
+    +-------+-------+-------+---------------+---------------+
+    |length |type   |state  | key length    | payload length|
+    |u32    |u16    |u16    | u32           | u32           |
+    +-------+-------+-------+---------------+---------------+
+    16                              24              28      32
+    +-------------------------------+---------------+-------+
+    | position u64                  | checksum u32  | rsvd  |
+    +-------------------------------+---------------+-------+
+    32: key bytes (UTF-8), then payload bytes, then zero fill to FRAME_ALIGNMENT
+
+`length` is written last, after every other byte of the frame: a reader that
+reads a non-zero length (acquire) sees a complete frame. A padding frame only
+carries `length`, `type` and `state`, so it fits in the smallest possible
+remainder at the end of the data region (FRAME_ALIGNMENT bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- ring header -----------------------------------------------------------
+
+RING_MAGIC: Final = 0x31474E49524D4853  # b"SHMRING1" read as a little-endian u64
+RING_VERSION: Final = 1
+
+RING_MAGIC_OFFSET: Final = 0
+RING_VERSION_OFFSET: Final = RING_MAGIC_OFFSET + 8
+RING_HEADER_LENGTH_OFFSET: Final = RING_VERSION_OFFSET + 4
+RING_CAPACITY_OFFSET: Final = RING_HEADER_LENGTH_OFFSET + 4
+RING_PRODUCER_PID_OFFSET: Final = RING_CAPACITY_OFFSET + 8
+RING_PRODUCER_START_TIME_OFFSET: Final = RING_PRODUCER_PID_OFFSET + 8
+RING_STATE_OFFSET: Final = RING_PRODUCER_START_TIME_OFFSET + 8
+
+CACHE_LINE_LENGTH: Final = 64
+# Head, tail and the wake-up sequence each own a cache line so that the
+# producer's stores do not bounce the line readers poll.
+RING_HEAD_OFFSET: Final = CACHE_LINE_LENGTH
+RING_TAIL_OFFSET: Final = RING_HEAD_OFFSET + CACHE_LINE_LENGTH
+RING_WAKEUP_SEQUENCE_OFFSET: Final = RING_TAIL_OFFSET + CACHE_LINE_LENGTH
+RING_HEADER_LENGTH: Final = RING_WAKEUP_SEQUENCE_OFFSET + CACHE_LINE_LENGTH
+
+RING_STATE_OPEN: Final = 1
+RING_STATE_CLOSED: Final = 2
+
+# -- capacity --------------------------------------------------------------
+
+RING_CAPACITY_DISABLED: Final = 0
+MIN_RING_CAPACITY: Final = 4 * 1024
+MAX_RING_CAPACITY: Final = 64 * 1024 * 1024
+RING_CAPACITY_ALIGNMENT: Final = 16
+
+# -- frame header ----------------------------------------------------------
+
+FRAME_LENGTH_OFFSET: Final = 0
+FRAME_TYPE_OFFSET: Final = FRAME_LENGTH_OFFSET + 4
+FRAME_STATE_OFFSET: Final = FRAME_TYPE_OFFSET + 2
+FRAME_KEY_LENGTH_OFFSET: Final = FRAME_STATE_OFFSET + 2
+FRAME_PAYLOAD_LENGTH_OFFSET: Final = FRAME_KEY_LENGTH_OFFSET + 4
+FRAME_POSITION_OFFSET: Final = FRAME_PAYLOAD_LENGTH_OFFSET + 4
+FRAME_CHECKSUM_OFFSET: Final = FRAME_POSITION_OFFSET + 8
+FRAME_RESERVED_OFFSET: Final = FRAME_CHECKSUM_OFFSET + 4
+FRAME_HEADER_LENGTH: Final = FRAME_RESERVED_OFFSET + 4
+FRAME_KEY_OFFSET: Final = FRAME_HEADER_LENGTH
+
+FRAME_ALIGNMENT: Final = 16
+MAX_KEY_LENGTH: Final = 65535
+# A frame larger than capacity // ADMISSION_DIVISOR is not admitted.
+ADMISSION_DIVISOR: Final = 4
+
+# Frame types.
+DATA_FRAME_TYPE: Final = 1
+PADDING_FRAME_TYPE: Final = 2
+
+# Frame states. A frame moves PUBLISHED -> CLAIMED -> DONE (lease mode),
+# PUBLISHED -> DONE (copy-out mode) or PUBLISHED -> RETIRED (re-put, cancel,
+# close). DONE and RETIRED frames, and padding, are reclaimable.
+FRAME_STATE_PUBLISHED: Final = 1
+FRAME_STATE_CLAIMED: Final = 2
+FRAME_STATE_DONE: Final = 3
+FRAME_STATE_RETIRED: Final = 4
+
+FRAME_STATE_NAMES: Final = {
+    FRAME_STATE_PUBLISHED: "published",
+    FRAME_STATE_CLAIMED: "claimed",
+    FRAME_STATE_DONE: "done",
+    FRAME_STATE_RETIRED: "retired",
+}
+
+
+def align(value: int, alignment: int) -> int:
+    """Round `value` up to a multiple of `alignment` (a power of two)."""
+    # Verify the alignment is a power of two and the value is not negative
+    assert alignment > 0 and alignment & (alignment - 1) == 0
+    assert value >= 0
+    return (value + alignment - 1) & ~(alignment - 1)
+
+
+def compute_frame_length(key_length: int, payload_length: int) -> int:
+    """Bytes a data frame occupies in the data region."""
+    # Verify both lengths are non-negative
+    assert key_length >= 0
+    assert payload_length >= 0
+    return align(FRAME_HEADER_LENGTH + key_length + payload_length, FRAME_ALIGNMENT)
+
+
+def compute_ring_file_length(capacity: int) -> int:
+    """Bytes of a ring file: header plus data region."""
+    # Verify the capacity is not negative
+    assert capacity >= 0
+    return RING_HEADER_LENGTH + capacity
