@@ -1,0 +1,248 @@
+"""Reading and writing ring headers and frame headers in a shared mapping.
+
+Design rationale. Producers and readers in different processes share these
+bytes with no lock on the publication path, so the order of stores is the
+protocol: a frame's body and header fields are written first and its length
+last (`store_frame_length_release`, after Aeron's `frameLengthOrdered`); a
+reader that loads a non-zero length (`load_frame_length_acquire`) may read
+the rest. CPython gives no fences, but each `pack_into` of an aligned u32/u64
+is a single aligned store on the platforms we support (x86-64 TSO, and
+aarch64 where aligned 4/8-byte stores are single-copy atomic and the
+interpreter's own locking orders them), which is what the names promise.
+
+Every layout number comes from `shmring.spec.layout`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_CHECKSUM_OFFSET,
+    FRAME_HEADER_LENGTH,
+    FRAME_KEY_LENGTH_OFFSET,
+    FRAME_LENGTH_OFFSET,
+    FRAME_PAYLOAD_LENGTH_OFFSET,
+    FRAME_POSITION_OFFSET,
+    FRAME_STATE_OFFSET,
+    FRAME_TYPE_OFFSET,
+    PADDING_FRAME_TYPE,
+    RING_CAPACITY_OFFSET,
+    RING_HEAD_OFFSET,
+    RING_HEADER_LENGTH,
+    RING_HEADER_LENGTH_OFFSET,
+    RING_MAGIC,
+    RING_MAGIC_OFFSET,
+    RING_PRODUCER_PID_OFFSET,
+    RING_PRODUCER_START_TIME_OFFSET,
+    RING_STATE_OFFSET,
+    RING_TAIL_OFFSET,
+    RING_VERSION,
+    RING_VERSION_OFFSET,
+    RING_WAKEUP_SEQUENCE_OFFSET,
+)
+
+_U16: Final = struct.Struct("<H")
+_U32: Final = struct.Struct("<I")
+_U64: Final = struct.Struct("<Q")
+
+# The data-frame header fields after `length`, packed in one store each way.
+_FRAME_FIELDS: Final = struct.Struct("<HHIIQI")
+assert _FRAME_FIELDS.size == FRAME_CHECKSUM_OFFSET + 4 - FRAME_TYPE_OFFSET
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """A frame header as read from the mapping (not yet validated)."""
+
+    length: int  # 0 while unpublished
+    frame_type: int  # DATA_FRAME_TYPE or PADDING_FRAME_TYPE
+    state: int  # FRAME_STATE_*
+    key_length: int
+    payload_length: int
+    position: int  # the logical position the producer wrote this frame at
+    checksum: int  # crc32 of key and payload bytes
+
+
+@dataclass(frozen=True)
+class RingHeader:
+    magic: int
+    version: int
+    header_length: int
+    capacity: int
+    producer_pid: int
+    producer_start_time: int
+    state: int
+
+
+# -- ring header -------------------------------------------------------------
+
+
+def write_ring_header(
+    buf: memoryview, capacity: int, producer_pid: int, producer_start_time: int, state: int
+) -> None:
+    """Initialise a new ring's header; the magic goes last so a half-made file reads as invalid."""
+    _U32.pack_into(buf, RING_VERSION_OFFSET, RING_VERSION)
+    _U32.pack_into(buf, RING_HEADER_LENGTH_OFFSET, RING_HEADER_LENGTH)
+    _U64.pack_into(buf, RING_CAPACITY_OFFSET, capacity)
+    _U64.pack_into(buf, RING_PRODUCER_PID_OFFSET, producer_pid)
+    _U64.pack_into(buf, RING_PRODUCER_START_TIME_OFFSET, producer_start_time)
+    _U32.pack_into(buf, RING_STATE_OFFSET, state)
+    _U64.pack_into(buf, RING_HEAD_OFFSET, 0)
+    _U64.pack_into(buf, RING_TAIL_OFFSET, 0)
+    _U64.pack_into(buf, RING_WAKEUP_SEQUENCE_OFFSET, 0)
+    _U64.pack_into(buf, RING_MAGIC_OFFSET, RING_MAGIC)
+
+
+def read_ring_header(buf: memoryview) -> RingHeader:
+    return RingHeader(
+        magic=_U64.unpack_from(buf, RING_MAGIC_OFFSET)[0],
+        version=_U32.unpack_from(buf, RING_VERSION_OFFSET)[0],
+        header_length=_U32.unpack_from(buf, RING_HEADER_LENGTH_OFFSET)[0],
+        capacity=_U64.unpack_from(buf, RING_CAPACITY_OFFSET)[0],
+        producer_pid=_U64.unpack_from(buf, RING_PRODUCER_PID_OFFSET)[0],
+        producer_start_time=_U64.unpack_from(buf, RING_PRODUCER_START_TIME_OFFSET)[0],
+        state=_U32.unpack_from(buf, RING_STATE_OFFSET)[0],
+    )
+
+
+def store_ring_state_release(buf: memoryview, state: int) -> None:
+    _U32.pack_into(buf, RING_STATE_OFFSET, state)
+
+
+def load_ring_state_acquire(buf: memoryview) -> int:
+    value: int = _U32.unpack_from(buf, RING_STATE_OFFSET)[0]
+    return value
+
+
+def store_head_release(buf: memoryview, head: int) -> None:
+    """Advance head after the frame it covers is published."""
+    _U64.pack_into(buf, RING_HEAD_OFFSET, head)
+
+
+def load_head_acquire(buf: memoryview) -> int:
+    value: int = _U64.unpack_from(buf, RING_HEAD_OFFSET)[0]
+    return value
+
+
+def store_tail_release(buf: memoryview, tail: int) -> None:
+    _U64.pack_into(buf, RING_TAIL_OFFSET, tail)
+
+
+def load_tail_acquire(buf: memoryview) -> int:
+    value: int = _U64.unpack_from(buf, RING_TAIL_OFFSET)[0]
+    return value
+
+
+def bump_wakeup_sequence_release(buf: memoryview) -> int:
+    """Advance the wake-up sequence (single writer: the producer)."""
+    value: int = _U64.unpack_from(buf, RING_WAKEUP_SEQUENCE_OFFSET)[0] + 1
+    _U64.pack_into(buf, RING_WAKEUP_SEQUENCE_OFFSET, value)
+    return value
+
+
+def load_wakeup_sequence_acquire(buf: memoryview) -> int:
+    value: int = _U64.unpack_from(buf, RING_WAKEUP_SEQUENCE_OFFSET)[0]
+    return value
+
+
+# -- frames ------------------------------------------------------------------
+
+
+def compute_checksum(key: bytes, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(key)) & 0xFFFFFFFF
+
+
+def write_data_frame_fields(
+    buf: memoryview,
+    offset: int,
+    *,
+    state: int,
+    key_length: int,
+    payload_length: int,
+    position: int,
+    checksum: int,
+) -> None:
+    """Write every header field of a data frame except `length`."""
+    _FRAME_FIELDS.pack_into(
+        buf,
+        offset + FRAME_TYPE_OFFSET,
+        DATA_FRAME_TYPE,
+        state,
+        key_length,
+        payload_length,
+        position,
+        checksum,
+    )
+
+
+def write_padding_frame_fields(buf: memoryview, offset: int, state: int) -> None:
+    """A padding frame only has type and state before its length."""
+    _U16.pack_into(buf, offset + FRAME_TYPE_OFFSET, PADDING_FRAME_TYPE)
+    _U16.pack_into(buf, offset + FRAME_STATE_OFFSET, state)
+
+
+def store_frame_length_release(buf: memoryview, offset: int, length: int) -> None:
+    """Publish a frame: its length is the last store a producer makes to it."""
+    _U32.pack_into(buf, offset + FRAME_LENGTH_OFFSET, length)
+
+
+def load_frame_length_acquire(buf: memoryview, offset: int) -> int:
+    value: int = _U32.unpack_from(buf, offset + FRAME_LENGTH_OFFSET)[0]
+    return value
+
+
+def store_frame_state_release(buf: memoryview, offset: int, state: int) -> None:
+    _U16.pack_into(buf, offset + FRAME_STATE_OFFSET, state)
+
+
+def load_frame_state_acquire(buf: memoryview, offset: int) -> int:
+    value: int = _U16.unpack_from(buf, offset + FRAME_STATE_OFFSET)[0]
+    return value
+
+
+def read_frame_header(buf: memoryview, offset: int) -> FrameHeader:
+    """Read a frame header; padding frames read only what they carry."""
+    length = load_frame_length_acquire(buf, offset)
+    frame_type = _U16.unpack_from(buf, offset + FRAME_TYPE_OFFSET)[0]
+    state = _U16.unpack_from(buf, offset + FRAME_STATE_OFFSET)[0]
+    if frame_type != DATA_FRAME_TYPE:
+        return FrameHeader(length, frame_type, state, 0, 0, 0, 0)
+    return FrameHeader(
+        length=length,
+        frame_type=frame_type,
+        state=state,
+        key_length=_U32.unpack_from(buf, offset + FRAME_KEY_LENGTH_OFFSET)[0],
+        payload_length=_U32.unpack_from(buf, offset + FRAME_PAYLOAD_LENGTH_OFFSET)[0],
+        position=_U64.unpack_from(buf, offset + FRAME_POSITION_OFFSET)[0],
+        checksum=_U32.unpack_from(buf, offset + FRAME_CHECKSUM_OFFSET)[0],
+    )
+
+
+__all__ = [
+    "FRAME_HEADER_LENGTH",
+    "FrameHeader",
+    "RingHeader",
+    "bump_wakeup_sequence_release",
+    "compute_checksum",
+    "load_frame_length_acquire",
+    "load_frame_state_acquire",
+    "load_head_acquire",
+    "load_ring_state_acquire",
+    "load_tail_acquire",
+    "load_wakeup_sequence_acquire",
+    "read_frame_header",
+    "read_ring_header",
+    "store_frame_length_release",
+    "store_frame_state_release",
+    "store_head_release",
+    "store_ring_state_release",
+    "store_tail_release",
+    "write_data_frame_fields",
+    "write_padding_frame_fields",
+    "write_ring_header",
+]

@@ -1,0 +1,182 @@
+"""The OS seam: every side effect a fault plan may target goes through here.
+
+Design rationale. Fault injection must reach each system call the transport
+makes (create, truncate, map, lock, stamp, unlink, scan, pidfd) without
+monkeypatching `os` or `fcntl`: patches leak between tests, miss calls made
+through aliases, and cannot be shipped to a worker process. Instead each
+connector, channel, segment and registry holds one `OsFacade`; production
+uses the plain one, and `shmring.fault_injection` installs a subclass whose
+`_enter(site)` hook raises the planned error before the real call runs (trio's
+`FakeNet` plugs in the same way, through `set_custom_socket_factory`).
+
+Every public method names its site in `SITES`; `_enter` is called with that
+name before anything happens, so an injected error leaves no partial effect
+from the call it replaces.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import select
+from typing import Final
+
+SITE_OPEN: Final = "open"
+SITE_CLOSE: Final = "close"
+SITE_FTRUNCATE: Final = "ftruncate"
+SITE_FALLOCATE: Final = "fallocate"
+SITE_MMAP: Final = "mmap"
+SITE_FLOCK: Final = "flock"
+SITE_UTIME: Final = "utime"
+SITE_UNLINK: Final = "unlink"
+SITE_MKDIR: Final = "mkdir"
+SITE_RMDIR: Final = "rmdir"
+SITE_STAT: Final = "stat"
+SITE_SCANDIR: Final = "scandir"
+SITE_PIDFD: Final = "pidfd"
+SITE_READ: Final = "read"
+SITE_WRITE: Final = "write"
+SITE_RENAME: Final = "rename"
+
+SITES: Final = (
+    SITE_OPEN,
+    SITE_CLOSE,
+    SITE_FTRUNCATE,
+    SITE_FALLOCATE,
+    SITE_MMAP,
+    SITE_FLOCK,
+    SITE_UTIME,
+    SITE_UNLINK,
+    SITE_MKDIR,
+    SITE_RMDIR,
+    SITE_STAT,
+    SITE_SCANDIR,
+    SITE_PIDFD,
+    SITE_READ,
+    SITE_WRITE,
+    SITE_RENAME,
+)
+
+# Files are private to the user and never followed through a symlink.
+FILE_MODE: Final = 0o600
+DIR_MODE: Final = 0o700
+OPEN_FLAGS_CREATE: Final = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_FLAGS_EXISTING: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+OPEN_FLAGS_READONLY: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class OsFacade:
+    """Thin wrappers over the system calls the transports make.
+
+    Subclasses override `_enter` to inject faults; nothing else should need
+    overriding. Methods return exactly what the wrapped call returns.
+    """
+
+    def _enter(self, site: str) -> None:
+        """Hook run before every call; production does nothing."""
+
+    # -- files ---------------------------------------------------------------
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        self._enter(SITE_OPEN)
+        return os.open(path, flags, mode)
+
+    def close(self, fd: int) -> None:
+        self._enter(SITE_CLOSE)
+        os.close(fd)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        self._enter(SITE_FTRUNCATE)
+        os.ftruncate(fd, length)
+
+    def fallocate(self, fd: int, length: int) -> None:
+        """Reserve `length` bytes now, so ENOSPC shows at setup, not at a page fault."""
+        self._enter(SITE_FALLOCATE)
+        os.posix_fallocate(fd, 0, length)
+
+    def mmap(self, fd: int, length: int, *, writable: bool = True) -> mmap.mmap:
+        self._enter(SITE_MMAP)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=prot)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        self._enter(SITE_STAT)
+        return os.fstat(fd)
+
+    def stat(self, path: str) -> os.stat_result:
+        self._enter(SITE_STAT)
+        return os.stat(path, follow_symlinks=False)
+
+    def read(self, fd: int, length: int) -> bytes:
+        self._enter(SITE_READ)
+        return os.read(fd, length)
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._enter(SITE_WRITE)
+        return os.write(fd, data)
+
+    def unlink(self, path: str) -> None:
+        self._enter(SITE_UNLINK)
+        os.unlink(path)
+
+    def rename(self, source: str, target: str) -> None:
+        self._enter(SITE_RENAME)
+        os.rename(source, target)
+
+    def utime(self, path: str, ns: tuple[int, int] | None = None) -> None:
+        self._enter(SITE_UTIME)
+        if ns is None:
+            os.utime(path)
+        else:
+            os.utime(path, ns=ns)
+
+    # -- locks ---------------------------------------------------------------
+
+    def flock(self, fd: int, operation: int) -> None:
+        """`fcntl.flock`; callers on a receive path always pass LOCK_NB."""
+        self._enter(SITE_FLOCK)
+        fcntl.flock(fd, operation)
+
+    # -- directories ---------------------------------------------------------
+
+    def mkdir(self, path: str, mode: int = DIR_MODE) -> None:
+        self._enter(SITE_MKDIR)
+        os.mkdir(path, mode)
+
+    def rmdir(self, path: str) -> None:
+        self._enter(SITE_RMDIR)
+        os.rmdir(path)
+
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        self._enter(SITE_SCANDIR)
+        with os.scandir(path) as entries:
+            return list(entries)
+
+    # -- processes -----------------------------------------------------------
+
+    def pidfd_open(self, pid: int) -> int:
+        self._enter(SITE_PIDFD)
+        return os.pidfd_open(pid)
+
+    def pidfd_alive(self, pidfd: int) -> bool:
+        """A pidfd becomes readable when its process exits."""
+        self._enter(SITE_PIDFD)
+        readable, _, _ = select.select([pidfd], [], [], 0)
+        return not readable
+
+
+#: The facade production code uses when none is given.
+DEFAULT_OS: Final = OsFacade()
+
+
+__all__ = [
+    "DEFAULT_OS",
+    "DIR_MODE",
+    "FILE_MODE",
+    "OPEN_FLAGS_CREATE",
+    "OPEN_FLAGS_EXISTING",
+    "OPEN_FLAGS_READONLY",
+    "SITES",
+    "OsFacade",
+]
