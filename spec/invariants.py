@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from shmring.spec.connector import ConnectorState, compute_fallback_length
+from shmring.spec.discovery import DeploymentState, DirectoryState, get_candidates
 from shmring.spec.layout import (
     ADMISSION_DIVISOR,
     DATA_FRAME_TYPE,
@@ -19,6 +21,7 @@ from shmring.spec.layout import (
     PADDING_FRAME_TYPE,
     compute_frame_length,
 )
+from shmring.spec.producers import ProducerId, is_delivering
 from shmring.spec.ring import (
     RingState,
     compute_key_length,
@@ -107,3 +110,113 @@ def check_ring(ring: RingState) -> None:
     check_ring_frames_tile(ring)
     check_ring_one_version_per_key(ring)
     check_ring_closed_holds_nothing(ring)
+
+
+# -- connector ---------------------------------------------------------------
+
+
+def check_connector_routes(conn: ConnectorState) -> None:
+    """Rings only where usable; an (edge, key) is deliverable on one route at most."""
+    if conn.ring_capacity == 0:
+        _require(not conn.rings, f"disabled ring capacity but rings={sorted(conn.rings)}")
+    both = sorted(set(conn.rings) & conn.failed_edges)
+    _require(not both, f"edges both failed and set up: {both}")
+    for (edge, key), segment in conn.fallback.items():
+        _require((segment.edge, segment.key) == (edge, key), f"segment filed under the wrong key={key}")
+        ring = conn.rings.get(edge)
+        if ring is not None:
+            live = [f for f in ring.frames if f.key == key and is_deliverable(f)]
+            _require(not live, f"key={key!r} on edge={edge} deliverable on ring and fallback")
+
+
+def check_connector_budget(conn: ConnectorState) -> None:
+    """fallback_bytes is the sum of live segments and never exceeds the budget."""
+    total = sum(segment.length for segment in conn.fallback.values())
+    _require(conn.fallback_bytes == total, f"fallback_bytes={conn.fallback_bytes} but segments sum to {total}")
+    _require(
+        conn.fallback_bytes <= conn.fallback_budget,
+        f"fallback over budget: bytes={conn.fallback_bytes} budget={conn.fallback_budget}",
+    )
+    for segment in conn.fallback.values():
+        expected = compute_fallback_length(segment.key, segment.payload_length)
+        _require(segment.length == expected, f"segment length={segment.length} expected={expected}")
+        _require(
+            segment.generation < conn.next_generation,
+            f"generation={segment.generation} not below next={conn.next_generation}",
+        )
+
+
+def check_connector_health(conn: ConnectorState) -> None:
+    """Every accepted put went one way; ring gets are gets."""
+    h = conn.health
+    _require(h.puts == h.ring_puts + h.fallbacks, f"puts={h.puts} != ring {h.ring_puts} + fallback {h.fallbacks}")
+    _require(0 <= h.ring_gets <= h.gets, f"ring_gets={h.ring_gets} gets={h.gets}")
+    _require(h.gets <= h.puts, f"more gets={h.gets} than puts={h.puts}")
+
+
+def check_connector_closed(conn: ConnectorState) -> None:
+    if conn.closed:
+        _require(not conn.fallback, f"closed connector holds segments={sorted(conn.fallback)}")
+        for ring in conn.rings.values():
+            _require(ring.closed, "closed connector with an open ring")
+
+
+def check_connector(conn: ConnectorState) -> None:
+    for ring in conn.rings.values():
+        check_ring(ring)
+    check_connector_routes(conn)
+    check_connector_budget(conn)
+    check_connector_health(conn)
+    check_connector_closed(conn)
+
+
+# -- producers and discovery -------------------------------------------------
+
+
+def check_markers_follow_rings(dep: DeploymentState) -> None:
+    """A marker exists only for a ready ring of a producer that has not closed."""
+    for identity, edge in dep.directory.markers:
+        producer = dep.producers.get(identity)
+        _require(producer is not None, f"marker of unknown producer={identity}")
+        assert producer is not None
+        _require(not producer.closed, f"closed producer={identity} still has a marker")
+        _require(edge in producer.connector.rings, f"marker before ring ready: producer={identity} edge={edge}")
+
+
+def check_receivers_behind_stamp(dep: DeploymentState) -> None:
+    """A receiver never caches a stamp the directory has not reached."""
+    for name, receiver in dep.receivers.items():
+        if receiver.seen_stamp is not None:
+            _require(
+                receiver.seen_stamp <= dep.directory.stamp,
+                f"receiver={name} seen_stamp={receiver.seen_stamp} ahead of stamp={dep.directory.stamp}",
+            )
+        _require(receiver.scans <= dep.directory.stamp + 1, f"receiver={name} scanned more than the stamp moved")
+
+
+def check_dead_producers_undeliverable(dep: DeploymentState) -> None:
+    """No receiver can be served a frame of a producer that is not alive."""
+    dead: list[ProducerId] = [p for p, s in dep.producers.items() if not is_delivering(s)]
+    for identity in dead:
+        connector = dep.producers[identity].connector
+        keys = [(edge, f.key) for edge, ring in connector.rings.items() for f in ring.frames if is_deliverable(f)]
+        keys += list(connector.fallback)
+        for name, receiver in dep.receivers.items():
+            for edge, key in keys:
+                served = [p for p, _ in get_candidates(dep, receiver, edge, key)]
+                _require(identity not in served, f"receiver={name} could be served dead producer={identity} key={key!r}")
+
+
+def check_stamp_step(before: DirectoryState, after: DirectoryState) -> None:
+    """Across one transition: the stamp never goes back, and moves whenever markers change."""
+    _require(after.stamp >= before.stamp, f"stamp went back: {before.stamp} -> {after.stamp}")
+    if after.markers != before.markers:
+        _require(after.stamp > before.stamp, f"markers changed but stamp stayed {after.stamp}")
+
+
+def check_deployment(dep: DeploymentState) -> None:
+    for producer in dep.producers.values():
+        check_connector(producer.connector)
+    check_markers_follow_rings(dep)
+    check_receivers_behind_stamp(dep)
+    check_dead_producers_undeliverable(dep)

@@ -1,0 +1,275 @@
+"""Discovery: how receivers find the producers of an edge.
+
+A deployment has one directory. A producer adds a marker for (itself, edge)
+only after its ring on that edge is ready, and removes its markers when it
+closes. Every change to the markers advances the directory's `stamp`, which
+strictly increases, so a receiver rescans only when the stamp moved and
+never misses a new producer, even when the wall clock does not advance (the
+implementation's stamp is a counter, not an mtime).
+
+A receiver caches, per edge, the producers it has attached (reader channels
+mapped). It records the stamp it read *before* scanning, so a producer that
+registers during the scan moves the stamp past the cached one and is picked
+up by the next get. Markers of dead producers are pruned during a scan;
+channels of producers that exited or closed are released at the next get.
+
+Frames of a producer that is not alive are never delivered: a get with a
+descriptor of a dead producer answers PRODUCER_GONE; a get by key looks only
+at live producers, so a new producer's reused key is never served an old
+frame.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shmring.spec import connector as connector_spec
+from shmring.spec import producers as producers_spec
+from shmring.spec.connector import (
+    ConnectorGetResult,
+    ConnectorGetStatus,
+    ConnectorPutResult,
+    Descriptor,
+    Edge,
+    Route,
+)
+from shmring.spec.producers import ProducerId, ProducerState
+from shmring.spec.ring import ConsumeMode
+
+# -- state -------------------------------------------------------------------
+
+
+@dataclass
+class DirectoryState:
+    """The per-deployment discovery directory."""
+
+    # (producer, edge) pairs; a marker exists only once that producer's ring on the edge is ready
+    markers: set[tuple[ProducerId, Edge]] = field(default_factory=set)
+    stamp: int = 0  # strictly increases with every change of `markers`
+
+
+@dataclass
+class ReceiverState:
+    """One receiving process's discovery cache."""
+
+    seen_stamp: int | None = None  # stamp read before the last scan; None: never scanned
+    # Reader channels mapped per edge; only producers that had a marker at the last scan
+    attached: dict[Edge, set[ProducerId]] = field(default_factory=dict)
+    scans: int = 0  # directory scans done; grows only when the stamp moved
+
+
+@dataclass(frozen=True)
+class PublishedDescriptor:
+    """What a producer hands the receiver: whose frame, and where."""
+
+    producer: ProducerId
+    descriptor: Descriptor
+
+
+class DeploymentGetStatus(enum.Enum):
+    DELIVERED = "delivered"
+    NOT_FOUND = "not found"
+    STALE = "stale"
+    PRODUCER_GONE = "producer gone"  # the descriptor's producer exited or closed
+
+
+@dataclass(frozen=True)
+class DeploymentGetResult:
+    status: DeploymentGetStatus
+    producer: ProducerId | None = None  # whose frame was delivered
+    route: Route | None = None
+    payload: object = None
+
+
+@dataclass
+class DeploymentState:
+    """Every producer and receiver of one deployment (scope)."""
+
+    ring_capacity: int  # every producer's ring capacity; never changes
+    fallback_budget: int  # every producer's fallback budget; never changes
+    producers: dict[ProducerId, ProducerState] = field(default_factory=dict)  # all ever started
+    directory: DirectoryState = field(default_factory=DirectoryState)
+    receivers: dict[str, ReceiverState] = field(default_factory=dict)
+
+
+# -- predicates and accessors ------------------------------------------------
+
+
+def is_marker_stale(dep: DeploymentState, producer: ProducerId) -> bool:
+    """A marker whose producer is no longer alive."""
+    return not dep.producers[producer].alive
+
+
+def get_live_producers(dep: DeploymentState, edge: Edge) -> list[ProducerId]:
+    """Producers with a marker on the edge that are alive, in a stable order."""
+    return sorted(
+        p
+        for p, e in dep.directory.markers
+        if e == edge and producers_spec.is_delivering(dep.producers[p])
+    )
+
+
+def get_receiver(dep: DeploymentState, name: str) -> ReceiverState:
+    return dep.receivers.setdefault(name, ReceiverState())
+
+
+def get_candidates(
+    dep: DeploymentState, receiver: ReceiverState, edge: Edge, key: str
+) -> list[tuple[ProducerId, Route]]:
+    """Live producers holding a deliverable version of the key on the edge.
+
+    Ring frames are found through attached channels, fallback segments by
+    name. A workload with one producer per key has at most one candidate;
+    with several, the implementation may deliver any of them.
+    """
+    found: list[tuple[ProducerId, Route]] = []
+    attached = receiver.attached.get(edge, set())
+    for identity in sorted(dep.producers):
+        producer = dep.producers[identity]
+        if not producers_spec.is_delivering(producer):
+            continue
+        route = connector_spec.get_route_of(producer.connector, edge, key)
+        if route is Route.RING and identity in attached or route is Route.FALLBACK:
+            found.append((identity, route))
+    return found
+
+
+# -- transitions -------------------------------------------------------------
+
+
+def initialize_deployment(ring_capacity: int, fallback_budget: int) -> DeploymentState:
+    # Verify the configuration
+    assert connector_spec.is_valid_budget(fallback_budget)
+    return DeploymentState(ring_capacity=ring_capacity, fallback_budget=fallback_budget)
+
+
+def _change_markers(dep: DeploymentState) -> None:
+    dep.directory.stamp += 1
+
+
+def process_start_producer(dep: DeploymentState, identity: ProducerId) -> ProducerState:
+    """A new process starts publishing; it may reuse an old pid, never an identity."""
+    # Verify the identity was never used in this deployment
+    assert identity not in dep.producers
+    producer = producers_spec.initialize_producer(identity, dep.ring_capacity, dep.fallback_budget)
+    dep.producers[identity] = producer
+    return producer
+
+
+def process_put(
+    dep: DeploymentState,
+    identity: ProducerId,
+    edge: Edge,
+    key: str,
+    payload_length: int,
+    payload: object,
+    ring_setup_ok: bool = True,
+) -> tuple[ConnectorPutResult, PublishedDescriptor | None]:
+    """A live producer puts; a newly ready ring registers its marker."""
+    producer = dep.producers.get(identity)
+    # Verify the producer exists and is alive
+    assert producer is not None and producer.alive
+    had_ring = edge in producer.connector.rings
+    result = connector_spec.process_put(
+        producer.connector, edge, key, payload_length, payload, ring_setup_ok
+    )
+    if not had_ring and edge in producer.connector.rings:
+        dep.directory.markers.add((identity, edge))
+        _change_markers(dep)
+    published = PublishedDescriptor(identity, result.descriptor) if result.descriptor else None
+    return result, published
+
+
+def process_exit(dep: DeploymentState, identity: ProducerId) -> None:
+    """The producer was killed; its markers and files stay until pruned or collected."""
+    producer = dep.producers.get(identity)
+    # Verify the producer exists and is alive
+    assert producer is not None and producer.alive
+    producers_spec.process_producer_exit(producer)
+
+
+def process_close(dep: DeploymentState, identity: ProducerId) -> int:
+    """The producer closes: retire everything, remove its markers."""
+    producer = dep.producers.get(identity)
+    # Verify the producer exists and is alive
+    assert producer is not None and producer.alive
+    retired = producers_spec.process_producer_close(producer)
+    mine = {marker for marker in dep.directory.markers if marker[0] == identity}
+    if mine:
+        dep.directory.markers -= mine
+        _change_markers(dep)
+    return retired
+
+
+def process_refresh(dep: DeploymentState, name: str) -> bool:
+    """A receiver's look at the directory before a get; answers whether it scanned.
+
+    No scan when the stamp has not moved. A scan prunes stale markers (which
+    moves the stamp; the receiver caches the stamp after its own pruning) and
+    attaches every live producer's channel per edge. Channels of producers
+    that are no longer alive are released whether or not a scan happened.
+    """
+    receiver = get_receiver(dep, name)
+    scanned = False
+    if receiver.seen_stamp != dep.directory.stamp:
+        scanned = True
+        receiver.scans += 1
+        stale = {m for m in dep.directory.markers if is_marker_stale(dep, m[0])}
+        if stale:
+            dep.directory.markers -= stale
+            _change_markers(dep)
+        receiver.seen_stamp = dep.directory.stamp
+        attached: dict[Edge, set[ProducerId]] = {}
+        for identity, edge in dep.directory.markers:
+            attached.setdefault(edge, set()).add(identity)
+        receiver.attached = attached
+    for edge in list(receiver.attached):
+        live = {
+            p for p in receiver.attached[edge] if producers_spec.is_delivering(dep.producers[p])
+        }
+        if live:
+            receiver.attached[edge] = live
+        else:
+            del receiver.attached[edge]
+    return scanned
+
+
+def _wrap(identity: ProducerId, got: ConnectorGetResult) -> DeploymentGetResult:
+    status = {
+        ConnectorGetStatus.DELIVERED: DeploymentGetStatus.DELIVERED,
+        ConnectorGetStatus.NOT_FOUND: DeploymentGetStatus.NOT_FOUND,
+        ConnectorGetStatus.STALE: DeploymentGetStatus.STALE,
+        ConnectorGetStatus.CLOSED: DeploymentGetStatus.PRODUCER_GONE,
+    }[got.status]
+    if status is DeploymentGetStatus.DELIVERED:
+        return DeploymentGetResult(status, identity, got.route, got.payload)
+    return DeploymentGetResult(status)
+
+
+def process_get(
+    dep: DeploymentState,
+    name: str,
+    edge: Edge,
+    key: str,
+    published: PublishedDescriptor | None = None,
+    mode: ConsumeMode = ConsumeMode.COPY_OUT,
+) -> DeploymentGetResult:
+    """A receiver claims the key's deliverable version from a live producer."""
+    # Verify a descriptor names the same edge and key it is used with
+    assert published is None or (
+        published.descriptor.edge == edge and published.descriptor.key == key
+    )
+    process_refresh(dep, name)
+    if published is not None:
+        producer = dep.producers.get(published.producer)
+        if producer is None or not producers_spec.is_delivering(producer):
+            return DeploymentGetResult(DeploymentGetStatus.PRODUCER_GONE)
+        got = connector_spec.process_get(producer.connector, edge, key, published.descriptor, mode)
+        return _wrap(published.producer, got)
+    candidates = get_candidates(dep, get_receiver(dep, name), edge, key)
+    if not candidates:
+        return DeploymentGetResult(DeploymentGetStatus.NOT_FOUND)
+    identity, _ = candidates[0]
+    got = connector_spec.process_get(dep.producers[identity].connector, edge, key, None, mode)
+    return _wrap(identity, got)

@@ -1,0 +1,83 @@
+"""Producer identity, exit and restart.
+
+A producer is a process publishing on one or more edges. Its identity is
+(pid, process start time): a pid alone may be reused by a later process, the
+pair may not. Each producer owns a connector (its rings and fallback
+segments, see `connector`).
+
+A producer leaves in one of two ways:
+
+* `process_producer_close`: it closes its connector (everything it holds is
+  retired) and removes its markers.
+* `process_producer_exit`: it dies (SIGKILL, crash). Its files and markers
+  stay behind until a receiver prunes the markers or `gc` removes the files,
+  but nothing it published is ever delivered again, not even to a new
+  producer that reuses its keys or its pid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shmring.spec import connector as connector_spec
+from shmring.spec.connector import ConnectorState
+
+ProducerId = tuple[int, int]  # (pid, process start time in clock ticks)
+
+
+@dataclass
+class ProducerState:
+    """One producer process."""
+
+    identity: ProducerId  # unique over the deployment's whole history
+    connector: ConnectorState  # its rings and fallback segments
+    alive: bool = True  # False once it exited or closed; never becomes True again
+    closed: bool = False  # True when it left through close (not a crash)
+
+
+# -- predicates --------------------------------------------------------------
+
+
+def is_same_process(a: ProducerId, b: ProducerId) -> bool:
+    """Same pid *and* same start time; a reused pid is another process."""
+    return a == b
+
+
+def is_pid_reuse(a: ProducerId, b: ProducerId) -> bool:
+    return a[0] == b[0] and a[1] != b[1]
+
+
+def is_delivering(producer: ProducerState) -> bool:
+    """Only a live producer's frames may be delivered."""
+    return producer.alive and not producer.connector.closed
+
+
+# -- transitions -------------------------------------------------------------
+
+
+def initialize_producer(
+    identity: ProducerId, ring_capacity: int, fallback_budget: int
+) -> ProducerState:
+    # Verify the identity is a (pid, start time) pair of positive pid
+    assert identity[0] > 0 and identity[1] >= 0
+    return ProducerState(
+        identity=identity,
+        connector=connector_spec.initialize_connector(ring_capacity, fallback_budget),
+    )
+
+
+def process_producer_exit(producer: ProducerState) -> None:
+    """The process died without closing. Its frames become undeliverable."""
+    # Verify the producer was alive
+    assert producer.alive
+    producer.alive = False
+
+
+def process_producer_close(producer: ProducerState) -> int:
+    """Clean shutdown: retire everything; answers how many versions were retired."""
+    # Verify the producer was alive
+    assert producer.alive
+    retired = connector_spec.process_close(producer.connector)
+    producer.alive = False
+    producer.closed = True
+    return retired
