@@ -220,3 +220,157 @@ def check_deployment(dep: DeploymentState) -> None:
     check_markers_follow_rings(dep)
     check_receivers_behind_stamp(dep)
     check_dead_producers_undeliverable(dep)
+
+
+# -- registration (registered transfer path) ---------------------------------
+# Imported here so the ring part above reads on its own.
+
+from shmring.spec.layout import FRAME_STATE_CLAIMED as _FRAME_STATE_CLAIMED  # noqa: E402
+from shmring.spec.leases import SOURCE_ARENA_FRAME, LeaseTable  # noqa: E402
+from shmring.spec.registration import (  # noqa: E402
+    CUDA_SUCCESS,
+    DRIVER_CALLS,
+    REGISTERED_STATES,
+    SEGMENT_PUBLISHED,
+    SEGMENT_REMOVED,
+    SEGMENT_RETAINED,
+    SEGMENT_STATES,
+    DriverState,
+    RegistryState,
+    is_overlapping,
+)
+
+
+def check_registration_driver(driver: DriverState) -> None:
+    """Registered ranges are non-empty and never overlap; faults are well formed."""
+    ranges = sorted(driver.ranges.items())
+    for start, length in ranges:
+        _require(length > 0, f"empty registered range at address={start:#x}")
+    for (start_a, length_a), (start_b, length_b) in zip(ranges, ranges[1:], strict=False):
+        _require(
+            not is_overlapping(start_a, length_a, start_b, length_b),
+            f"overlapping registered ranges: {start_a:#x}+{length_a} and {start_b:#x}+{length_b}",
+        )
+    for fault in driver.faults:
+        _require(fault.call is None or fault.call in DRIVER_CALLS, f"fault on unknown call={fault.call}")
+        _require(fault.error != CUDA_SUCCESS, "a fault that answers cudaSuccess")
+        _require(fault.nth >= 0 and fault.seen >= 0, f"fault counters negative: nth={fault.nth} seen={fault.seen}")
+
+
+def check_registration_segments(registry: RegistryState) -> None:
+    """Bookkeeping, mapping and name agree with each segment's lifecycle state."""
+    for segment in registry.segments.values():
+        sid = segment.segment_id
+        _require(segment.state in SEGMENT_STATES, f"segment={sid} in unknown state={segment.state}")
+        _require(segment.length > 0, f"segment={sid} has length={segment.length}")
+        _require(
+            segment.registered == (segment.state in REGISTERED_STATES),
+            f"segment={sid} state={segment.state} but registered={segment.registered}",
+        )
+        if segment.registered:
+            # Never closed or unlinked while the driver may hold it.
+            _require(
+                segment.mapped and segment.linked,
+                f"registered segment={sid} mapped={segment.mapped} linked={segment.linked}",
+            )
+        if segment.state == SEGMENT_REMOVED:
+            _require(
+                not segment.mapped and not segment.linked,
+                f"removed segment={sid} still mapped={segment.mapped} linked={segment.linked}",
+            )
+        if segment.state == SEGMENT_PUBLISHED:
+            _require(not segment.mapped, f"published segment={sid} still mapped by the producer")
+
+
+def check_registration_driver_agrees(registry: RegistryState) -> None:
+    """The driver holds a segment's range only while the bookkeeping says registered."""
+    for segment in registry.segments.values():
+        if segment.address in registry.driver.ranges:
+            _require(
+                segment.registered,
+                f"driver holds segment={segment.segment_id} (state={segment.state}) "
+                "but the registry cleared its bookkeeping",
+            )
+
+
+def check_registration_poison(registry: RegistryState) -> None:
+    """A retained segment poisons the registry; an open poisoned registry retains one."""
+    retained = [s.segment_id for s in registry.segments.values() if s.state == SEGMENT_RETAINED]
+    if retained:
+        _require(registry.poisoned, f"segments={retained} retained but registry not poisoned")
+    if registry.poisoned and not registry.closed:
+        _require(bool(retained), "registry poisoned with no retained segment")
+    _require(
+        all(sid < registry.next_segment_id for sid in registry.segments),
+        f"segment id at or past next_segment_id={registry.next_segment_id}",
+    )
+
+
+def check_registration(registry: RegistryState) -> None:
+    check_registration_driver(registry.driver)
+    check_registration_segments(registry)
+    check_registration_driver_agrees(registry)
+    check_registration_poison(registry)
+
+
+# -- leases (borrowed views) -------------------------------------------------
+
+
+def check_leases_views(table: LeaseTable) -> None:
+    """Every live view holds a live lease that counts it; a lease ends with its last view."""
+    for view_id, view in table.views.items():
+        _require(view.lease_id in table.leases, f"view={view_id} holds unknown lease={view.lease_id}")
+        lease = table.leases[view.lease_id]
+        _require(not lease.released, f"view={view_id} alive but lease={lease.lease_id} released")
+        _require(view_id in lease.live_views, f"lease={lease.lease_id} does not count view={view_id}")
+    for lease in table.leases.values():
+        for view_id in lease.live_views:
+            _require(view_id in table.views, f"lease={lease.lease_id} counts dead view={view_id}")
+        _require(
+            lease.released == (not lease.live_views),
+            f"lease={lease.lease_id} released={lease.released} with live views={sorted(lease.live_views)}",
+        )
+
+
+def check_leases_released_once(table: LeaseTable) -> None:
+    """Each lease is released at most once, and the order records exactly the released ones."""
+    order = table.released_order
+    _require(len(order) == len(set(order)), f"a lease released twice: order={order}")
+    released = {lease.lease_id for lease in table.leases.values() if lease.released}
+    _require(set(order) == released, f"release order={order} differs from released={sorted(released)}")
+
+
+def check_leases_one_per_frame(table: LeaseTable) -> None:
+    """No two live leases hold the same arena frame."""
+    positions = [
+        lease.position
+        for lease in table.leases.values()
+        if not lease.released and lease.source == SOURCE_ARENA_FRAME
+    ]
+    repeated = sorted({p for p in positions if positions.count(p) > 1 and p is not None})
+    _require(not repeated, f"arena frames leased twice: positions={repeated}")
+
+
+def check_leases(table: LeaseTable) -> None:
+    check_leases_views(table)
+    check_leases_released_once(table)
+    check_leases_one_per_frame(table)
+
+
+def check_leases_against_ring(table: LeaseTable, ring: RingState) -> None:
+    """A frame is claimed in the ring exactly while one live lease holds it."""
+    live = {
+        lease.position
+        for lease in table.leases.values()
+        if not lease.released and lease.source == SOURCE_ARENA_FRAME
+    }
+    claimed = {
+        frame.position
+        for frame in ring.frames
+        if frame.frame_type == DATA_FRAME_TYPE and frame.state == _FRAME_STATE_CLAIMED
+    }
+    _require(
+        live == claimed,
+        f"leased positions={sorted(p for p in live if p is not None)} "
+        f"differ from claimed frames={sorted(claimed)}",
+    )
