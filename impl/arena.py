@@ -1,0 +1,521 @@
+"""The registered arena: one persistent, CUDA-registered ring of frames.
+
+Design rationale. Allocating, registering, unregistering and unmapping a
+segment per transfer made small videos 42-49% slower in the seed (the
+registration is a page-locking system call, and every new mapping
+page-faults). The arena pays that once: one shared-memory file in the ring
+layout of `shmring.spec.layout`, registered once with the driver for its
+whole life. A transfer reserves a frame, the device-to-host copy lands in
+the frame's payload (then the stream is synchronized), and the frame is
+published by storing its length last (`frame_io.store_frame_length_release`).
+
+Frames are consumed in the ring model's *lease* mode (`shmring.spec.ring`):
+the receiver claims a frame (state CLAIMED, written in the shared frame
+header) and borrows it; when the last view of it dies the frame becomes
+DONE, in whichever process holds it and in whatever order leases end.
+Reclaim advances the tail over DONE and padding frames in position order
+and stops at the first frame still published or claimed.
+
+A payload the ring does not admit (larger than a quarter of the arena) or
+that arrives while the arena is full is not the arena's business: `reserve`
+answers the ring model's refusal and the caller takes a per-transfer
+registered segment.
+
+Arena frame keys are 16 ASCII hex digits of a sequence number, so every
+payload starts 16-byte aligned (frame start, 32-byte header, 16-byte key).
+The frame checksum covers the key only: checksumming payloads the device
+wrote would read every byte on the CPU, which is what the arena avoids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import torch
+from shmring.impl import frame_io
+from shmring.impl.errors import (
+    ClosedError,
+    ConfigurationError,
+    CorruptFrameError,
+)
+from shmring.impl.naming import current_producer_identity
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.registration import (
+    RegisteredRange,
+    Registry,
+    ShmFile,
+    arena_file_name,
+    copy_into_host,
+    host_view,
+    validate_transfer_file_name,
+)
+from shmring.impl.views import borrow
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_HEADER_LENGTH,
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
+    PADDING_FRAME_TYPE,
+    RING_HEADER_LENGTH,
+    RING_MAGIC,
+    RING_STATE_CLOSED,
+    RING_STATE_OPEN,
+    RING_VERSION,
+    compute_frame_length,
+    compute_ring_file_length,
+)
+from shmring.spec.ring import (
+    PutStatus,
+    compute_capacity_error,
+    compute_has_space,
+    compute_padding,
+    is_admitted,
+)
+
+ARENA_KEY_LENGTH: Final = 16
+ARENA_PAYLOAD_OFFSET: Final = FRAME_HEADER_LENGTH + ARENA_KEY_LENGTH
+# Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
+DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024
+_RECLAIMABLE_STATES: Final = (FRAME_STATE_DONE, FRAME_STATE_RETIRED)
+
+
+def arena_key(sequence: int) -> str:
+    """The 16-character key of the arena frame with this sequence number."""
+    return f"{sequence:016x}"
+
+
+def compute_arena_frame_length(nbytes: int) -> int:
+    return compute_frame_length(ARENA_KEY_LENGTH, nbytes)
+
+
+@dataclass(frozen=True)
+class ArenaFrameDescriptor:
+    """What the receiver needs to claim one published arena frame."""
+
+    arena: str  # arena file name in the deployment directory
+    position: int  # logical ring position of the frame
+    key: str  # the frame's key (16 hex digits)
+    nbytes: int  # payload bytes
+
+
+@dataclass
+class ArenaReservation:
+    """A frame reserved at the producer, not yet published (Aeron's BufferClaim)."""
+
+    position: int  # where the frame will start
+    padding: int  # padding bytes written before it at commit
+    key: str
+    nbytes: int
+    frame_length: int
+    frame_offset: int  # byte offset of the frame in the file
+
+
+@dataclass(frozen=True)
+class ArenaStatistics:
+    """Counters of a producer's arena."""
+
+    capacity: int  # data region bytes
+    head: int  # next position to publish at
+    tail: int  # oldest unreclaimed position
+    published: int  # frames published, ever
+    refused_not_admitted: int  # reservations refused as too large
+    refused_full: int  # reservations refused for lack of space
+    aborted: int  # reservations dropped before publication
+    registered: bool  # the arena's range is registered with the driver now
+
+
+class RegisteredArena:
+    """Producer side of the arena: owns the file, the mapping and its registration.
+
+    Single-threaded: one producer thread reserves, copies and commits.
+    """
+
+    _file: ShmFile | None = None
+    _range: RegisteredRange | None = None
+    _payload: torch.Tensor | None = None
+    _closed = False
+
+    def __init__(self, registry: Registry, capacity: int = DEFAULT_ARENA_CAPACITY) -> None:
+        error = compute_capacity_error(capacity)
+        if error is not None or capacity == 0:
+            raise ConfigurationError(error or f"arena capacity must be positive: capacity={capacity}")
+        self.registry = registry
+        self.capacity = capacity
+        self._os = registry._os
+        pid, start_time = current_producer_identity(self._os)
+        file = ShmFile(registry.directory, arena_file_name(self._os), compute_ring_file_length(capacity), self._os)
+        try:
+            with file.memoryview() as buf:
+                frame_io.write_ring_header(buf, capacity, pid, start_time, RING_STATE_OPEN)
+            self._range = registry.register_range(
+                file.address, file.length, f"arena {file.name}", self._release_file
+            )
+        except BaseException:
+            file.unmap()
+            file.unlink()
+            raise
+        self._file = file
+        self._buf = file.memoryview()
+        self._payload = file.tensor
+        self.name = file.name
+        self._head = 0
+        self._tail = 0
+        self._sequence = 0
+        self._pending: list[ArenaReservation] = []
+        self._published = 0
+        self._refused_not_admitted = 0
+        self._refused_full = 0
+        self._aborted = 0
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        return self._head
+
+    @property
+    def tail(self) -> int:
+        return self._tail
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def statistics(self) -> ArenaStatistics:
+        return ArenaStatistics(
+            capacity=self.capacity,
+            head=self._head,
+            tail=self._tail,
+            published=self._published,
+            refused_not_admitted=self._refused_not_admitted,
+            refused_full=self._refused_full,
+            aborted=self._aborted,
+            registered=self._range is not None and self._range.registered,
+        )
+
+    def _frame_offset(self, position: int) -> int:
+        return RING_HEADER_LENGTH + position % self.capacity
+
+    def frame_state(self, position: int) -> int:
+        """The state stored in the shared header of the frame at `position`."""
+        return frame_io.load_frame_state_acquire(self._buf, self._frame_offset(position))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"arena is closed: name={self.name!r}")
+
+    def _require_payload(self) -> torch.Tensor:
+        if self._payload is None:
+            raise ClosedError(f"arena is closed: name={self.name!r}")
+        return self._payload
+
+    # -- producer protocol ----------------------------------------------------
+
+    def reclaim(self) -> int:
+        """Advance the tail over done, retired and padding frames; answer the bytes freed."""
+        freed = 0
+        while self._tail < self._head:
+            offset = self._frame_offset(self._tail)
+            header = frame_io.read_frame_header(self._buf, offset)
+            reclaimable = header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
+            if not reclaimable:
+                break
+            if header.length <= 0 or header.length > self.capacity:
+                raise CorruptFrameError(f"arena frame length out of range: length={header.length} position={self._tail}")
+            self._tail += header.length
+            freed += header.length
+        if freed:
+            frame_io.store_tail_release(self._buf, self._tail)
+        return freed
+
+    def reserve(self, nbytes: int) -> ArenaReservation | PutStatus:
+        """Reserve a frame for `nbytes` after the pending ones, or answer why not.
+
+        NOT_ADMITTED and FULL mean: take a per-transfer segment. Nothing is
+        written until `commit`.
+        """
+        self._check_open()
+        if nbytes < 0:
+            raise ValueError(f"payload length must not be negative: nbytes={nbytes}")
+        frame_length = compute_arena_frame_length(nbytes)
+        if not is_admitted(self.capacity, ARENA_KEY_LENGTH, frame_length):
+            self._refused_not_admitted += 1
+            return PutStatus.NOT_ADMITTED
+        self.reclaim()
+        head = self._pending_head()
+        if not compute_has_space(self.capacity, head, self._tail, frame_length):
+            self._refused_full += 1
+            return PutStatus.FULL
+        padding = compute_padding(self.capacity, head, frame_length)
+        position = head + padding
+        reservation = ArenaReservation(
+            position=position,
+            padding=padding,
+            key=arena_key(self._sequence),
+            nbytes=nbytes,
+            frame_length=frame_length,
+            frame_offset=self._frame_offset(position),
+        )
+        self._sequence += 1
+        self._pending.append(reservation)
+        return reservation
+
+    def _pending_head(self) -> int:
+        if self._pending:
+            last = self._pending[-1]
+            return last.position + last.frame_length
+        return self._head
+
+    def payload_tensor(self, reservation: ArenaReservation) -> torch.Tensor:
+        """The reserved payload bytes as a uint8 tensor (shares the registered mapping)."""
+        start = reservation.frame_offset + ARENA_PAYLOAD_OFFSET
+        return self._require_payload()[start : start + reservation.nbytes]
+
+    def copy_into(self, reservation: ArenaReservation, src: torch.Tensor) -> None:
+        """Device-to-host copy of `src`'s wire bits into the reserved payload, synchronized."""
+        start = reservation.frame_offset + ARENA_PAYLOAD_OFFSET
+        copy_into_host(self.registry.driver, host_view(self._require_payload(), start, src), src)
+
+    def commit(self) -> list[ArenaFrameDescriptor]:
+        """Publish every pending reservation in order (padding first, length last)."""
+        self._check_open()
+        published = []
+        for reservation in self._pending:
+            if reservation.padding:
+                padding_offset = self._frame_offset(reservation.position - reservation.padding)
+                frame_io.write_padding_frame_fields(self._buf, padding_offset, FRAME_STATE_DONE)
+                frame_io.store_frame_length_release(self._buf, padding_offset, reservation.padding)
+            key = reservation.key.encode("ascii")
+            offset = reservation.frame_offset
+            self._buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET] = key
+            frame_io.write_data_frame_fields(
+                self._buf,
+                offset,
+                state=FRAME_STATE_PUBLISHED,
+                key_length=ARENA_KEY_LENGTH,
+                payload_length=reservation.nbytes,
+                position=reservation.position,
+                checksum=frame_io.compute_checksum(key, b""),
+            )
+            frame_io.store_frame_length_release(self._buf, offset, reservation.frame_length)
+            self._head = reservation.position + reservation.frame_length
+            frame_io.store_head_release(self._buf, self._head)
+            self._published += 1
+            published.append(ArenaFrameDescriptor(self.name, reservation.position, reservation.key, reservation.nbytes))
+        self._pending = []
+        if published:
+            frame_io.bump_wakeup_sequence_release(self._buf)
+        return published
+
+    def abort(self) -> int:
+        """Drop every pending reservation; nothing was published. Answers how many."""
+        dropped = len(self._pending)
+        self._aborted += dropped
+        self._pending = []
+        return dropped
+
+    def put(self, src: torch.Tensor) -> ArenaFrameDescriptor | PutStatus:
+        """Reserve, copy and publish one tensor; the refusal when the arena cannot take it."""
+        nbytes = src.numel() * src.element_size()
+        reservation = self.reserve(nbytes)
+        if isinstance(reservation, PutStatus):
+            return reservation
+        try:
+            self.copy_into(reservation, src)
+        except BaseException:
+            self.abort()
+            raise
+        return self.commit()[0]
+
+    # -- close ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unregister and remove the arena. Idempotent.
+
+        If the unregister fails for good the registry is poisoned and the
+        arena's mapping and name are kept (the driver may still hold the
+        pages); RegistryPoisonedError is raised.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._pending = []
+        file = self._file
+        if file is None:
+            return
+        frame_io.store_ring_state_release(self._buf, RING_STATE_CLOSED)
+        if self._range is not None and self._range.registered:
+            # Raises RegistryPoisonedError when retained: the mapping stays until
+            # a late unregister at registry close succeeds (`_release_file`).
+            self.registry.unregister_range(self._range)
+        self._release_file()
+
+    def _release_file(self) -> None:
+        """Unmap and unlink the arena file (only once nothing is registered)."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        self._buf.release()
+        self._payload = None
+        file.unmap()
+        file.unlink()
+
+    def __enter__(self) -> RegisteredArena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- receiver side ------------------------------------------------------------------
+
+
+class ArenaReader:
+    """Receiver side of one arena: maps the file and claims its frames.
+
+    The reader's mapping is shared by every lease it hands out; each lease
+    holds an export of it, so `close` never unmaps memory a view still
+    reads: the mapping then closes when its last lease dies.
+    """
+
+    _mapping: Any = None
+    _buf: memoryview | None = None
+
+    def __init__(self, directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> None:
+        validate_transfer_file_name(name)
+        self.name = name
+        path = os.path.join(directory, name)
+        fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+        try:
+            info = os_facade.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size < RING_HEADER_LENGTH:
+                raise CorruptFrameError(f"arena file too short: path={path!r} size={info.st_size}")
+            self._mapping = os_facade.mmap(fd, info.st_size)
+        finally:
+            os_facade.close(fd)
+        self._buf = memoryview(self._mapping)
+        header = frame_io.read_ring_header(self._buf)
+        if (
+            header.magic != RING_MAGIC
+            or header.version != RING_VERSION
+            or header.header_length != RING_HEADER_LENGTH
+            or compute_capacity_error(header.capacity) is not None
+            or header.capacity == 0
+            or compute_ring_file_length(header.capacity) > info.st_size
+        ):
+            self.close()
+            raise CorruptFrameError(
+                f"not a valid arena header: path={path!r} magic={header.magic:#x} "
+                f"version={header.version} capacity={header.capacity} size={info.st_size}"
+            )
+        self.capacity = header.capacity
+
+    def _claim(self, descriptor: ArenaFrameDescriptor) -> int:
+        """Validate the descriptor's frame and mark it claimed; answer its file offset."""
+        if self._buf is None:
+            raise ClosedError(f"arena reader is closed: name={self.name!r}")
+        if descriptor.arena != self.name:
+            raise CorruptFrameError(f"descriptor names another arena: {descriptor.arena!r} != {self.name!r}")
+        frame_length = compute_arena_frame_length(descriptor.nbytes)
+        physical = descriptor.position % self.capacity
+        if descriptor.position < 0 or physical % 16 or physical + frame_length > self.capacity:
+            raise CorruptFrameError(f"arena descriptor out of bounds: {descriptor}")
+        offset = RING_HEADER_LENGTH + physical
+        header = frame_io.read_frame_header(self._buf, offset)
+        key = bytes(self._buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET])
+        if (
+            header.length != frame_length
+            or header.frame_type != DATA_FRAME_TYPE
+            or header.position != descriptor.position
+            or header.key_length != ARENA_KEY_LENGTH
+            or header.payload_length != descriptor.nbytes
+            or key != descriptor.key.encode("ascii", "replace")
+        ):
+            raise CorruptFrameError(f"arena frame does not match its descriptor (stale or corrupt): {descriptor}")
+        if header.state != FRAME_STATE_PUBLISHED:
+            raise CorruptFrameError(
+                f"arena frame not published (already claimed?): state={header.state} {descriptor}"
+            )
+        frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_CLAIMED)
+        return offset
+
+    def borrow(self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]) -> np.ndarray:
+        """A borrowed, writable view of the frame's payload.
+
+        The frame belongs to this receiver until the last object derived from
+        the view dies; then it is marked DONE in the shared header and the
+        producer may reuse its bytes.
+        """
+        offset = self._claim(descriptor)
+        frame_length = compute_arena_frame_length(descriptor.nbytes)
+        keep = np.frombuffer(self._mapping, dtype=np.uint8, count=frame_length, offset=offset)
+        return borrow(
+            keep,
+            ARENA_PAYLOAD_OFFSET,
+            dtype,
+            shape,
+            release=_mark_frame_done,
+            label=f"arena {self.name} position {descriptor.position}",
+        )
+
+    def copy(self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]) -> np.ndarray:
+        """An independently owned copy of the payload; the frame is done on return."""
+        offset = self._claim(descriptor)
+        assert self._buf is not None
+        start = offset + ARENA_PAYLOAD_OFFSET
+        try:
+            wire = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            copied = np.frombuffer(self._mapping, dtype=wire, count=count, offset=start).reshape(shape).copy()
+        finally:
+            frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_DONE)
+        return copied
+
+    def frame_state(self, position: int) -> int:
+        if self._buf is None:
+            raise ClosedError(f"arena reader is closed: name={self.name!r}")
+        return frame_io.load_frame_state_acquire(self._buf, RING_HEADER_LENGTH + position % self.capacity)
+
+    def close(self) -> None:
+        """Drop the reader's mapping; live leases keep it until they end. Idempotent."""
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            buf.release()
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            # Leases alive: the mapping closes with the last of them.
+            with contextlib.suppress(BufferError):
+                mapping.close()
+
+    def __enter__(self) -> ArenaReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _mark_frame_done(keep: np.ndarray) -> None:
+    """Lease release of an arena frame: DONE in its shared header (`keep` starts at the frame)."""
+    with keep.data as frame:
+        frame_io.store_frame_state_release(frame, 0, FRAME_STATE_DONE)
+
+
+__all__ = [
+    "ARENA_KEY_LENGTH",
+    "ARENA_PAYLOAD_OFFSET",
+    "DEFAULT_ARENA_CAPACITY",
+    "ArenaFrameDescriptor",
+    "ArenaReader",
+    "ArenaReservation",
+    "ArenaStatistics",
+    "RegisteredArena",
+    "arena_key",
+    "compute_arena_frame_length",
+]

@@ -1,0 +1,673 @@
+"""Per-transfer registered segments and the registry that owns them.
+
+Design rationale. A device-to-host copy runs at full speed only into
+page-locked memory. The seed copied into a pinned buffer and then again into
+shared memory; here the copy lands directly in a POSIX shared-memory segment
+that is CUDA-registered for the duration of the copy. The lifecycle of each
+segment is `shmring.spec.registration`, step for step::
+
+    allocated -> registered -> copied -> unregistered -> published
+
+The rules that make it safe:
+
+* Registration bookkeeping (`RegisteredRange.registered`) is cleared only
+  after the driver said the unregister succeeded. A failed unregister is
+  retried once; if it fails again the range is *retained*: its mapping is
+  never closed and its name never unlinked (the driver may still hold the
+  pages, and a DMA into an unmapped range corrupts whatever is mapped there
+  next), and the registry is *poisoned*: every later registration raises
+  `RegistryPoisonedError` until the process restarts.
+* A register, copy or synchronize failure unregisters what was registered
+  and removes the segment: nothing is published and nothing leaks.
+* A transfer of several fields publishes all of them or none.
+* Only names built here are used (`segment_file_name`), in the deployment
+  directory of `shmring.impl.naming`; the receiver unlinks a segment's name as
+  soon as it has mapped it, and `close` unlinks the names no receiver took.
+
+Every OS call goes through the `OsFacade`, every CUDA call through the
+`CudaDriver` port, so fault plans reach both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import re
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+from shmring.impl.cuda_driver import CudaDriver
+from shmring.impl.errors import (
+    ClosedError,
+    InvalidKeyError,
+    NoSpaceError,
+    RegistrationError,
+    RegistryPoisonedError,
+    UnsupportedPayloadError,
+    describe_errno,
+)
+from shmring.impl.naming import (
+    DEFAULT_SHM_ROOT,
+    current_producer_identity,
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
+from shmring.spec.registration import (
+    SEGMENT_ALLOCATED,
+    SEGMENT_COPIED,
+    SEGMENT_PUBLISHED,
+    SEGMENT_REGISTERED,
+    SEGMENT_REMOVED,
+    SEGMENT_RETAINED,
+    SEGMENT_UNREGISTERED,
+    UNREGISTER_ATTEMPTS,
+)
+
+SEGMENT_FILE_PREFIX: Final = "seg"
+ARENA_FILE_PREFIX: Final = "arena"
+# seg.<pid>.<start time>.<counter>.<token> / arena.<pid>.<start time>.<token>
+_TRANSFER_FILE_PATTERN: Final = re.compile(r"(seg|arena)\.[0-9]+\.[0-9]+(\.[0-9]+)?\.[0-9a-f]{8}")
+# Published names a producer remembers before it checks which receivers took.
+_PUBLISHED_NAMES_PRUNE_AT: Final = 256
+
+# What travels for each torch dtype: the numpy dtype name of the bits. bfloat16
+# has no numpy dtype; its bits travel as uint16 and a dtype view restores it.
+WIRE_DTYPES: Final = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "uint16",
+}
+# The dtype the copy runs in: same bits, a dtype every torch copy kernel has.
+_COPY_DTYPES: Final = {torch.bfloat16: torch.int16}
+# Torch dtype for each wire dtype, to view the host bytes (uint16 bits copy as int16).
+_HOST_DTYPES: Final = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "uint16": torch.int16,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def wire_dtype_of(dtype: torch.dtype) -> str:
+    """The numpy dtype name whose bits carry `dtype`; UnsupportedPayloadError if none."""
+    try:
+        return WIRE_DTYPES[dtype]
+    except KeyError:
+        raise UnsupportedPayloadError(f"tensor dtype has no wire form: dtype={dtype}") from None
+
+
+def copy_source(src: torch.Tensor) -> torch.Tensor:
+    """`src` reinterpreted in the dtype the copy runs in (bfloat16 bits as int16; nothing widened)."""
+    wire_dtype_of(src.dtype)
+    copy_dtype = _COPY_DTYPES.get(src.dtype)
+    return src if copy_dtype is None else src.view(copy_dtype)
+
+
+def host_view(buffer: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Tensor:
+    """A tensor over `buffer[offset:]` shaped like `src` in its copy dtype (shares memory)."""
+    source = copy_source(src)
+    nbytes = source.numel() * source.element_size()
+    return buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
+
+
+def copy_into_host(driver: CudaDriver, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy `src` into `dst` through the driver and wait for it; RegistrationError on failure.
+
+    The error is re-raised without the driver's frames so no traceback keeps a
+    view of the destination mapping alive.
+    """
+    failure: RegistrationError | None = None
+    try:
+        driver.copy_to_host(dst, copy_source(src))
+        driver.synchronize()
+    except RegistrationError as error:
+        failure = error
+    finally:
+        del dst
+    if failure is not None:
+        raise failure.with_traceback(None)
+
+
+# -- names -------------------------------------------------------------------------
+
+
+_counter = 0
+
+
+def _next_counter() -> int:
+    global _counter
+    _counter += 1
+    return _counter
+
+
+def segment_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
+    """A fresh per-transfer segment name: never reused, tells its producer."""
+    pid, start_time = current_producer_identity(os_facade)
+    return f"{SEGMENT_FILE_PREFIX}.{pid}.{start_time}.{_next_counter()}.{secrets.token_hex(4)}"
+
+
+def arena_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
+    pid, start_time = current_producer_identity(os_facade)
+    return f"{ARENA_FILE_PREFIX}.{pid}.{start_time}.{secrets.token_hex(4)}"
+
+
+def validate_transfer_file_name(name: object) -> str:
+    """A segment or arena name as built here; InvalidKeyError for anything else (no paths)."""
+    if not isinstance(name, str) or _TRANSFER_FILE_PATTERN.fullmatch(name) is None:
+        raise InvalidKeyError(f"not a shmring segment or arena name: name={name!r}")
+    return name
+
+
+# -- one shared-memory file ------------------------------------------------------------
+
+
+class ShmFile:
+    """A shared-memory file this process created and maps read-write.
+
+    Owns the mapping and `tensor`, a torch uint8 tensor over all of it. The
+    mapping is closed by `unmap`; if some view of it is still alive (a
+    traceback, a caller's tensor), closing is left to the last view, so a
+    mapping is never closed under a live view.
+    """
+
+    _mapping: mmap.mmap | None = None
+    _tensor: torch.Tensor | None = None
+    _linked = False
+
+    def __init__(self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS) -> None:
+        if length <= 0:
+            raise ValueError(f"shared-memory file length must be positive: length={length}")
+        self.name = name
+        self.path = os.path.join(directory, name)
+        self.length = length
+        self._os = os_facade
+        fd = os_facade.open(self.path, OPEN_FLAGS_CREATE)
+        self._linked = True
+        try:
+            os_facade.ftruncate(fd, length)
+            os_facade.fallocate(fd, length)
+            self._mapping = os_facade.mmap(fd, length)
+        except BaseException:
+            self._discard_name()
+            raise
+        finally:
+            os_facade.close(fd)
+        self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        self.address = self._tensor.data_ptr()
+
+    @property
+    def mapped(self) -> bool:
+        return self._mapping is not None
+
+    @property
+    def linked(self) -> bool:
+        """Whether this process has not unlinked the name (a receiver may have)."""
+        return self._linked
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
+        return self._tensor
+
+    def memoryview(self) -> memoryview:
+        if self._mapping is None:
+            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
+        return memoryview(self._mapping)
+
+    def unmap(self) -> None:
+        """Close the mapping now, or when its last outside view dies. Idempotent."""
+        mapping, self._mapping, self._tensor = self._mapping, None, None
+        if mapping is not None:
+            # A view alive: the mapping closes when it dies.
+            with contextlib.suppress(BufferError):
+                mapping.close()
+
+    def unlink(self) -> None:
+        """Remove the name; a receiver that already unlinked it is fine. Idempotent."""
+        if self._linked:
+            self._linked = False
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(self.path)
+
+    def _discard_name(self) -> None:
+        self._linked = False
+        with contextlib.suppress(OSError):
+            self._os.unlink(self.path)
+
+
+# -- registered ranges and segments ------------------------------------------------------
+
+
+class RegisteredRange:
+    """Bookkeeping for one host range a registry asked the driver to register.
+
+    `registered` is True from a successful register until a successful
+    unregister and is never cleared otherwise; `retained` is set when the
+    unregister failed for good (the owner must then keep the mapping).
+    """
+
+    def __init__(
+        self, address: int, length: int, label: str, on_released: Callable[[], None] | None = None
+    ) -> None:
+        self.address = address
+        self.length = length
+        self.label = label
+        self.registered = False
+        self.retained = False
+        # Run when a retained range is finally unregistered (at registry close):
+        # the owner may then close and unlink its mapping.
+        self.on_released = on_released
+
+
+class RegisteredSegment:
+    """One per-transfer segment on the producer side, with its lifecycle state.
+
+    `state` is one of the `shmring.spec.registration` SEGMENT_* names. The
+    producer owns the mapping until publish; after publish the receiver owns
+    the memory (it maps it by name and unlinks the name).
+    """
+
+    def __init__(self, segment_id: int, file: ShmFile) -> None:
+        self.segment_id = segment_id
+        self.file = file
+        self.range = RegisteredRange(file.address, file.length, file.name, self._released_at_close)
+        self.state = SEGMENT_ALLOCATED
+
+    def _released_at_close(self) -> None:
+        """A retained segment's late unregister succeeded: now it may go."""
+        self.file.unmap()
+        self.file.unlink()
+        self.state = SEGMENT_REMOVED
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    @property
+    def path(self) -> str:
+        return self.file.path
+
+    @property
+    def length(self) -> int:
+        return self.file.length
+
+    @property
+    def address(self) -> int:
+        return self.file.address
+
+    @property
+    def registered(self) -> bool:
+        return self.range.registered
+
+    @property
+    def mapped(self) -> bool:
+        return self.file.mapped
+
+    @property
+    def linked(self) -> bool:
+        return self.file.linked
+
+
+@dataclass(frozen=True)
+class PublishedSegment:
+    """What the receiver needs to map a published segment."""
+
+    name: str  # file name in the deployment directory (no path)
+    length: int  # file length in bytes
+
+
+@dataclass(frozen=True)
+class RegistryStatistics:
+    """Counters of one registry (a process's registered transfer path)."""
+
+    segments_allocated: int  # segments created, ever
+    segments_published: int  # segments handed to a receiver, ever
+    segments_removed: int  # segments removed after a failed step, ever
+    segments_retained: int  # segments kept because their unregister failed for good (now)
+    ranges_registered: int  # ranges whose bookkeeping says registered now (arena included)
+    unregister_retries: int  # unregisters that needed their second attempt
+    poisoned: bool  # no registration until the process restarts
+
+
+class Registry:
+    """The registered ranges and per-transfer segments of one process.
+
+    One registry per process is the intended use: poisoning is per registry,
+    and it stands for "this process", which only a restart clears.
+    """
+
+    _closed = False
+    _poison_cause: str | None = None
+
+    def __init__(
+        self,
+        scope: str,
+        driver: CudaDriver,
+        *,
+        os_facade: OsFacade = DEFAULT_OS,
+        shm_root: str = DEFAULT_SHM_ROOT,
+    ) -> None:
+        self.scope = scope
+        self.driver = driver
+        self._os = os_facade
+        self._shm_root = shm_root
+        self._directory: str | None = None
+        self._segments: dict[int, RegisteredSegment] = {}
+        self._ranges: list[RegisteredRange] = []
+        self._published_paths: list[str] = []
+        self._next_segment_id = 0
+        self._allocated = 0
+        self._published = 0
+        self._removed = 0
+        self._retries = 0
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poison_cause is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def directory(self) -> str:
+        if self._directory is None:
+            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
+        return self._directory
+
+    def segments(self) -> list[RegisteredSegment]:
+        """Every segment allocated and not yet forgotten, in allocation order."""
+        return list(self._segments.values())
+
+    def retained(self) -> list[RegisteredRange]:
+        return [r for r in self._ranges if r.retained]
+
+    def statistics(self) -> RegistryStatistics:
+        return RegistryStatistics(
+            segments_allocated=self._allocated,
+            segments_published=self._published,
+            segments_removed=self._removed,
+            segments_retained=len(self.retained()),
+            ranges_registered=sum(1 for r in self._ranges if r.registered),
+            unregister_retries=self._retries,
+            poisoned=self.poisoned,
+        )
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError(f"registry is closed: scope={self.scope!r}")
+        if self._poison_cause is not None:
+            raise RegistryPoisonedError(
+                "registry poisoned: an earlier unregister failed twice and its mapping is "
+                f"retained; no registration until the process restarts (cause: {self._poison_cause})",
+                self._poison_cause,
+            )
+
+    # -- ranges (also used by the arena) ------------------------------------------------
+
+    def register_range(
+        self, address: int, length: int, label: str, on_released: Callable[[], None] | None = None
+    ) -> RegisteredRange:
+        """Register [address, address + length) with the driver; RegistrationError on failure."""
+        self._check_usable()
+        entry = RegisteredRange(address, length, label, on_released)
+        self.driver.host_register(address, length)
+        entry.registered = True
+        self._ranges.append(entry)
+        return entry
+
+    def unregister_range(self, entry: RegisteredRange) -> None:
+        """Unregister, retried once; bookkeeping cleared only on success.
+
+        After UNREGISTER_ATTEMPTS failures the range is retained, the
+        registry poisoned, and RegistryPoisonedError raised: the caller must
+        keep the mapping (never close, never unlink).
+        """
+        if not entry.registered or entry.retained:
+            raise ValueError(f"range is not registered or already retained: label={entry.label!r}")
+        last: RegistrationError | None = None
+        for attempt in range(UNREGISTER_ATTEMPTS):
+            try:
+                self.driver.host_unregister(entry.address)
+            except RegistrationError as error:
+                last = error.with_traceback(None)
+                continue
+            if attempt:
+                self._retries += 1
+            entry.registered = False
+            self._ranges.remove(entry)
+            return
+        assert last is not None
+        entry.retained = True
+        self._poison_cause = last.cuda_error
+        raise RegistryPoisonedError(
+            f"unregister failed {UNREGISTER_ATTEMPTS} times, mapping retained: "
+            f"label={entry.label!r} error={last.cuda_error}",
+            last.cuda_error,
+        ) from last
+
+    # -- segment steps (the model's process_* one for one) -------------------------------
+
+    def allocate(self, length: int) -> RegisteredSegment:
+        """Create, size and map a new segment. OSError (NoSpaceError for ENOSPC) on failure."""
+        self._check_usable()
+        try:
+            file = ShmFile(self.directory, segment_file_name(self._os), length, self._os)
+        except OSError as error:
+            if error.errno == errno.ENOSPC and not isinstance(error, NoSpaceError):
+                raise NoSpaceError(
+                    f"no space for a segment: length={length} ({describe_errno(errno.ENOSPC)})"
+                ) from error
+            raise
+        segment = RegisteredSegment(self._next_segment_id, file)
+        self._segments[segment.segment_id] = segment
+        self._next_segment_id += 1
+        self._allocated += 1
+        return segment
+
+    def register(self, segment: RegisteredSegment) -> None:
+        if segment.state != SEGMENT_ALLOCATED:
+            raise ValueError(f"register needs an allocated segment: state={segment.state}")
+        self._check_usable()
+        self.driver.host_register(segment.address, segment.length)
+        segment.range.registered = True
+        self._ranges.append(segment.range)
+        segment.state = SEGMENT_REGISTERED
+
+    def copy(self, segment: RegisteredSegment, src: torch.Tensor) -> None:
+        """Copy `src` (its wire bits) to the start of the segment and synchronize."""
+        if segment.state != SEGMENT_REGISTERED:
+            raise ValueError(f"copy needs a registered segment: state={segment.state}")
+        # No local holds the destination view: a failure's traceback must not keep it alive.
+        copy_into_host(self.driver, host_view(segment.file.tensor, 0, src), src)
+        segment.state = SEGMENT_COPIED
+
+    def unregister(self, segment: RegisteredSegment) -> None:
+        """Retried once; on final failure the segment is retained and RegistryPoisonedError raised."""
+        if segment.state not in (SEGMENT_REGISTERED, SEGMENT_COPIED):
+            raise ValueError(f"unregister needs a registered segment: state={segment.state}")
+        try:
+            self.unregister_range(segment.range)
+        except RegistryPoisonedError:
+            segment.state = SEGMENT_RETAINED
+            raise
+        segment.state = SEGMENT_UNREGISTERED
+
+    def remove(self, segment: RegisteredSegment) -> None:
+        """Unmap and unlink a segment the driver does not hold (a failed transfer's)."""
+        if segment.registered or segment.state not in (SEGMENT_ALLOCATED, SEGMENT_UNREGISTERED):
+            raise ValueError(
+                f"remove needs an unregistered, unpublished segment: state={segment.state} "
+                f"registered={segment.registered}"
+            )
+        segment.file.unmap()
+        segment.file.unlink()
+        segment.state = SEGMENT_REMOVED
+        del self._segments[segment.segment_id]
+        self._removed += 1
+
+    def publish(self, segments: Sequence[RegisteredSegment]) -> list[PublishedSegment]:
+        """Hand every segment to the receiver; the producer's mapping closes."""
+        bad = [s.state for s in segments if s.state != SEGMENT_UNREGISTERED]
+        if bad:
+            raise ValueError(f"publish needs unregistered segments: states={bad}")
+        published = []
+        for segment in segments:
+            segment.file.unmap()
+            segment.state = SEGMENT_PUBLISHED
+            published.append(PublishedSegment(segment.name, segment.length))
+            self._remember_published(segment.path)
+            del self._segments[segment.segment_id]
+            self._published += 1
+        return published
+
+    def _remember_published(self, path: str) -> None:
+        """Keep the name to unlink at close unless a receiver took it first."""
+        self._published_paths.append(path)
+        if len(self._published_paths) >= _PUBLISHED_NAMES_PRUNE_AT:
+            kept = []
+            for known in self._published_paths:
+                try:
+                    self._os.stat(known)
+                except FileNotFoundError:
+                    continue
+                kept.append(known)
+            self._published_paths = kept
+
+    # -- a whole transfer ------------------------------------------------------------------
+
+    def transfer(self, sources: Sequence[torch.Tensor]) -> list[PublishedSegment]:
+        """Every source through the lifecycle into its own segment; all published or none.
+
+        Raises the first failure's error: OSError (allocate) or
+        RegistrationError (register, copy, synchronize, unregister), as
+        RegistryPoisonedError when some unregister failed for good during
+        this transfer.
+        """
+        if not sources:
+            raise ValueError("a transfer needs at least one field")
+        self._check_usable()
+        segments: list[RegisteredSegment] = []
+        failure: BaseException | None = None
+        try:
+            for src in sources:
+                segment = self.allocate(max(1, src.numel() * src.element_size()))
+                segments.append(segment)
+                self.register(segment)
+                self.copy(segment, src)
+        except (OSError, RegistrationError) as error:
+            failure = error.with_traceback(None)
+        if failure is None:
+            for segment in segments:
+                try:
+                    self.unregister(segment)
+                except RegistryPoisonedError as error:
+                    failure = failure or error.with_traceback(None)
+            if failure is None:
+                return self.publish(segments)
+        self.abort(segments)
+        if self.poisoned and not isinstance(failure, RegistryPoisonedError):
+            poisoned = RegistryPoisonedError(
+                f"transfer failed ({failure}) and an unregister failed for good while cleaning up",
+                failure.cuda_error if isinstance(failure, RegistrationError) else None,
+            )
+            raise poisoned from failure
+        raise failure
+
+    def abort(self, segments: Sequence[RegisteredSegment]) -> None:
+        """Unregister what is registered (retry rule applies) and remove everything else."""
+        for segment in segments:
+            if segment.registered and segment.state != SEGMENT_RETAINED:
+                # Retained on failure; the registry is poisoned then.
+                with contextlib.suppress(RegistryPoisonedError):
+                    self.unregister(segment)
+        for segment in segments:
+            if segment.state in (SEGMENT_ALLOCATED, SEGMENT_UNREGISTERED):
+                self.remove(segment)
+
+    # -- close ---------------------------------------------------------------------------
+
+    def close(self) -> int:
+        """Unlink untaken published names; try once more to release retained segments.
+
+        Answers how many ranges stay retained (their mappings are kept for
+        the life of the process, their names for orphan collection).
+        Idempotent.
+        """
+        if self._closed:
+            return len(self.retained())
+        self._closed = True
+        for path in self._published_paths:
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(path)
+        self._published_paths = []
+        for entry in self.retained():
+            try:
+                self.driver.host_unregister(entry.address)
+            except RegistrationError:
+                continue
+            entry.registered = False
+            entry.retained = False
+            self._ranges.remove(entry)
+            if entry.on_released is not None:
+                entry.on_released()
+        for segment in list(self._segments.values()):
+            if segment.state == SEGMENT_REMOVED:
+                del self._segments[segment.segment_id]
+        if self._directory is not None:
+            remove_deployment_directory_if_empty(self._directory, self._os)
+        return len(self.retained())
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "ARENA_FILE_PREFIX",
+    "SEGMENT_FILE_PREFIX",
+    "WIRE_DTYPES",
+    "PublishedSegment",
+    "RegisteredRange",
+    "RegisteredSegment",
+    "Registry",
+    "RegistryStatistics",
+    "ShmFile",
+    "arena_file_name",
+    "copy_into_host",
+    "copy_source",
+    "dtype_name",
+    "host_view",
+    "segment_file_name",
+    "validate_transfer_file_name",
+    "wire_dtype_of",
+]

@@ -1,0 +1,246 @@
+"""Borrowed views: numpy arrays over shared memory that keep the memory alive.
+
+Design rationale. A receiver that borrows a payload gets a plain
+`numpy.ndarray` whose base chain ends in a `LeaseOwner`. The owner is not an
+ndarray subclass and carries no attribute the user has to preserve: it
+exposes `__array_interface__`, so numpy makes the array with `base = owner`,
+and everything derived from that array keeps the owner alive by the ordinary
+reference chain:
+
+    np.asarray(a), a[1:], a.reshape(...), a.view(np.uint8)  -> base chain -> owner
+    torch.from_numpy(a), .view(torch.bfloat16)              -> storage holds a -> owner
+    av.VideoFrame.from_numpy_buffer(a)                      -> AVBuffer holds a -> owner
+
+The seed's early design tied the mapping's life to an ndarray-subclass
+attribute and crashed once `np.asarray` had dropped it; here the only way to
+lose the memory is to drop every object that can reach it. When the owner
+dies (CPython frees it right after the last reference goes) it releases the
+lease: an arena frame is marked done in its shared header (the producer may
+then reuse it), a per-transfer segment is unmapped. `shmring.spec.leases` is
+the model.
+
+The owner holds a numpy export of the mapping (`_keep`), so the mapping
+object cannot be closed under a live view: `mmap.close` raises BufferError
+instead of unmapping memory someone still reads.
+
+A per-transfer segment is unlinked as soon as the receiver has mapped it, so
+a receiver that dies leaves no name behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from shmring.impl.errors import CorruptFrameError
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+
+ReleaseHook = Callable[[np.ndarray], None]
+
+
+class _Counters:
+    lock = threading.Lock()
+    taken = 0
+    released = 0
+
+
+@dataclass(frozen=True)
+class LeaseStatistics:
+    """Leases of this process (all receivers together)."""
+
+    taken: int  # leases handed out, ever
+    released: int  # leases whose last view died, ever
+    live: int  # taken - released: leases some object still holds
+
+
+def lease_statistics() -> LeaseStatistics:
+    with _Counters.lock:
+        return LeaseStatistics(_Counters.taken, _Counters.released, _Counters.taken - _Counters.released)
+
+
+class LeaseOwner:
+    """Owns one borrowed payload's memory for as long as any view of it lives.
+
+    Who owns the memory: this object, through `_keep` (an export of the
+    shared mapping). For how long: until the last object derived from the
+    borrowed array dies; then `__del__` releases the lease (the arena frame
+    becomes done, or the segment mapping is closed). Whether it may be
+    written: yes, by the receiver that holds the lease; nobody else writes
+    the payload while the lease lives, and after release the bytes belong to
+    the producer again (an arena frame is reused), so no view may be kept
+    past its owner, which the reference chain guarantees.
+    """
+
+    _keep: np.ndarray | None = None
+    _release: ReleaseHook | None = None
+    _mapping: mmap.mmap | None = None
+
+    def __init__(
+        self,
+        keep: np.ndarray,
+        payload_offset: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        *,
+        release: ReleaseHook | None = None,
+        mapping_to_close: mmap.mmap | None = None,
+        label: str = "",
+    ) -> None:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if payload_offset < 0 or payload_offset + nbytes > keep.nbytes:
+            raise CorruptFrameError(
+                f"payload outside its mapping: offset={payload_offset} nbytes={nbytes} "
+                f"mapped={keep.nbytes} ({label})"
+            )
+        self._keep = keep
+        self._release = release
+        self._mapping = mapping_to_close
+        self.label = label
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": tuple(shape),
+            "typestr": dtype.str,
+            "descr": dtype.descr,
+            "data": (int(keep.ctypes.data) + payload_offset, False),
+            "strides": None,
+        }
+        with _Counters.lock:
+            _Counters.taken += 1
+
+    def __del__(self) -> None:
+        keep, self._keep = self._keep, None
+        if keep is None:
+            return
+        release, self._release = self._release, None
+        mapping, self._mapping = self._mapping, None
+        try:
+            if release is not None:
+                release(keep)
+        finally:
+            del keep
+            if mapping is not None:
+                mapping.close()
+            with _Counters.lock:
+                _Counters.released += 1
+
+    def __repr__(self) -> str:
+        return f"<LeaseOwner {self.label} live={self._keep is not None}>"
+
+
+def borrow(
+    keep: np.ndarray,
+    payload_offset: int,
+    dtype: np.dtype[Any] | str,
+    shape: tuple[int, ...],
+    *,
+    release: ReleaseHook | None = None,
+    mapping_to_close: mmap.mmap | None = None,
+    label: str = "",
+) -> np.ndarray:
+    """A writable array over `keep[payload_offset:]` whose base is a new `LeaseOwner`.
+
+    `release(keep)` runs once, right after the last derived object dies and
+    before the export is dropped; then `mapping_to_close` (if given) is
+    closed.
+    """
+    owner = LeaseOwner(
+        keep,
+        payload_offset,
+        np.dtype(dtype),
+        tuple(int(d) for d in shape),
+        release=release,
+        mapping_to_close=mapping_to_close,
+        label=label,
+    )
+    return np.asarray(owner)
+
+
+def lease_owner_of(array: np.ndarray) -> LeaseOwner | None:
+    """The owner at the end of `array`'s base chain, if it is a borrowed view."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, LeaseOwner) else None
+
+
+# -- per-transfer segments, receiver side ------------------------------------------
+
+
+def map_segment(directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> mmap.mmap:
+    """Map a published segment read-write and unlink its name at once.
+
+    The caller owns the mapping. The name is gone when this returns, so a
+    receiver that dies later leaves nothing in the directory.
+    """
+    path = os.path.join(directory, name)
+    fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+    try:
+        info = os_facade.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size <= 0:
+            raise CorruptFrameError(f"segment is not a non-empty regular file: path={path!r} size={info.st_size}")
+        mapping = os_facade.mmap(fd, info.st_size)
+        # Gone already: a second receiver of the same segment; the mapping is still good.
+        with contextlib.suppress(FileNotFoundError):
+            os_facade.unlink(path)
+    finally:
+        os_facade.close(fd)
+    return mapping
+
+
+def borrow_segment(
+    directory: str,
+    name: str,
+    dtype: np.dtype[Any] | str,
+    shape: tuple[int, ...],
+    os_facade: OsFacade = DEFAULT_OS,
+) -> np.ndarray:
+    """A borrowed view of a published segment; the mapping closes when the last view dies."""
+    mapping = map_segment(directory, name, os_facade)
+    try:
+        keep = np.frombuffer(mapping, dtype=np.uint8)
+    except BaseException:
+        mapping.close()
+        raise
+    return borrow(keep, 0, dtype, shape, mapping_to_close=mapping, label=f"segment {name}")
+
+
+def copy_segment(
+    directory: str,
+    name: str,
+    dtype: np.dtype[Any] | str,
+    shape: tuple[int, ...],
+    os_facade: OsFacade = DEFAULT_OS,
+) -> np.ndarray:
+    """An independently owned copy of a published segment; the mapping is closed on return."""
+    mapping = map_segment(directory, name, os_facade)
+    try:
+        wire = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * wire.itemsize > len(mapping):
+            raise CorruptFrameError(
+                f"segment shorter than its payload: name={name!r} length={len(mapping)} "
+                f"needed={count * wire.itemsize}"
+            )
+        copied = np.frombuffer(mapping, dtype=wire, count=count).reshape(shape).copy()
+    finally:
+        mapping.close()
+    return copied
+
+
+__all__ = [
+    "LeaseOwner",
+    "LeaseStatistics",
+    "borrow",
+    "borrow_segment",
+    "copy_segment",
+    "lease_owner_of",
+    "lease_statistics",
+    "map_segment",
+]
