@@ -205,6 +205,38 @@ def load_frame_state_acquire(buf: memoryview, offset: int) -> int:
     return value
 
 
+# The whole frame header in one unpack (reserved bytes skipped).
+_FRAME_HEADER: Final = struct.Struct("<IHHIIQI4x")
+assert _FRAME_HEADER.size == FRAME_HEADER_LENGTH
+
+
+def load_frame_header_fields(buf: memoryview, offset: int) -> tuple[int, int, int, int, int, int, int]:
+    """(length, type, state, key length, payload length, position, checksum) in one load.
+
+    For readers of frames below a head they loaded (acquire): such a frame was
+    complete before head moved, so the order of loads inside one unpack does
+    not matter. A frame being overwritten is caught by the caller re-reading
+    the tail afterwards (see `shmring.impl.channel`). Padding frames carry
+    only the first three fields; the rest is whatever the bytes hold.
+    """
+    fields: tuple[int, int, int, int, int, int, int] = _FRAME_HEADER.unpack_from(buf, offset)
+    return fields
+
+
+_FRAME_PREFIX: Final = struct.Struct("<IHH")
+assert _FRAME_PREFIX.size == FRAME_STATE_OFFSET + 2
+
+
+def load_frame_prefix(buf: memoryview, offset: int) -> tuple[int, int, int]:
+    """(length, type, state): all a padding frame carries.
+
+    Safe where fewer than FRAME_HEADER_LENGTH bytes remain before the end of
+    the data region (a padding frame may be FRAME_ALIGNMENT bytes long).
+    """
+    fields: tuple[int, int, int] = _FRAME_PREFIX.unpack_from(buf, offset)
+    return fields
+
+
 def read_frame_header(buf: memoryview, offset: int) -> FrameHeader:
     """Read a frame header; padding frames read only what they carry."""
     length = load_frame_length_acquire(buf, offset)
@@ -229,7 +261,9 @@ __all__ = [
     "RingHeader",
     "bump_wakeup_sequence_release",
     "compute_checksum",
+    "load_frame_header_fields",
     "load_frame_length_acquire",
+    "load_frame_prefix",
     "load_frame_state_acquire",
     "load_head_acquire",
     "load_ring_state_acquire",

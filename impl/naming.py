@@ -1,0 +1,259 @@
+"""Where shmring files live, what they are called, and who made them.
+
+Design rationale. Everything a deployment puts in shared memory sits in one
+private directory, ``<shm_root>/shmring-<uid>-<scope>/`` (mode 0700, owned by
+us, never a symlink), so two users or two deployments cannot see, clobber or
+redirect each other's files, and a garbage collector can find everything a
+deployment left behind with one directory scan. Names are built only from
+validated parts: a scope or stage name can never smuggle in a path separator,
+``..``, a NUL byte, or a dot that would make a ring name ambiguous.
+
+A ring file is named for its edge and its producer's identity::
+
+    ring.<source stage>.<destination stage>.<producer pid>.<producer start time>
+
+Stage names may not contain ``.``, so the name parses back unambiguously
+(`parse_ring_file_name`). The producer identity is (pid, start time): the
+start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot) tells a
+reused pid from the process that first had it.
+
+Every system call goes through the `OsFacade` given by the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Final
+
+from shmring.impl.errors import ConfigurationError, InvalidKeyError
+from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, OPEN_FLAGS_READONLY, OsFacade
+
+DEFAULT_SHM_ROOT: Final = "/dev/shm"
+DIRECTORY_PREFIX: Final = "shmring-"
+RING_FILE_PREFIX: Final = "ring"
+NAME_SEPARATOR: Final = "."
+
+MAX_SCOPE_LENGTH: Final = 64
+MAX_STAGE_NAME_LENGTH: Final = 64
+
+# A scope is the last part of the directory name, so "-" is harmless there.
+_SCOPE_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# Stage names sit between dots in a ring file name: no dot allowed.
+_STAGE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]+")
+_RING_NAME_PATTERN: Final = re.compile(
+    r"ring\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)"
+)
+
+# Field 22 of /proc/<pid>/stat (1-based) is the start time; fields after the
+# command name (which may hold spaces and parentheses) start at field 3.
+_STAT_START_TIME_FIELD: Final = 22
+_STAT_FIELDS_BEFORE_STATE: Final = 2
+_PROC_STAT_READ_LENGTH: Final = 4096
+
+ProducerIdentity = tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+
+# -- validation ----------------------------------------------------------------
+
+
+def validate_scope(scope: object) -> str:
+    """Answer `scope` if it can name a deployment directory; ConfigurationError otherwise."""
+    if not isinstance(scope, str):
+        raise ConfigurationError(f"scope must be a str: scope={scope!r}")
+    if not scope or len(scope) > MAX_SCOPE_LENGTH:
+        raise ConfigurationError(f"scope must be 1..{MAX_SCOPE_LENGTH} characters: scope={scope!r}")
+    if ".." in scope or _SCOPE_PATTERN.fullmatch(scope) is None:
+        raise ConfigurationError(
+            "scope may hold only ASCII letters, digits, '_', '-' and single '.', "
+            f"and may not start with '.' or '-': scope={scope!r}"
+        )
+    return scope
+
+
+def validate_stage_name(name: object) -> str:
+    """Answer `name` if it can name a stage in a ring file name; InvalidKeyError otherwise."""
+    if not isinstance(name, str):
+        raise InvalidKeyError(f"stage name must be a str: name={name!r}")
+    if not name or len(name) > MAX_STAGE_NAME_LENGTH:
+        raise InvalidKeyError(
+            f"stage name must be 1..{MAX_STAGE_NAME_LENGTH} characters: name={name!r}"
+        )
+    if _STAGE_PATTERN.fullmatch(name) is None:
+        raise InvalidKeyError(
+            f"stage name may hold only ASCII letters, digits, '_' and '-': name={name!r}"
+        )
+    return name
+
+
+# -- names ---------------------------------------------------------------------
+
+
+def deployment_directory(
+    scope: str, shm_root: str = DEFAULT_SHM_ROOT, uid: int | None = None
+) -> str:
+    """``<shm_root>/shmring-<uid>-<scope>`` for a validated scope."""
+    validate_scope(scope)
+    owner = os.getuid() if uid is None else uid
+    return os.path.join(shm_root, f"{DIRECTORY_PREFIX}{owner}-{scope}")
+
+
+def ring_file_name(source: str, destination: str, producer: ProducerIdentity) -> str:
+    """The ring file's name (no directory) for an edge and a producer identity."""
+    validate_stage_name(source)
+    validate_stage_name(destination)
+    pid, start_time = producer
+    if not (isinstance(pid, int) and pid > 0 and isinstance(start_time, int) and start_time >= 0):
+        raise ConfigurationError(
+            f"producer identity must be (pid > 0, start time >= 0): producer={producer!r}"
+        )
+    return NAME_SEPARATOR.join((RING_FILE_PREFIX, source, destination, str(pid), str(start_time)))
+
+
+@dataclass(frozen=True)
+class RingFileName:
+    """The parts of a ring file name."""
+
+    source: str  # source stage
+    destination: str  # destination stage
+    producer: ProducerIdentity  # (pid, start time) of the process that created the ring
+
+
+def parse_ring_file_name(name: str) -> RingFileName | None:
+    """The parts of a ring file name, or None when `name` is not one."""
+    match = _RING_NAME_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    source, destination, pid, start_time = match.groups()
+    if len(source) > MAX_STAGE_NAME_LENGTH or len(destination) > MAX_STAGE_NAME_LENGTH:
+        return None
+    return RingFileName(source, destination, (int(pid), int(start_time)))
+
+
+def ring_path(directory: str, source: str, destination: str, producer: ProducerIdentity) -> str:
+    return os.path.join(directory, ring_file_name(source, destination, producer))
+
+
+# -- the deployment directory ----------------------------------------------------
+
+
+def ensure_deployment_directory(
+    scope: str,
+    os_facade: OsFacade = DEFAULT_OS,
+    shm_root: str = DEFAULT_SHM_ROOT,
+) -> str:
+    """Create (or accept) the deployment directory and answer its path.
+
+    An existing directory is accepted only if it is a real directory (not a
+    symlink), owned by our uid, and closed to group and others; anything else
+    is a ConfigurationError naming the path, since a directory we do not
+    control could redirect or expose every file placed in it.
+    """
+    path = deployment_directory(scope, shm_root)
+    with contextlib.suppress(FileExistsError):
+        os_facade.mkdir(path, DIR_MODE)
+    check_private_directory(path, os_facade)
+    return path
+
+
+def check_private_directory(path: str, os_facade: OsFacade = DEFAULT_OS) -> None:
+    """Refuse a directory that is a symlink, not ours, or open to others."""
+    info = os_facade.stat(path)  # lstat: the facade never follows symlinks
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigurationError(
+            f"deployment directory is not a directory (symlink?): path={path!r}"
+        )
+    uid = os.getuid()
+    if info.st_uid != uid:
+        raise ConfigurationError(
+            f"deployment directory is owned by uid={info.st_uid}, not by us (uid={uid}): path={path!r}"
+        )
+    if info.st_mode & 0o077:
+        raise ConfigurationError(
+            f"deployment directory is open to group/others: mode={oct(stat.S_IMODE(info.st_mode))} path={path!r}"
+        )
+
+
+def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAULT_OS) -> bool:
+    """rmdir `path` when nothing is left in it; answer whether it was removed."""
+    try:
+        os_facade.rmdir(path)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
+# -- producer identity ---------------------------------------------------------
+
+
+def parse_start_time(stat_line: bytes) -> int:
+    """Field 22 of a ``/proc/<pid>/stat`` line; the command name may hold anything."""
+    close = stat_line.rfind(b")")
+    if close < 0:
+        raise ValueError(f"not a /proc stat line: {stat_line[:80]!r}")
+    fields = stat_line[close + 1 :].split()
+    index = _STAT_START_TIME_FIELD - 1 - _STAT_FIELDS_BEFORE_STATE
+    if len(fields) <= index:
+        raise ValueError(f"/proc stat line too short: {stat_line[:80]!r}")
+    return int(fields[index])
+
+
+def read_start_time(pid: int, os_facade: OsFacade = DEFAULT_OS) -> int | None:
+    """The start time of process `pid`, or None when there is no such process."""
+    try:
+        fd = os_facade.open(f"/proc/{pid}/stat", OPEN_FLAGS_READONLY)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    try:
+        line = os_facade.read(fd, _PROC_STAT_READ_LENGTH)
+    except ProcessLookupError:  # the process exited between open and read
+        return None
+    finally:
+        os_facade.close(fd)
+    return parse_start_time(line)
+
+
+_identity_cache: tuple[int, int] | None = None
+
+
+def current_producer_identity(os_facade: OsFacade = DEFAULT_OS) -> ProducerIdentity:
+    """(pid, start time) of this process; recomputed after a fork changes the pid."""
+    global _identity_cache
+    pid = os.getpid()
+    cached = _identity_cache
+    if cached is not None and cached[0] == pid:
+        return cached
+    start_time = read_start_time(pid, os_facade)
+    if start_time is None:  # pragma: no cover - our own /proc entry always exists
+        raise RuntimeError(f"cannot read our own start time: pid={pid}")
+    _identity_cache = (pid, start_time)
+    return _identity_cache
+
+
+__all__ = [
+    "DEFAULT_SHM_ROOT",
+    "MAX_SCOPE_LENGTH",
+    "MAX_STAGE_NAME_LENGTH",
+    "ProducerIdentity",
+    "RingFileName",
+    "check_private_directory",
+    "current_producer_identity",
+    "deployment_directory",
+    "ensure_deployment_directory",
+    "parse_ring_file_name",
+    "parse_start_time",
+    "read_start_time",
+    "remove_deployment_directory_if_empty",
+    "ring_file_name",
+    "ring_path",
+    "validate_scope",
+    "validate_stage_name",
+]
