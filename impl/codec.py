@@ -11,7 +11,9 @@ shape the format:
   without touching tensor data, so the ring can decide admission (or size a
   fallback segment) before anything is copied; `EncodePlan.write_into` then
   copies each leaf straight into the destination (an mmap slice), resolving
-  conj/neg bits and non-contiguous layouts in that one pass.
+  conj/neg bits and non-contiguous layouts in that one pass (torch's copy_
+  into the destination; through a temporary when the destination is not
+  16-byte aligned, because torch faults on unaligned complex stores).
 * A payload without leaves is plain msgpack, byte for byte what
   ``msgspec.msgpack.encode`` gives. A framed payload starts with 0xC1, the
   one byte msgpack never uses, so the first byte tells the two apart.
@@ -74,6 +76,7 @@ a process that only moves bytes and trees never imports either.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import struct
@@ -138,8 +141,9 @@ TORCH_DTYPE_NAMES: Final = tuple(name for name, _, _ in _DTYPES)
 NUMPY_DTYPE_NAMES: Final = tuple(name for name, _, _ in _DTYPES if name != "bfloat16")
 
 # How write_into copies a leaf; chosen by prepare from cheap flag reads.
-_TORCH_DIRECT: Final = 0  # contiguous, no conj/neg bit: one memcpy through the numpy bridge
-_TORCH_STRIDED: Final = 1  # strided or conj/neg: torch copies and resolves in one pass
+_TORCH_DIRECT: Final = 0  # contiguous, no conj/neg bit: one memmove from data_ptr()
+_TORCH_STRIDED: Final = 1  # strided or conj/neg: torch copy_ resolves and packs in one pass
+#                            (two when the destination is not 16-byte aligned)
 _NUMPY_DIRECT: Final = 2  # C-contiguous, native byte order: one memcpy
 _NUMPY_STRIDED: Final = 3  # strided or swapped byte order: numpy copies and converts
 _RAW_BYTES: Final = 4  # a top-level bytes-like payload
@@ -402,7 +406,8 @@ class EncodePlan:
         self._own_start = own_start  # where the own area starts
         self._leaves = leaves or ()  # (area, offset in area, nbytes, copy kind, source, dtype code)
         self.nbytes = nbytes
-        self.leaf_count = len(self._leaves)
+        raw = leaves is not None and leaves[0][3] == _RAW_BYTES
+        self.leaf_count = 0 if raw else len(self._leaves)
 
     def __repr__(self) -> str:
         return f"EncodePlan(nbytes={self.nbytes}, leaf_count={self.leaf_count})"
@@ -414,13 +419,24 @@ class EncodePlan:
         address (a ring payload follows a key of any length): torch only ever
         writes into 16-byte aligned memory, anything else goes through memcpy.
         """
-        mv = buf if type(buf) is memoryview else memoryview(buf)
-        if mv.readonly:
-            raise ValueError(
-                f"write_into needs a writable buffer, got a read-only {_type_name(buf)}"
-            )
-        if mv.itemsize != 1 or mv.ndim != 1:
-            mv = mv.cast("B")
+        view = memoryview(buf)
+        mv = view
+        try:
+            if view.readonly:
+                raise ValueError(
+                    f"write_into needs a writable buffer, got a read-only {_type_name(buf)}"
+                )
+            if view.itemsize != 1 or view.ndim != 1:
+                mv = view.cast("B")
+            return self._write(mv)
+        finally:
+            # Our views go now, also on error, so the caller can close its
+            # mapping; a view still exported by a failed copy's frame stays.
+            with contextlib.suppress(BufferError):
+                mv.release()
+                view.release()
+
+    def _write(self, mv: memoryview) -> int:
         nbytes = self.nbytes
         if len(mv) < nbytes:
             raise ValueError(f"buffer too small for the encoding: len={len(mv)} nbytes={nbytes}")
@@ -558,7 +574,7 @@ def prepare(obj: Any) -> EncodePlan:
 def encode(obj: Any) -> bytes:
     """The whole encoding of `obj` as bytes (convenience; the ring uses `prepare`)."""
     plan = prepare(obj)
-    if not plan.leaf_count:
+    if not plan._leaves:
         return plan._head
     out = bytearray(plan.nbytes)
     plan.write_into(out)
@@ -661,24 +677,26 @@ class _LeafReader:
             start = 0
         else:
             raise _corrupt(f"unknown leaf area: area={area}")
-        numpy = _numpy()
+        numpy = _np or _numpy()
         storage_dtype = _numpy_storage[dtype_code]
         try:
             if nbytes:
                 if dtype_code == _BOOL_CODE and _has_non_bool_byte(storage, start, nbytes):
                     raise _corrupt("bool leaf holds a byte other than 0 or 1")
-                array = numpy.frombuffer(storage, storage_dtype, numel, start).reshape(shape)
+                array = numpy.frombuffer(storage, storage_dtype, numel, start)
+                if ndim != 1:
+                    array = array.reshape(shape)
             else:
                 array = numpy.empty(shape, storage_dtype)
             if is_numpy:
                 array.flags.writeable = False
                 return array
-            torch = _torch_module()
+            torch = _torch or _torch_module()
             tensor = torch.from_numpy(array)
             if dtype_code == _BFLOAT16_CODE:
                 tensor = tensor.view(torch.bfloat16)
             return tensor
-        except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as error:
+        except (ValueError, TypeError, OverflowError, RuntimeError) as error:
             if isinstance(error, CorruptFrameError):
                 raise
             raise _corrupt(f"leaf shape={shape} does not make an array: {error}") from error
@@ -710,20 +728,27 @@ def _plain_decoder_for(type_: Any) -> Decoder[Any]:
 def decode(buf: Any, *, type: Any = None) -> Any:
     """Decode one encoding into independently owned objects.
 
-    `buf` (bytes, bytearray, memoryview, mmap) is only read during the call;
-    no result refers to it. With `type`, msgspec validates the tree against
+    `buf` (bytes, bytearray, memoryview, mmap) must hold exactly one
+    encoding (trailing bytes are corruption) and is only read during the
+    call: no result refers to it and no view of it outlives the call, also
+    when it raises. With `type`, msgspec validates the tree against
     it (e.g. a Struct class); leaves match ``torch.Tensor`` / ``numpy.ndarray``
     annotations. Any malformed, truncated or inconsistent input, and a tree
     that does not match `type`, raises `CorruptFrameError` (msgspec's error
     in ``__cause__``); nothing is read outside `buf` and no allocation exceeds
     its size.
     """
-    with memoryview(buf) as src:
+    # Both views are released on the way out, also when an error (whose
+    # traceback keeps these frames alive) leaves: a retained CorruptFrameError
+    # must not stop the caller from closing or resizing its mapping.
+    view = memoryview(buf)
+    src = view
+    try:
         if src.itemsize != 1 or src.ndim != 1:
             try:
-                src = src.cast("B")
+                src = view.cast("B")
             except TypeError as error:
-                raise _corrupt(f"payload is not a contiguous buffer: {error}") from error
+                raise _corrupt(f"payload is not a contiguous buffer: {error}") from None
         length = len(src)
         if length == 0:
             raise _corrupt("empty payload")
@@ -733,6 +758,9 @@ def decode(buf: Any, *, type: Any = None) -> Any:
             except _MSGPACK_ERRORS as error:  # DecodeError, bad UTF-8, nesting
                 raise _corrupt(f"msgpack: {error}: nbytes={length}") from error
         return _decode_framed(src, length, type)
+    finally:
+        src.release()
+        view.release()
 
 
 def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
@@ -764,7 +792,9 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
     reader.own_start = own_start
     reader.own_length = length - own_start
     try:
-        result = reader.decoder_for(type_).decode(src[PREFIX_LENGTH:header_end])
+        # The header is copied (it is small) so that the ext_hook's views, which
+        # an error's traceback may keep, never point into the caller's buffer.
+        result = reader.decoder_for(type_).decode(bytes(src[PREFIX_LENGTH:header_end]))
         if reader.shared_cursor != shared_length or reader.own_cursor != reader.own_length:
             raise _corrupt(
                 f"leaves do not cover the data: shared={reader.shared_cursor}/{shared_length} "
