@@ -128,6 +128,16 @@ def test_every_torch_dtype_shape_and_layout_round_trips(dtype, shape, layout, se
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_every_torch_and_numpy_dtype_round_trips_in_every_shape(dtype):
+    for shape in SHAPES:
+        tensor = make_tensor(dtype, shape, 11)
+        leaves: list[Any] = [tensor, relayout(tensor, "strided")]
+        if dtype != torch.bfloat16:
+            leaves += [tensor.numpy(), np.asfortranarray(tensor.numpy())]
+        assert_same(round_trip(leaves), leaves)
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "conj", "neg"])
 def test_write_into_an_unaligned_buffer_round_trips_every_dtype(dtype, layout):
     # A ring payload starts right after a key of any length; torch must never
