@@ -1,0 +1,663 @@
+"""Discovery and liveness: how receivers find the producers of an edge.
+
+Design rationale. The model (`shmring.spec.discovery`) keeps a set of
+markers and a stamp that strictly increases with every change of the set; a
+receiver rescans only when the stamp moved, and records the stamp it read
+*before* scanning. This module is that, over files in the deployment
+directory:
+
+* A marker is an empty file ``marker.<src>.<dst>.<pid>.<start time>``,
+  created (O_EXCL, 0600, O_NOFOLLOW) by a producer only after its ring on
+  the edge is ready, and removed when it closes.
+* The stamp is a u64 counter in the small file ``stamp``. Writers (a
+  producer registering or leaving, a receiver pruning) change it under an
+  exclusive `flock` of that file with read, add one, store. Readers map the
+  file and load the counter with one aligned 8-byte load: an unchanged poll
+  costs no system call, no lock and no directory scan. A counter, unlike a
+  directory mtime, moves even when the clock does not.
+* Every change of the markers is followed by a bump, so a receiver that read
+  stamp s before its scan and sees s again afterwards knows the marker set
+  it scanned is still current; a producer that registered during the scan
+  bumped past s, and the next refresh rescans.
+
+Liveness. A producer's identity is (pid, start time). `Liveness` opens a
+pidfd for a producer once, checks ``/proc/<pid>/stat`` field 22 against the
+recorded start time *after* opening it (so the pidfd is known to name that
+process and not a later one reusing the pid), and from then on asks the
+pidfd, which becomes readable when the process exits. Where pidfds are not
+available it reads the start time and state from /proc on every check
+(a zombie counts as dead).
+
+Membership and teardown. The directory, the stamp and the ``members`` file
+belong to nobody in particular. Every connector holds a shared `flock` on
+``members`` for as long as it is open. Leaving, a connector drops its lock
+and tries an exclusive one without waiting: only the last member gets it,
+and only if the directory then holds nothing but ``stamp`` and ``members``
+does it remove them and the directory. A process joining meanwhile waits for
+that short exclusive hold, finds the file unlinked under its lock
+(``st_nlink == 0``) and starts over, so no member ever holds a stamp that
+was torn down. Files left by a killed producer keep the directory; the
+receivers prune dead producers' markers, and `collect_orphans` removes the
+rest.
+
+Every system call goes through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import mmap
+import os
+import re
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from shmring.impl.errors import BrokenError
+from shmring.impl.naming import (
+    ProducerIdentity,
+    parse_ring_file_name,
+    parse_start_time,
+    validate_stage_name,
+)
+from shmring.impl.os_seam import (
+    FILE_MODE,
+    OPEN_FLAGS_CREATE,
+    OPEN_FLAGS_EXISTING,
+    OPEN_FLAGS_READONLY,
+    OsFacade,
+)
+
+Edge = tuple[str, str]  # (source stage, destination stage)
+
+STAMP_FILE_NAME: Final = "stamp"
+MEMBERS_FILE_NAME: Final = "members"
+MARKER_FILE_PREFIX: Final = "marker"
+LIVE_FILE_PREFIX: Final = "live"
+NAME_SEPARATOR: Final = "."
+
+# The stamp file: one u64 counter at offset 0, in a file one cache line long.
+STAMP_OFFSET: Final = 0
+STAMP_FILE_LENGTH: Final = 64
+_U64: Final = struct.Struct("<Q")
+
+_MARKER_PATTERN: Final = re.compile(r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)")
+_LIVE_PATTERN: Final = re.compile(r"live\.([0-9]+)\.([0-9]+)")
+_PROC_STAT_READ_LENGTH: Final = 4096
+_DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
+
+# Joining waits (sleeping, never spinning) only for a concurrent teardown,
+# which holds its exclusive lock for a handful of system calls.
+_JOIN_RETRY_SLEEP: Final = 0.0005
+_JOIN_TIMEOUT: Final = 10.0
+
+
+# -- names ---------------------------------------------------------------------
+
+
+def marker_file_name(edge: Edge, producer: ProducerIdentity) -> str:
+    """``marker.<src>.<dst>.<pid>.<start time>`` for validated stage names."""
+    source, destination = edge
+    validate_stage_name(source)
+    validate_stage_name(destination)
+    pid, start_time = producer
+    return NAME_SEPARATOR.join(
+        (MARKER_FILE_PREFIX, source, destination, str(pid), str(start_time))
+    )
+
+
+def parse_marker_file_name(name: str) -> tuple[Edge, ProducerIdentity] | None:
+    """(edge, producer) of a marker file name, or None when `name` is not one."""
+    match = _MARKER_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    source, destination, pid, start_time = match.groups()
+    return (source, destination), (int(pid), int(start_time))
+
+
+def live_file_name(producer: ProducerIdentity) -> str:
+    """``live.<pid>.<start time>``: a producer's connector is open (not closed)."""
+    pid, start_time = producer
+    return NAME_SEPARATOR.join((LIVE_FILE_PREFIX, str(pid), str(start_time)))
+
+
+def parse_live_file_name(name: str) -> ProducerIdentity | None:
+    match = _LIVE_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+# -- liveness ------------------------------------------------------------------
+
+
+def read_process_status(
+    pid: int, os_facade: OsFacade
+) -> tuple[int, bytes] | None:
+    """(start time, state letter) of process `pid` from /proc, or None when there is none."""
+    try:
+        fd = os_facade.open(f"/proc/{pid}/stat", OPEN_FLAGS_READONLY)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    try:
+        line = os_facade.read(fd, _PROC_STAT_READ_LENGTH)
+    except ProcessLookupError:  # exited between open and read
+        return None
+    finally:
+        os_facade.close(fd)
+    close = line.rfind(b")")
+    if close < 0 or not line:
+        return None
+    state = line[close + 2 : close + 3]
+    return parse_start_time(line), state
+
+
+class Liveness:
+    """Which producers are still running, by (pid, start time).
+
+    Not thread-safe; the owning connector serializes calls. Holds one pidfd
+    per live producer it was asked about; `forget` and `close` release them.
+    """
+
+    _closed: bool = False
+
+    def __init__(self, os_facade: OsFacade, own_identity: ProducerIdentity | None = None) -> None:
+        self._os = os_facade
+        self._own = own_identity
+        self._pidfds: dict[ProducerIdentity, int] = {}
+        self._dead: set[ProducerIdentity] = set()
+        self._pidfd_supported = hasattr(os, "pidfd_open")
+        self.checks = 0  # liveness questions answered (statistics)
+
+    def is_alive(self, producer: ProducerIdentity) -> bool:
+        """Whether the process (pid, start time) is running; False once is False forever."""
+        self.checks += 1
+        if producer == self._own:
+            return True
+        if producer in self._dead:
+            return False
+        pidfd = self._pidfds.get(producer)
+        if pidfd is not None:
+            if self._os.pidfd_alive(pidfd):
+                return True
+            self._mark_dead(producer)
+            return False
+        alive = self._first_check(producer)
+        if not alive:
+            self._mark_dead(producer)
+        return alive
+
+    def _first_check(self, producer: ProducerIdentity) -> bool:
+        pid, start_time = producer
+        if pid <= 0:
+            return False
+        pidfd = -1
+        if self._pidfd_supported:
+            try:
+                pidfd = self._os.pidfd_open(pid)
+            except ProcessLookupError:
+                return False
+            except OSError as error:
+                if error.errno not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+                    raise
+                self._pidfd_supported = False
+        try:
+            status = read_process_status(pid, self._os)
+            # The pidfd was opened first: if the start time matches now, the
+            # pidfd names this very process, not a later one with its pid.
+            if status is None or status[0] != start_time or status[1] in _DEAD_PROCESS_STATES:
+                return False
+            if pidfd >= 0 and not self._os.pidfd_alive(pidfd):
+                return False
+        except BaseException:
+            if pidfd >= 0:
+                self._os.close(pidfd)
+            raise
+        if pidfd >= 0:
+            self._pidfds[producer] = pidfd
+        return True
+
+    def _mark_dead(self, producer: ProducerIdentity) -> None:
+        self._dead.add(producer)
+        self.forget(producer)
+
+    def forget(self, producer: ProducerIdentity) -> None:
+        """Drop the pidfd of `producer` (its verdict, if dead, is kept)."""
+        pidfd = self._pidfds.pop(producer, None)
+        if pidfd is not None:
+            self._os.close(pidfd)
+
+    def close(self) -> None:
+        """Close every pidfd. Idempotent."""
+        self._closed = True
+        while self._pidfds:
+            _, pidfd = self._pidfds.popitem()
+            with contextlib.suppress(OSError):
+                self._os.close(pidfd)
+
+
+# -- the stamp -----------------------------------------------------------------
+
+
+class Stamp:
+    """The deployment's strictly increasing directory stamp, mapped.
+
+    `load` is one shared-memory load. `bump` and `prune_and_bump` take the
+    stamp file's exclusive lock; `bump` waits for it (producers), the
+    receiver's `prune_and_bump` does not.
+    """
+
+    _fd: int = -1
+    _mapping: mmap.mmap | None = None
+    _buf: memoryview | None = None
+
+    def __init__(self, path: str, os_facade: OsFacade) -> None:
+        self.path = path
+        self._os = os_facade
+
+    @classmethod
+    def open(cls, directory: str, os_facade: OsFacade) -> Stamp:
+        """Open (creating if needed) the stamp file of `directory` and map it."""
+        stamp = cls(os.path.join(directory, STAMP_FILE_NAME), os_facade)
+        try:
+            stamp._fd = os_facade.open(stamp.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            info = os_facade.fstat(stamp._fd)
+            if info.st_size < STAMP_FILE_LENGTH:
+                # Whoever creates it sizes it; a concurrent opener doing the
+                # same extends with zeros too, so the counter starts at 0.
+                os_facade.ftruncate(stamp._fd, STAMP_FILE_LENGTH)
+            stamp._mapping = os_facade.mmap(stamp._fd, STAMP_FILE_LENGTH)
+            stamp._buf = memoryview(stamp._mapping)
+        except BaseException:
+            stamp.close()
+            raise
+        return stamp
+
+    def load(self) -> int:
+        """The current stamp (acquire); no system call."""
+        buf = self._buf
+        if buf is None:
+            raise BrokenError(f"stamp is closed: path={self.path!r}")
+        value: int = _U64.unpack_from(buf, STAMP_OFFSET)[0]
+        return value
+
+    def bump(self) -> int:
+        """Advance the stamp by one under its lock; answer the new value."""
+        buf = self._buf
+        if buf is None:
+            raise BrokenError(f"stamp is closed: path={self.path!r}")
+        self._os.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            value: int = _U64.unpack_from(buf, STAMP_OFFSET)[0] + 1
+            _U64.pack_into(buf, STAMP_OFFSET, value)
+        finally:
+            self._os.flock(self._fd, fcntl.LOCK_UN)
+        return value
+
+    def prune_and_bump(self, directory: str, names: Iterable[str], scanned_at: int) -> int | None:
+        """Unlink stale marker `names` and bump once, without waiting for the lock.
+
+        Answers the stamp a receiver may cache afterwards: the new value when
+        nothing else changed since `scanned_at` (the stamp it read before
+        scanning), otherwise `scanned_at` itself, so that the next refresh
+        rescans. None when the lock was busy (nothing pruned; retried at a
+        later scan).
+        """
+        buf = self._buf
+        if buf is None:
+            raise BrokenError(f"stamp is closed: path={self.path!r}")
+        try:
+            self._os.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        try:
+            before: int = _U64.unpack_from(buf, STAMP_OFFSET)[0]
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    self._os.unlink(os.path.join(directory, name))
+            value = before + 1
+            _U64.pack_into(buf, STAMP_OFFSET, value)
+        finally:
+            self._os.flock(self._fd, fcntl.LOCK_UN)
+        return value if before == scanned_at else scanned_at
+
+    def close(self) -> None:
+        """Unmap and close. Idempotent; never unlinks (see `Membership.leave`)."""
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            buf.release()
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            mapping.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            self._os.close(fd)
+
+
+# -- membership ------------------------------------------------------------------
+
+
+class Membership:
+    """A shared lock on the directory's ``members`` file, held while a connector is open."""
+
+    _fd: int = -1
+
+    def __init__(self, directory: str, os_facade: OsFacade) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, MEMBERS_FILE_NAME)
+        self._os = os_facade
+
+    @classmethod
+    def join(cls, directory: str, os_facade: OsFacade, ensure_directory: object = None) -> Membership:
+        """Take a shared lock on ``members`` (creating it), retrying across a teardown.
+
+        `ensure_directory`, when given, is called (no arguments) to recreate
+        the directory if a teardown removed it meanwhile.
+        """
+        member = cls(directory, os_facade)
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        while True:
+            try:
+                fd = os_facade.open(member.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            except FileNotFoundError:
+                if ensure_directory is None:
+                    raise
+                ensure_directory()  # type: ignore[operator]
+                continue
+            try:
+                try:
+                    os_facade.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os_facade.close(fd)
+                    fd = -1
+                    if time.monotonic() > deadline:
+                        raise BrokenError(
+                            f"deployment directory stays locked by a teardown: path={member.path!r}"
+                        ) from None
+                    time.sleep(_JOIN_RETRY_SLEEP)
+                    continue
+                if os_facade.fstat(fd).st_nlink == 0:  # torn down under us: start over
+                    os_facade.close(fd)
+                    fd = -1
+                    continue
+            except BaseException:
+                if fd >= 0:
+                    os_facade.close(fd)
+                raise
+            member._fd = fd
+            return member
+
+    @property
+    def joined(self) -> bool:
+        return self._fd >= 0
+
+    def leave(self) -> bool:
+        """Drop the shared lock; the last member removes an empty directory. Idempotent.
+
+        Answers whether this call removed the directory.
+        """
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return False
+        try:
+            self._os.flock(fd, fcntl.LOCK_UN)
+            try:
+                self._os.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # another member is still here
+            return _teardown_if_empty(self.directory, self._os)
+        finally:
+            self._os.close(fd)
+
+
+def _teardown_if_empty(directory: str, os_facade: OsFacade) -> bool:
+    """With ``members`` locked exclusively: remove stamp, members and the directory if nothing else is there."""
+    try:
+        names = {entry.name for entry in os_facade.scandir(directory)}
+    except FileNotFoundError:
+        return False
+    if not names <= {STAMP_FILE_NAME, MEMBERS_FILE_NAME}:
+        return False
+    for name in (STAMP_FILE_NAME, MEMBERS_FILE_NAME):
+        if name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os_facade.unlink(os.path.join(directory, name))
+    try:
+        os_facade.rmdir(directory)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False  # something appeared meanwhile; its owner cleans up
+        raise
+    return True
+
+
+# -- producer side ---------------------------------------------------------------
+
+
+class Registrar:
+    """A producer's markers: added after a ring is ready, removed at close."""
+
+    def __init__(
+        self, directory: str, os_facade: OsFacade, stamp: Stamp, producer: ProducerIdentity
+    ) -> None:
+        self.directory = directory
+        self._os = os_facade
+        self._stamp = stamp
+        self.producer = producer
+        self.edges: set[Edge] = set()  # edges with a marker of ours
+
+    def register(self, edge: Edge) -> None:
+        """Create the edge's marker, then bump the stamp; on failure nothing is left."""
+        path = os.path.join(self.directory, marker_file_name(edge, self.producer))
+        fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        try:
+            self._os.close(fd)
+            self._stamp.bump()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._os.unlink(path)
+            raise
+        self.edges.add(edge)
+
+    def unregister(self, edges: Iterable[Edge]) -> int:
+        """Remove the markers of `edges` and bump once if any was removed; answer how many."""
+        removed = 0
+        for edge in sorted(set(edges) & self.edges):
+            path = os.path.join(self.directory, marker_file_name(edge, self.producer))
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(path)
+                removed += 1
+            self.edges.discard(edge)
+        if removed:
+            self._stamp.bump()
+        return removed
+
+    def unregister_all(self) -> int:
+        return self.unregister(list(self.edges))
+
+
+# -- receiver side ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiscoveryStatistics:
+    """What one receiver's discovery did."""
+
+    scans: int  # directory scans; grows only when the stamp moved (or no stamp is available)
+    pruned: int  # stale markers of dead producers this receiver removed
+    seen_stamp: int | None  # the stamp cached at the last scan; None before the first
+    producers: int  # (edge, producer) pairs known from the last scan and not released
+
+
+class DiscoveryCache:
+    """One receiver's view of the markers: rescanned only when the stamp moved.
+
+    `stamp` may be None (the stamp file could not be opened): then every
+    refresh scans, which is slower but never misses a producer.
+    """
+
+    def __init__(
+        self, directory: str, os_facade: OsFacade, liveness: Liveness, stamp: Stamp | None
+    ) -> None:
+        self.directory = directory
+        self._os = os_facade
+        self._liveness = liveness
+        self._stamp = stamp
+        self.seen_stamp: int | None = None  # stamp read before the last scan (after own pruning)
+        self.scans = 0
+        self.pruned = 0
+        # Producers with a live marker at the last scan, per edge; entries are
+        # dropped (`release`) once a producer is found closed or dead.
+        self.producers: dict[Edge, set[ProducerIdentity]] = {}
+
+    def refresh(self) -> bool:
+        """Rescan if the stamp moved; answer whether a scan happened."""
+        stamp = self._stamp
+        if stamp is not None:
+            current = stamp.load()
+            if current == self.seen_stamp:
+                return False
+        else:
+            current = -1
+        self._scan(current)
+        return True
+
+    def _scan(self, scanned_at: int) -> None:
+        self.scans += 1
+        found: dict[Edge, set[ProducerIdentity]] = {}
+        stale: list[str] = []
+        for entry in self._os.scandir(self.directory):
+            parsed = parse_marker_file_name(entry.name)
+            if parsed is None:
+                continue
+            edge, producer = parsed
+            if self._liveness.is_alive(producer):
+                found.setdefault(edge, set()).add(producer)
+            else:
+                stale.append(entry.name)
+        seen: int | None = scanned_at
+        stamp = self._stamp
+        if stamp is None:
+            seen = None
+        elif stale:
+            pruned_at = stamp.prune_and_bump(self.directory, stale, scanned_at)
+            if pruned_at is not None:
+                self.pruned += len(stale)
+                seen = pruned_at
+        self.seen_stamp = seen
+        self.producers = found
+
+    def producers_of(self, edge: Edge) -> list[ProducerIdentity]:
+        """Producers of `edge` known from the last scan, in a stable order."""
+        known = self.producers.get(edge)
+        return sorted(known) if known else []
+
+    def release(self, edge: Edge, producer: ProducerIdentity) -> None:
+        """Forget `producer` on `edge` (it closed or exited) until a scan shows it again."""
+        known = self.producers.get(edge)
+        if known is not None:
+            known.discard(producer)
+            if not known:
+                del self.producers[edge]
+
+    def statistics(self) -> DiscoveryStatistics:
+        return DiscoveryStatistics(
+            scans=self.scans,
+            pruned=self.pruned,
+            seen_stamp=self.seen_stamp,
+            producers=sum(len(v) for v in self.producers.values()),
+        )
+
+
+# -- orphan collection -------------------------------------------------------------
+
+
+def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | None = None) -> int:
+    """Remove what dead producers left in `directory`; answer how many files went.
+
+    Markers, rings, live files and fallback files (segments and their
+    temporaries) of producers that are not running are removed; then, if no
+    connector is a member any more and nothing else is left, the stamp, the
+    members file and the directory go too.
+    """
+    from shmring.impl import fallback  # fallback imports this module
+
+    own = liveness is None
+    if liveness is None:
+        liveness = Liveness(os_facade)
+    removed = 0
+    try:
+        try:
+            entries = os_facade.scandir(directory)
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            name = entry.name
+            path = os.path.join(directory, name)
+            owner: ProducerIdentity | None = None
+            marker = parse_marker_file_name(name)
+            ring = parse_ring_file_name(name)
+            if marker is not None:
+                owner = marker[1]
+            elif ring is not None:
+                owner = ring.producer
+            else:
+                owner = parse_live_file_name(name) or fallback.parse_temp_file_name(name)
+            if owner is not None:
+                if not liveness.is_alive(owner):
+                    with contextlib.suppress(FileNotFoundError):
+                        os_facade.unlink(path)
+                        removed += 1
+            elif fallback.is_segment_file_name(name):
+                removed += fallback.remove_if_orphaned(path, os_facade, liveness.is_alive)
+        removed += _remove_unused_directory(directory, os_facade)
+    finally:
+        if own:
+            liveness.close()
+    return removed
+
+
+def _remove_unused_directory(directory: str, os_facade: OsFacade) -> int:
+    """Tear the directory down if no member holds ``members``; answer files removed (0 or 2)."""
+    path = os.path.join(directory, MEMBERS_FILE_NAME)
+    try:
+        fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+    except FileNotFoundError:
+        fd = -1
+    try:
+        if fd >= 0:
+            try:
+                os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+        return 2 if _teardown_if_empty(directory, os_facade) else 0
+    finally:
+        if fd >= 0:
+            os_facade.close(fd)
+
+
+__all__ = [
+    "LIVE_FILE_PREFIX",
+    "MARKER_FILE_PREFIX",
+    "MEMBERS_FILE_NAME",
+    "STAMP_FILE_NAME",
+    "DiscoveryCache",
+    "DiscoveryStatistics",
+    "Edge",
+    "Liveness",
+    "Membership",
+    "Registrar",
+    "Stamp",
+    "collect_orphans",
+    "live_file_name",
+    "marker_file_name",
+    "parse_live_file_name",
+    "parse_marker_file_name",
+    "read_process_status",
+]

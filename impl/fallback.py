@@ -1,0 +1,685 @@
+"""Per-key fallback segments: one POSIX shared-memory file per (edge, key).
+
+Design rationale. Frames the ring does not take (too large, or the ring is
+full, disabled or failed) travel in a file of their own in the deployment
+directory, named for the edge and a digest of the key::
+
+    fb.<source stage>.<destination stage>.<blake2b-128 of the key, hex>
+
+A receiver finds a key's segment by name (no directory scan). The file has
+the ring's layout, so it is read and validated by the same code paths: a
+ring header (magic, version, capacity = the frame's length, and the *owner's*
+producer identity) followed by exactly one data frame whose `position`
+field holds the segment's generation (the descriptor names it) and whose
+length is stored last::
+
+    0                    RING_HEADER_LENGTH                      file end
+    +--- ring header ----+--- one data frame (key, payload, fill) ---+
+
+Writing. The producer creates a private temporary file (O_CREAT|O_EXCL|
+O_NOFOLLOW, 0600), reserves its space with fallocate (ENOSPC surfaces here
+as `NoSpaceError`, never later as SIGBUS; the temporary is removed, so
+nothing half-written is left), fills it through a mapping, and only then
+renames it onto the segment name. A reader therefore sees either no file or
+a complete one.
+
+Claiming: flock, not rename. Exactly one reader must claim a segment, a
+stale descriptor must be able to look at a segment *without* taking it, and
+a producer must be able to retire or replace its own unclaimed version
+exactly once. The rule that gives all three:
+
+    The segment name is changed (unlinked, or replaced by a rename) only by
+    a process that holds the exclusive `flock` of the file the name
+    currently points at, and has checked under that lock that the file is
+    still linked (`st_nlink > 0`).
+
+A file only ever gets linked under the segment name (the temporary name is
+moved, not copied), so "still linked" means "still at the name". A reader
+opens the name, takes the lock *without waiting* (held: answer BUSY, a
+receive never waits for another process), validates the frame, checks the
+owner is alive, the generation (for a descriptor), decodes the payload into
+owned memory, and only then unlinks the name: the unlink is the commit, so
+a reader killed mid-claim leaves the segment claimable by the next one. A
+stale descriptor reads the header under the lock and leaves. The producer's
+re-put renames onto the name and its retire unlinks it, each under the lock
+of the file there (waiting: readers hold it for one copy), and a file found
+unlinked under the lock means a reader claimed it first. With rename-to-
+claim instead, a reader holding a stale descriptor would have to take the
+newer segment away before it could see its generation, and putting it back
+races with the producer's own retire.
+
+Readers never register anything with Python's resource tracker: this module
+uses plain open/mmap, never `multiprocessing.shared_memory`.
+
+Budget. A segment is charged `compute_fallback_length(key, payload_length)`
+bytes (one frame of the ring's layout), and a put is admitted exactly when
+`compute_budget_allows(used, replaced, length, budget)` holds, as in
+`shmring.spec.connector`. Readers free bytes in another process, so the
+producer's `used` can only be too high; before refusing it drops segments a
+reader claimed (`refresh`, one stat per segment) and asks again, so it
+refuses exactly when the model would.
+
+Every system call goes through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import fcntl
+import hashlib
+import itertools
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from shmring.impl.errors import BackPressureError, BrokenError, CorruptFrameError, NoSpaceError
+from shmring.impl.frame_io import (
+    compute_checksum,
+    read_frame_header,
+    read_ring_header,
+    store_frame_length_release,
+    write_data_frame_fields,
+    write_ring_header,
+)
+from shmring.impl.naming import ProducerIdentity, validate_stage_name
+from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_READONLY, OsFacade
+from shmring.spec.connector import compute_budget_allows, compute_fallback_length
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_HEADER_LENGTH,
+    FRAME_KEY_OFFSET,
+    FRAME_STATE_PUBLISHED,
+    RING_HEADER_LENGTH,
+    RING_MAGIC,
+    RING_STATE_OPEN,
+    RING_VERSION,
+    compute_frame_length,
+    compute_ring_file_length,
+)
+from shmring.spec.ring import is_prefix_match
+
+Edge = tuple[str, str]  # (source stage, destination stage)
+
+SEGMENT_FILE_PREFIX: Final = "fb"
+TEMP_FILE_PREFIX: Final = "fbtmp"
+NAME_SEPARATOR: Final = "."
+KEY_DIGEST_SIZE: Final = 16  # bytes of blake2b in a segment name
+
+_SEGMENT_PATTERN: Final = re.compile(r"fb\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[0-9a-f]{32}")
+_TEMP_PATTERN: Final = re.compile(r"fbtmp\.([0-9]+)\.([0-9]+)\.([0-9]+)")
+_SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
+_NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
+# Bounded retries of an open+lock that found the file replaced under it.
+_MAX_REOPENS: Final = 16
+# The producer waits for a reader's lock (one copy) in short sleeps.
+_LOCK_RETRY_SLEEP: Final = 0.0002
+_LOCK_WAIT_LIMIT: Final = 30.0
+
+# Generations are unique within a process, so a descriptor of one connector
+# can never name another connector's segment of the same process.
+_generations: Final = itertools.count(1)
+
+
+class PayloadPlan(Protocol):
+    """What the fallback copies from: an encoding of known size (`codec.EncodePlan`)."""
+
+    nbytes: int
+
+    def write_into(self, buf: Any) -> int: ...
+
+
+# -- names ---------------------------------------------------------------------
+
+
+def segment_file_name(edge: Edge, key: str) -> str:
+    """``fb.<src>.<dst>.<digest of key>`` for validated stage names."""
+    source, destination = edge
+    validate_stage_name(source)
+    validate_stage_name(destination)
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=KEY_DIGEST_SIZE).hexdigest()
+    return NAME_SEPARATOR.join((SEGMENT_FILE_PREFIX, source, destination, digest))
+
+
+def segment_path(directory: str, edge: Edge, key: str) -> str:
+    return os.path.join(directory, segment_file_name(edge, key))
+
+
+def is_segment_file_name(name: str) -> bool:
+    return _SEGMENT_PATTERN.fullmatch(name) is not None
+
+
+def temp_file_name(producer: ProducerIdentity, generation: int) -> str:
+    pid, start_time = producer
+    return NAME_SEPARATOR.join((TEMP_FILE_PREFIX, str(pid), str(start_time), str(generation)))
+
+
+def parse_temp_file_name(name: str) -> ProducerIdentity | None:
+    """The producer that made temporary file `name`, or None when it is not one."""
+    match = _TEMP_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+# -- the lock rule -------------------------------------------------------------
+
+
+class _Busy:
+    """Another process holds the segment's lock (a reader answers BUSY)."""
+
+
+_BUSY: Final = _Busy()
+
+
+def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | _Busy:
+    """Open the file at `path` and hold its exclusive lock, checked still linked.
+
+    None: no file at `path`. `_BUSY`: locked by someone else and `wait` is
+    False. Otherwise the descriptor; closing it drops the lock.
+    """
+    deadline = 0.0
+    for _ in range(_MAX_REOPENS):
+        try:
+            fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            while True:
+                try:
+                    os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait:
+                        os_facade.close(fd)
+                        return _BUSY
+                    now = time.monotonic()
+                    if not deadline:
+                        deadline = now + _LOCK_WAIT_LIMIT
+                    elif now > deadline:
+                        raise BrokenError(
+                            f"fallback segment stays locked: path={path!r} "
+                            f"waited={_LOCK_WAIT_LIMIT}s"
+                        ) from None
+                    time.sleep(_LOCK_RETRY_SLEEP)
+            if os_facade.fstat(fd).st_nlink > 0:
+                return fd
+        except BaseException:
+            os_facade.close(fd)
+            raise
+        os_facade.close(fd)  # unlinked or replaced under us: look again
+    return _BUSY
+
+
+def _no_space(error: OSError, what: str) -> NoSpaceError:
+    return NoSpaceError(f"no space for {what}: {os.strerror(error.errno or 0)}", error.errno or errno.ENOSPC)
+
+
+# -- producer side ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """The producer's record of one live segment."""
+
+    edge: Edge
+    key: str
+    generation: int  # the descriptor's generation, unique in this process
+    length: int  # bytes charged to the budget: compute_fallback_length(key, payload_length)
+    payload_length: int  # encoded payload bytes
+    path: str  # the segment name
+    inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
+
+
+@dataclass(frozen=True)
+class FallbackStatistics:
+    """One producer's fallback, as of its last look."""
+
+    segments: int  # live segments as far as the producer knows (claimed ones drop at refresh)
+    used_bytes: int  # bytes charged for them; never above `budget`
+    budget: int  # the most live bytes; never changes
+    puts: int  # segments published
+    refusals: int  # puts refused with BackPressureError
+    no_space: int  # puts refused with NoSpaceError
+    retired: int  # unclaimed segments this producer removed (re-put, cleanup, close)
+    claimed: int  # segments found claimed by readers at refresh or retire
+
+
+class FallbackWriter:
+    """A producer's fallback segments in one deployment directory.
+
+    Not thread-safe; the owning connector serializes calls. Only this object
+    (or a reader's claim) unlinks the segments it published.
+    """
+
+    _closed: bool = False
+
+    def __init__(
+        self, directory: str, producer: ProducerIdentity, budget: int, os_facade: OsFacade
+    ) -> None:
+        self.directory = directory
+        self.producer = producer
+        self.budget = budget
+        self._os = os_facade
+        self._segments: dict[tuple[Edge, str], SegmentRecord] = {}
+        self._used = 0  # == sum of record lengths; may include segments readers already claimed
+        self._leftovers: set[str] = set()  # temporaries whose unlink failed; retried at close
+        self._puts = 0
+        self._refusals = 0
+        self._no_space = 0
+        self._retired = 0
+        self._claimed = 0
+
+    # -- budget ------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """Forget segments readers claimed; answer the bytes that freed."""
+        freed = 0
+        for slot, record in list(self._segments.items()):
+            try:
+                info = self._os.stat(record.path)
+            except FileNotFoundError:
+                info = None
+            if info is None or (info.st_dev, info.st_ino) != record.inode:
+                del self._segments[slot]
+                self._used -= record.length
+                self._claimed += 1
+                freed += record.length
+        return freed
+
+    def used_bytes(self) -> int:
+        """Live fallback bytes, after a refresh (what the model calls `fallback_bytes`)."""
+        self.refresh()
+        return self._used
+
+    def admits(self, edge: Edge, key: str, payload_length: int) -> bool:
+        """Whether a put of this size would pass the budget now (refreshing if needed)."""
+        length = compute_fallback_length(key, payload_length)
+        if self._budget_allows(edge, key, length):
+            return True
+        self.refresh()
+        return self._budget_allows(edge, key, length)
+
+    def _budget_allows(self, edge: Edge, key: str, length: int) -> bool:
+        old = self._segments.get((edge, key))
+        replaced = old.length if old is not None else 0
+        return compute_budget_allows(self._used, replaced, length, self.budget)
+
+    # -- put -------------------------------------------------------------------
+
+    def put(
+        self,
+        edge: Edge,
+        key: str,
+        plan: PayloadPlan,
+        before_publish: Callable[[], object] | None = None,
+    ) -> SegmentRecord:
+        """Publish `plan` as the key's segment, replacing our older one atomically.
+
+        BackPressureError: the budget would be exceeded; nothing changed.
+        NoSpaceError: the OS has no room; nothing changed, nothing left.
+        `before_publish` runs after the file is complete and before it
+        becomes visible (the connector retires the key's ring version there).
+        """
+        if self._closed:
+            raise BrokenError(f"fallback writer is closed: directory={self.directory!r}")
+        path = segment_path(self.directory, edge, key)
+        payload_length = plan.nbytes
+        length = compute_fallback_length(key, payload_length)
+        if not self.admits(edge, key, payload_length):
+            self._refusals += 1
+            raise BackPressureError(
+                f"fallback budget spent: used={self._used} length={length} "
+                f"budget={self.budget} key={key!r}"
+            )
+        generation = next(_generations)
+        temp = os.path.join(self.directory, temp_file_name(self.producer, generation))
+        inode = self._write_temp(temp, key, plan, length, generation)
+        try:
+            if before_publish is not None:
+                before_publish()
+            self._publish(temp, path)
+        except BaseException:
+            self._remove_temp(temp)
+            raise
+        record = SegmentRecord(edge, key, generation, length, payload_length, path, inode)
+        old = self._segments.pop((edge, key), None)
+        if old is not None:
+            self._used -= old.length
+            self._retired += 1
+        self._segments[(edge, key)] = record
+        self._used += length
+        self._puts += 1
+        return record
+
+    def _write_temp(
+        self, temp: str, key: str, plan: PayloadPlan, length: int, generation: int
+    ) -> tuple[int, int]:
+        """Create and fill the temporary file; on failure remove it. Answers its inode."""
+        os_facade = self._os
+        key_bytes = key.encode("utf-8")
+        payload_length = plan.nbytes
+        file_length = compute_ring_file_length(length)
+        try:
+            fd = os_facade.open(temp, OPEN_FLAGS_CREATE, FILE_MODE)
+        except OSError as error:
+            if error.errno in _NO_SPACE_ERRNOS:
+                self._no_space += 1
+                raise _no_space(error, f"a fallback segment: path={temp!r}") from error
+            raise
+        try:
+            try:
+                os_facade.fallocate(fd, file_length)
+            except OSError as error:
+                if error.errno in _NO_SPACE_ERRNOS:
+                    self._no_space += 1
+                    raise _no_space(
+                        error, f"a fallback segment of {file_length} bytes: key={key!r}"
+                    ) from error
+                raise
+            mapping = os_facade.mmap(fd, file_length)
+            try:
+                with memoryview(mapping) as buf:
+                    frame = RING_HEADER_LENGTH
+                    key_start = frame + FRAME_KEY_OFFSET
+                    payload_start = key_start + len(key_bytes)
+                    payload_end = payload_start + payload_length
+                    buf[key_start:payload_start] = key_bytes
+                    with buf[payload_start:payload_end] as payload:
+                        plan.write_into(payload)
+                        checksum = compute_checksum(key_bytes, payload)
+                    write_ring_header(
+                        buf, length, self.producer[0], self.producer[1], RING_STATE_OPEN
+                    )
+                    write_data_frame_fields(
+                        buf,
+                        frame,
+                        state=FRAME_STATE_PUBLISHED,
+                        key_length=len(key_bytes),
+                        payload_length=payload_length,
+                        position=generation,
+                        checksum=checksum,
+                    )
+                    store_frame_length_release(buf, frame, length)
+            finally:
+                mapping.close()
+            info = os_facade.fstat(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os_facade.close(fd)
+            self._remove_temp(temp)
+            raise
+        os_facade.close(fd)
+        return info.st_dev, info.st_ino
+
+    def _publish(self, temp: str, path: str) -> None:
+        """Rename `temp` onto `path`, under the lock of whatever file is there."""
+        held = _open_locked(path, self._os, wait=True)
+        try:
+            self._os.rename(temp, path)
+        finally:
+            if isinstance(held, int):
+                self._os.close(held)
+
+    def _remove_temp(self, temp: str) -> None:
+        try:
+            self._os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._leftovers.add(temp)
+
+    # -- retire ------------------------------------------------------------------
+
+    def _retire(self, slot: tuple[Edge, str]) -> int:
+        """Remove our unclaimed segment of `slot`; 0 when a reader claimed it first."""
+        record = self._segments.get(slot)
+        if record is None:
+            return 0
+        held = _open_locked(record.path, self._os, wait=True)
+        retired = 0
+        if isinstance(held, int):
+            try:
+                info = self._os.fstat(held)
+                if (info.st_dev, info.st_ino) == record.inode:
+                    self._os.unlink(record.path)  # a failure keeps the record: retried later
+                    retired = 1
+            finally:
+                self._os.close(held)
+        del self._segments[slot]
+        self._used -= record.length
+        if retired:
+            self._retired += 1
+        else:
+            self._claimed += 1
+        return retired
+
+    def retire(self, edge: Edge, key: str) -> int:
+        """Retire the key's unclaimed segment on `edge`; answer 0 or 1."""
+        return self._retire((edge, key))
+
+    def retire_key(self, key: str) -> int:
+        """Retire the key's unclaimed segments on every edge."""
+        return sum(self._retire(slot) for slot in sorted(self._segments) if slot[1] == key)
+
+    def retire_prefix(self, prefix: str) -> int:
+        """Retire every unclaimed segment whose key is `prefix` + digits, on every edge."""
+        slots = [slot for slot in sorted(self._segments) if is_prefix_match(prefix, slot[1])]
+        return sum(self._retire(slot) for slot in slots)
+
+    def has(self, edge: Edge, key: str) -> bool:
+        """Whether we hold a segment for the key (it may have been claimed since)."""
+        return (edge, key) in self._segments
+
+    def close(self) -> int:
+        """Retire every unclaimed segment and drop leftovers. Idempotent; answers how many."""
+        retired = 0
+        for slot in sorted(self._segments):
+            retired += self._retire(slot)
+        for temp in sorted(self._leftovers):
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(temp)
+            self._leftovers.discard(temp)
+        self._closed = True
+        return retired
+
+    def statistics(self) -> FallbackStatistics:
+        return FallbackStatistics(
+            segments=len(self._segments),
+            used_bytes=self._used,
+            budget=self.budget,
+            puts=self._puts,
+            refusals=self._refusals,
+            no_space=self._no_space,
+            retired=self._retired,
+            claimed=self._claimed,
+        )
+
+
+# -- reader side -----------------------------------------------------------------
+
+
+class ClaimStatus(enum.Enum):
+    DELIVERED = "delivered"  # claimed by this reader; the segment is gone
+    NOT_FOUND = "not found"  # no segment for the key
+    STALE = "stale"  # a segment is there, but not the descriptor's (owner or generation)
+    BUSY = "busy"  # another process holds its lock; nothing changed, retry later
+    OWNER_GONE = "owner gone"  # its producer is not running; the segment was removed
+
+
+@dataclass(frozen=True)
+class Claim:
+    status: ClaimStatus
+    value: Any = None  # the decoded, independently owned payload (DELIVERED)
+    payload_length: int = 0  # encoded payload bytes (DELIVERED)
+    owner: ProducerIdentity | None = None  # producer identity recorded in the segment
+    generation: int = 0  # the segment's generation
+
+
+_NOT_FOUND: Final = Claim(ClaimStatus.NOT_FOUND)
+_BUSY_CLAIM: Final = Claim(ClaimStatus.BUSY)
+
+
+def claim_segment(
+    directory: str,
+    edge: Edge,
+    key: str,
+    *,
+    os_facade: OsFacade,
+    is_alive: Callable[[ProducerIdentity], bool],
+    decode: Callable[[memoryview], Any],
+    owner: ProducerIdentity | None = None,
+    generation: int | None = None,
+) -> Claim:
+    """Claim the key's segment on `edge`, exactly once among all readers.
+
+    With `owner` and `generation` (a descriptor) only that exact segment is
+    claimed; another one there answers STALE and is left alone. A segment
+    whose producer is not running is removed and never delivered
+    (OWNER_GONE). `decode` gets a read-only view *borrowed* from the mapping
+    for the duration of the call and must return independently owned
+    memory. A corrupt segment is removed and reported (CorruptFrameError).
+    """
+    path = segment_path(directory, edge, key)
+    held = _open_locked(path, os_facade, wait=False)
+    if held is None:
+        return _NOT_FOUND
+    if isinstance(held, _Busy):
+        return _BUSY_CLAIM
+    try:
+        return _claim_locked(path, held, key, os_facade, is_alive, decode, owner, generation)
+    finally:
+        os_facade.close(held)  # drops the lock
+
+
+def _claim_locked(
+    path: str,
+    fd: int,
+    key: str,
+    os_facade: OsFacade,
+    is_alive: Callable[[ProducerIdentity], bool],
+    decode: Callable[[memoryview], Any],
+    owner: ProducerIdentity | None,
+    generation: int | None,
+) -> Claim:
+    size = os_facade.fstat(fd).st_size
+    if size < _SEGMENT_HEADER_LENGTH:
+        os_facade.unlink(path)
+        raise CorruptFrameError(f"fallback segment shorter than its headers: size={size} path={path!r}")
+    mapping = os_facade.mmap(fd, size, writable=False)
+    try:
+        with memoryview(mapping) as buf:
+            key_bytes = key.encode("utf-8")
+            problem, producer, frame_generation, payload_length, checksum = _check_segment(
+                buf, size, key_bytes
+            )
+            if problem is not None:
+                os_facade.unlink(path)
+                raise CorruptFrameError(f"corrupted fallback segment: {problem}; removed; path={path!r}")
+            if (owner is not None and producer != owner) or (
+                generation is not None and frame_generation != generation
+            ):
+                return Claim(ClaimStatus.STALE, owner=producer, generation=frame_generation)
+            if not is_alive(producer):
+                os_facade.unlink(path)
+                return Claim(ClaimStatus.OWNER_GONE, owner=producer, generation=frame_generation)
+            payload_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(key_bytes)
+            with buf[payload_start : payload_start + payload_length] as payload:
+                if compute_checksum(key_bytes, payload) != checksum:
+                    os_facade.unlink(path)
+                    raise CorruptFrameError(
+                        f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
+                        f"removed; path={path!r}"
+                    )
+                try:
+                    value = decode(payload)
+                except CorruptFrameError:
+                    os_facade.unlink(path)
+                    raise
+            os_facade.unlink(path)  # the commit: from here the segment is ours alone
+    finally:
+        mapping.close()
+    return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+def _check_segment(
+    buf: memoryview, size: int, key_bytes: bytes
+) -> tuple[str | None, ProducerIdentity, int, int, int]:
+    """(problem or None, owner, generation, payload length, checksum) of a mapped segment."""
+    header = read_ring_header(buf)
+    owner = (header.producer_pid, header.producer_start_time)
+    if header.magic != RING_MAGIC:
+        return f"bad magic={header.magic:#x}", owner, 0, 0, 0
+    if header.version != RING_VERSION or header.header_length != RING_HEADER_LENGTH:
+        return f"bad version={header.version} header_length={header.header_length}", owner, 0, 0, 0
+    if compute_ring_file_length(header.capacity) != size:
+        return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0
+    frame = read_frame_header(buf, RING_HEADER_LENGTH)
+    if frame.length != header.capacity:
+        return f"frame length={frame.length} differs from capacity={header.capacity}", owner, 0, 0, 0
+    if frame.frame_type != DATA_FRAME_TYPE or frame.state != FRAME_STATE_PUBLISHED:
+        return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0
+    if compute_frame_length(frame.key_length, frame.payload_length) != frame.length:
+        return (
+            f"lengths disagree: length={frame.length} key_length={frame.key_length} "
+            f"payload_length={frame.payload_length}",
+            owner,
+            0,
+            0,
+            0,
+        )
+    key_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET
+    if frame.key_length != len(key_bytes) or buf[key_start : key_start + frame.key_length] != key_bytes:
+        return "the segment holds another key", owner, 0, 0, 0
+    return None, owner, frame.position, frame.payload_length, frame.checksum
+
+
+def remove_if_orphaned(
+    path: str, os_facade: OsFacade, is_alive: Callable[[ProducerIdentity], bool]
+) -> int:
+    """Remove the segment at `path` if its owner is not running; answer 0 or 1."""
+    held = _open_locked(path, os_facade, wait=False)
+    if not isinstance(held, int):
+        return 0
+    try:
+        header = os_facade.read(held, RING_HEADER_LENGTH)
+        if len(header) < RING_HEADER_LENGTH:
+            return 0
+        ring_header = read_ring_header(memoryview(header))
+        if ring_header.magic == RING_MAGIC and is_alive(
+            (ring_header.producer_pid, ring_header.producer_start_time)
+        ):
+            return 0
+        os_facade.unlink(path)
+        return 1
+    finally:
+        os_facade.close(held)
+
+
+def charged_length(key: str, payload_length: int) -> int:
+    """Bytes a segment is charged (the model's `compute_fallback_length`)."""
+    return compute_fallback_length(key, payload_length)
+
+
+__all__ = [
+    "SEGMENT_FILE_PREFIX",
+    "TEMP_FILE_PREFIX",
+    "Claim",
+    "ClaimStatus",
+    "FallbackStatistics",
+    "FallbackWriter",
+    "PayloadPlan",
+    "SegmentRecord",
+    "charged_length",
+    "claim_segment",
+    "is_segment_file_name",
+    "parse_temp_file_name",
+    "remove_if_orphaned",
+    "segment_file_name",
+    "segment_path",
+    "temp_file_name",
+]
