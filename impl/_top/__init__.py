@@ -2,6 +2,101 @@
 
 `shmring.spec` is the model, `shmring.impl` the implementation; this package
 re-exports the implementation's public API.
+
+Importing ``shmring`` is cheap: the error classes load at once (they are
+small and callers catch them), everything else on first use of its name, so
+``import shmring`` never imports msgspec, numpy or torch, and the codec
+imports torch only when a payload holds a tensor.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shmring.impl.errors import (
+    BackPressureError,
+    BrokenError,
+    ClosedError,
+    ConfigurationError,
+    CorruptFrameError,
+    FrameTooLargeError,
+    InvalidKeyError,
+    NoSpaceError,
+    ProducerGoneError,
+    RegistrationError,
+    RegistryPoisonedError,
+    ShmringError,
+    UnsupportedPayloadError,
+)
+
 __version__ = "0.1.0"
+
+# name -> module that defines it, loaded on first attribute access.
+_LAZY: dict[str, str] = {
+    "Connector": "shmring.impl.connector",
+    "ConnectorHealth": "shmring.impl.connector",
+    "Delivery": "shmring.impl.connector",
+    "Descriptor": "shmring.impl.connector",
+    "FallbackDescriptor": "shmring.impl.connector",
+    "GetStatus": "shmring.impl.connector",
+    "RingDescriptor": "shmring.impl.connector",
+    "Route": "shmring.impl.connector",
+    "descriptor_from_dict": "shmring.impl.connector",
+    "SharedMemoryConnector": "shmring.impl.compat",
+}
+
+if TYPE_CHECKING:
+    from shmring.impl.compat import SharedMemoryConnector
+    from shmring.impl.connector import (
+        Connector,
+        ConnectorHealth,
+        Delivery,
+        Descriptor,
+        FallbackDescriptor,
+        GetStatus,
+        RingDescriptor,
+        Route,
+        descriptor_from_dict,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shmring' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "BackPressureError",
+    "BrokenError",
+    "ClosedError",
+    "ConfigurationError",
+    "Connector",
+    "ConnectorHealth",
+    "CorruptFrameError",
+    "Delivery",
+    "Descriptor",
+    "FallbackDescriptor",
+    "FrameTooLargeError",
+    "GetStatus",
+    "InvalidKeyError",
+    "NoSpaceError",
+    "ProducerGoneError",
+    "RegistrationError",
+    "RegistryPoisonedError",
+    "RingDescriptor",
+    "Route",
+    "SharedMemoryConnector",
+    "ShmringError",
+    "UnsupportedPayloadError",
+    "__version__",
+    "descriptor_from_dict",
+]

@@ -1,0 +1,877 @@
+"""The connector: one process's routing between its rings and the fallback.
+
+Design rationale. `shmring.spec.connector` (routing), `spec.producers`
+(identity, exit vs close) and `spec.discovery` (markers, stamp, receiver
+caches) say what a connector does; this module wires the pieces that do it:
+
+* `channel.RingChannel`, one per edge this process publishes on, set up at
+  the first put on the edge. Setup is file creation, allocation, mapping
+  *and* the discovery marker; any failure (ENOSPC, EPERM, a marker or stamp
+  that cannot be written) closes what was made, disables the ring for that
+  edge once, and the fallback carries the edge from then on.
+* `fallback.FallbackWriter` for the frames the ring does not take, with the
+  model's byte budget (`BackPressureError` past it).
+* `discovery`: the producer's markers (`Registrar`), the receiver's cache of
+  markers refreshed only when the stamp moved (`DiscoveryCache`), pidfd
+  liveness (`Liveness`), and the directory membership that lets the last
+  connector remove the directory.
+
+A put follows `spec.connector.process_put`: ring first; PUBLISHED retires
+the key's fallback segment *before* the frame becomes visible (inside the
+ring's writer callback, which runs only once the ring has decided it has
+room), so the key never has two deliverable versions; NOT_ADMITTED, FULL or
+no ring go to the fallback, whose budget check comes before anything
+changes, and which retires the key's ring frame just before its segment
+becomes visible.
+
+A get follows `spec.discovery.process_get`: refresh (a scan only when the
+stamp moved), then with a descriptor only the exact frame or segment it
+names (PRODUCER_GONE first when its producer exited or closed), by key the
+rings of the edge's live producers and then the key's segment. A frame or
+segment of a producer that is not running is never delivered: ring frames
+are checked against the producer's pidfd as they are claimed, segments
+carry their owner's identity and are checked under their lock.
+
+A receive never waits for another process's lock (BUSY instead, which
+`get_with_deadline` retries), and an unchanged empty channel costs one
+shared-memory load per producer plus one `open` of the key's segment name:
+no lock, no directory scan.
+
+A connector is thread-safe (one lock around each operation; a waiting
+`get_with_deadline` sleeps without it). It is not fork-safe: a child process
+makes its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from shmring.impl import codec
+from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
+from shmring.impl.discovery import (
+    DiscoveryCache,
+    Liveness,
+    Membership,
+    Registrar,
+    Stamp,
+    live_file_name,
+)
+from shmring.impl.errors import (
+    BackPressureError,
+    ClosedError,
+    ConfigurationError,
+    CorruptFrameError,
+    InvalidKeyError,
+    ProducerGoneError,
+    ShmringError,
+)
+from shmring.impl.fallback import (
+    ClaimStatus,
+    FallbackWriter,
+    claim_segment,
+    segment_file_name,
+)
+from shmring.impl.naming import (
+    DEFAULT_SHM_ROOT,
+    ProducerIdentity,
+    current_producer_identity,
+    deployment_directory,
+    ensure_deployment_directory,
+    ring_path,
+    validate_scope,
+    validate_stage_name,
+)
+from shmring.impl.os_seam import DEFAULT_OS, FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from shmring.spec.connector import Route, is_valid_budget
+from shmring.spec.discovery import DeploymentGetStatus
+from shmring.spec.ring import PutStatus, compute_capacity_error
+
+logger = logging.getLogger("shmring.connector")
+
+Edge = tuple[str, str]  # (source stage, destination stage)
+
+DEFAULT_RING_CAPACITY: Final = 4 * 1024 * 1024
+DEFAULT_FALLBACK_BUDGET: Final = 16 * 1024 * 1024 * 1024
+DEFAULT_SPIN_SECONDS: Final = 0.0002  # get_with_deadline polls without sleeping this long
+DEFAULT_MAX_SLEEP_SECONDS: Final = 0.001  # then sleeps, backing off up to this between polls
+_MIN_SLEEP_SECONDS: Final = 0.00005
+
+
+# -- descriptors -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingDescriptor:
+    """Names the exact ring frame a put published (`spec.connector.RingDescriptor`)."""
+
+    route: ClassVar[Route] = Route.RING
+    producer: ProducerIdentity  # (pid, start time) of the publishing process
+    edge: Edge
+    key: str
+    position: int  # the frame's logical position in that producer's ring
+    size: int  # encoded payload bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A msgpack/JSON-friendly form (what the compat facade's metadata carries)."""
+        return {
+            "producer": list(self.producer),
+            "source": self.edge[0],
+            "destination": self.edge[1],
+            "key": self.key,
+            "position": self.position,
+            "size": self.size,
+        }
+
+
+@dataclass(frozen=True)
+class FallbackDescriptor:
+    """Names the exact fallback segment a put created (`spec.connector.FallbackDescriptor`)."""
+
+    route: ClassVar[Route] = Route.FALLBACK
+    producer: ProducerIdentity
+    edge: Edge
+    key: str
+    generation: int  # unique per producer process; a re-put makes a new one
+    size: int  # encoded payload bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "producer": list(self.producer),
+            "source": self.edge[0],
+            "destination": self.edge[1],
+            "key": self.key,
+            "generation": self.generation,
+            "size": self.size,
+            "name": segment_file_name(self.edge, self.key),
+        }
+
+
+Descriptor = RingDescriptor | FallbackDescriptor
+
+
+def descriptor_from_dict(route: Route, data: Mapping[str, Any]) -> Descriptor:
+    """Rebuild a descriptor from `to_dict`'s form; CorruptFrameError when it is malformed."""
+    try:
+        pid, start_time = data["producer"]
+        producer = (_plain_int(pid, "producer pid"), _plain_int(start_time, "producer start time"))
+        edge = (str(data["source"]), str(data["destination"]))
+        key = data["key"]
+        size = _plain_int(data["size"], "size")
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str: key={key!r}")
+        if route is Route.RING:
+            return RingDescriptor(producer, edge, key, _plain_int(data["position"], "position"), size)
+        return FallbackDescriptor(
+            producer, edge, key, _plain_int(data["generation"], "generation"), size
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise CorruptFrameError(f"malformed {route.value} descriptor: {error}: data={data!r}") from error
+
+
+def _plain_int(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} must be a non-negative int: {what}={value!r}")
+    return value
+
+
+# -- results -----------------------------------------------------------------------
+
+
+class GetStatus(enum.Enum):
+    """What a get found; the first four mean what `spec.discovery.DeploymentGetStatus` means."""
+
+    DELIVERED = DeploymentGetStatus.DELIVERED.value
+    NOT_FOUND = DeploymentGetStatus.NOT_FOUND.value
+    STALE = DeploymentGetStatus.STALE.value  # the descriptor's frame or segment is gone or superseded
+    PRODUCER_GONE = DeploymentGetStatus.PRODUCER_GONE.value  # the descriptor's producer exited or closed
+    BUSY = "busy"  # another process held a lock; nothing changed, retry (get_with_deadline does)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The answer to a get. True exactly when something was delivered."""
+
+    status: GetStatus
+    value: Any = None  # the payload, in independently owned memory (DELIVERED only)
+    size: int = 0  # encoded payload bytes (DELIVERED only)
+    route: Route | None = None  # where it came from (DELIVERED only)
+    producer: ProducerIdentity | None = None  # whose frame it was (DELIVERED only)
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is GetStatus.DELIVERED
+
+    def __bool__(self) -> bool:
+        return self.status is GetStatus.DELIVERED
+
+
+_NOT_FOUND: Final = Delivery(GetStatus.NOT_FOUND)
+_STALE: Final = Delivery(GetStatus.STALE)
+_GONE: Final = Delivery(GetStatus.PRODUCER_GONE)
+_BUSY: Final = Delivery(GetStatus.BUSY)
+_FINAL_STATUSES: Final = frozenset((GetStatus.DELIVERED, GetStatus.STALE, GetStatus.PRODUCER_GONE))
+
+
+@dataclass(frozen=True)
+class ConnectorHealth:
+    """Counters of one connector; the first seven are `spec.connector.ConnectorHealth`'s.
+
+    In the model a producer's connector also counts the gets of its frames;
+    here each connector counts what *it* did, so for a connector that both
+    puts and gets (the lockstep machine's) the two agree.
+    """
+
+    puts: int  # accepted puts, either route
+    gets: int  # delivered gets, either route
+    bytes_transferred: int  # payload bytes of accepted puts plus delivered gets
+    ring_puts: int  # puts published on a ring
+    ring_gets: int  # gets delivered from a ring
+    fallbacks: int  # puts carried by the fallback
+    refusals: int  # puts refused with back-pressure
+    busy: int  # gets that found another process's lock held
+    fallback_bytes: int  # live fallback bytes charged to the budget, as of the last look
+    fallback_segments: int  # live fallback segments, as of the last look
+    rings: int  # rings set up (one per edge published on)
+    failed_edges: int  # edges whose ring setup failed (the fallback carries them)
+    scans: int  # discovery directory scans (only when the stamp moved)
+    closed: bool  # close() was called
+
+
+# -- in-process bookkeeping of the "live" file ------------------------------------
+
+# One live file per producer process and deployment, shared by the process's
+# connectors: it exists while at least one of them that has put is open.
+_live_lock: Final = threading.Lock()
+_live_refs: Final[dict[str, int]] = {}
+
+
+# -- the connector -------------------------------------------------------------------
+
+
+class Connector:
+    """Puts and gets between local stage processes over host rings and per-key segments.
+
+    `scope` names the deployment (every endpoint of an edge uses the same
+    one). `ring_capacity` is each ring's data bytes: 0 disables rings, else
+    4 KiB..64 MiB in multiples of 16. `fallback_budget` bounds the live
+    bytes of this process's fallback segments. `os_facade` is the seam fault
+    plans use; production leaves it None.
+
+    Use as a context manager, or call `close()` (idempotent).
+    """
+
+    _closed: bool = False
+
+    def __init__(
+        self,
+        scope: str,
+        *,
+        ring_capacity: int = DEFAULT_RING_CAPACITY,
+        fallback_budget: int = DEFAULT_FALLBACK_BUDGET,
+        os_facade: OsFacade | None = None,
+        shm_root: str = DEFAULT_SHM_ROOT,
+        spin_seconds: float = DEFAULT_SPIN_SECONDS,
+        max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
+    ) -> None:
+        validate_scope(scope)
+        if not isinstance(ring_capacity, int) or isinstance(ring_capacity, bool):
+            raise ConfigurationError(f"ring capacity must be an int: capacity={ring_capacity!r}")
+        capacity_error = compute_capacity_error(ring_capacity)
+        if capacity_error is not None:
+            raise ConfigurationError(capacity_error)
+        if (
+            not isinstance(fallback_budget, int)
+            or isinstance(fallback_budget, bool)
+            or not is_valid_budget(fallback_budget)
+        ):
+            raise ConfigurationError(
+                f"fallback budget must be an int >= 0 bytes: fallback_budget={fallback_budget!r}"
+            )
+        for name, value in (("spin_seconds", spin_seconds), ("max_sleep_seconds", max_sleep_seconds)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise ConfigurationError(f"{name} must be a number >= 0: {name}={value!r}")
+        self.scope = scope
+        self.ring_capacity = ring_capacity
+        self.fallback_budget = fallback_budget
+        self.shm_root = shm_root
+        self.directory = deployment_directory(scope, shm_root)
+        self._os = os_facade if os_facade is not None else DEFAULT_OS
+        self._spin = float(spin_seconds)
+        self._max_sleep = float(max_sleep_seconds)
+        self._lock = threading.RLock()
+        self.identity: ProducerIdentity | None = None  # known once joined
+        self._rings: dict[Edge, RingChannel] = {}
+        self._failed_edges: dict[Edge, BaseException] = {}
+        self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
+        self._readers: dict[tuple[Edge, ProducerIdentity], RingReader] = {}
+        self._membership: Membership | None = None
+        self._stamp: Stamp | None = None
+        self._liveness: Liveness | None = None
+        self._discovery: DiscoveryCache | None = None
+        self._registrar: Registrar | None = None
+        self._fallback: FallbackWriter | None = None
+        self._live_path: str | None = None
+        self._puts = self._gets = self._bytes = 0
+        self._ring_puts = self._ring_gets = self._fallbacks = self._refusals = self._busy = 0
+
+    # -- context manager -------------------------------------------------------------
+
+    def __enter__(self) -> Connector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rings={len(self._rings)}"
+        return f"Connector(scope={self.scope!r}, capacity={self.ring_capacity}, {state})"
+
+    # -- joining the deployment ------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"connector is closed: scope={self.scope!r}")
+
+    def _join(self) -> FallbackWriter:
+        """Join the deployment directory on first use; answers the fallback writer."""
+        fallback = self._fallback
+        if fallback is not None:
+            return fallback
+        os_facade = self._os
+        identity = current_producer_identity(os_facade)
+
+        def ensure() -> str:
+            return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
+
+        directory = ensure()
+        membership = Membership.join(directory, os_facade, ensure_directory=ensure)
+        try:
+            try:
+                stamp: Stamp | None = Stamp.open(directory, os_facade)
+            except (OSError, ShmringError) as error:
+                # Discovery is unavailable: no rings of ours, and every get
+                # scans. The fallback still carries everything.
+                logger.warning("shmring: discovery stamp unavailable in %s: %s", directory, error)
+                stamp = None
+            liveness = Liveness(os_facade, identity)
+            self._discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
+            self._registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
+            fallback = FallbackWriter(directory, identity, self.fallback_budget, os_facade)
+        except BaseException:
+            membership.leave()
+            raise
+        self.identity = identity
+        self._membership = membership
+        self._stamp = stamp
+        self._liveness = liveness
+        self._fallback = fallback
+        return fallback
+
+    def _ensure_live_file(self) -> None:
+        """Say "this producer's connector is open" (for fallback descriptors after close)."""
+        if self._live_path is not None or self.identity is None:
+            return
+        path = os.path.join(self.directory, live_file_name(self.identity))
+        with _live_lock:
+            if not _live_refs.get(path):
+                try:
+                    fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+                except FileExistsError:
+                    pass
+                except OSError as error:
+                    logger.warning("shmring: cannot create %s: %s", path, error)
+                    return
+                else:
+                    self._os.close(fd)
+            _live_refs[path] = _live_refs.get(path, 0) + 1
+        self._live_path = path
+
+    def _release_live_file(self) -> None:
+        path = self._live_path
+        if path is None:
+            return
+        with _live_lock:
+            left = _live_refs.get(path, 1) - 1
+            if left <= 0:
+                _live_refs.pop(path, None)
+                with contextlib.suppress(FileNotFoundError):
+                    self._os.unlink(path)
+            else:
+                _live_refs[path] = left
+        self._live_path = None
+
+    # -- rings -------------------------------------------------------------------------------
+
+    def _ring_for(self, edge: Edge) -> RingChannel | None:
+        """The edge's ring, set up on first use; None when disabled or failed (for good)."""
+        ring = self._rings.get(edge)
+        if ring is not None:
+            return ring
+        if self.ring_capacity == 0 or edge in self._failed_edges:
+            return None
+        registrar = self._registrar
+        identity = self.identity
+        assert identity is not None  # joined
+        if registrar is None:
+            self._disable_ring(edge, ShmringError("discovery stamp unavailable"))
+            return None
+        path = ring_path(self.directory, edge[0], edge[1], identity)
+        try:
+            ring = RingChannel.create(
+                path, self.ring_capacity, os_facade=self._os, producer=identity
+            )
+        except (OSError, ShmringError) as error:
+            self._disable_ring(edge, error)
+            return None
+        try:
+            registrar.register(edge)  # the marker comes only after the ring is ready
+        except (OSError, ShmringError) as error:
+            self._abandon(ring)
+            self._disable_ring(edge, error)
+            return None
+        self._rings[edge] = ring
+        return ring
+
+    def _abandon(self, ring: RingChannel) -> None:
+        try:
+            ring.close()
+        except (OSError, ShmringError):
+            self._abandoned.append(ring)  # close retries the unlink
+
+    def _disable_ring(self, edge: Edge, error: BaseException) -> None:
+        self._failed_edges[edge] = error
+        logger.warning(
+            "shmring: ring setup failed for edge %s -> %s; using per-key segments: %s",
+            edge[0],
+            edge[1],
+            error,
+        )
+
+    # -- put -------------------------------------------------------------------------------
+
+    def put(self, *args: Any) -> Descriptor:
+        """``put(src, dst, key, obj)`` or ``put((src, dst), key, obj)``: publish a copy of `obj`.
+
+        Answers the descriptor of what was published (hand it to the
+        receiver for an exact get). `obj` may be changed as soon as put
+        returns. BackPressureError: the fallback budget is spent (nothing
+        changed); NoSpaceError: the OS has no room for the segment.
+        """
+        edge, (key, obj) = _split_edge(args, 2, "put")
+        with self._lock:
+            self._require_open()
+            _validate_key(key)
+            plan = codec.prepare(obj)
+            fallback = self._join()
+            self._ensure_live_file()
+            identity = self.identity
+            assert identity is not None
+            size = plan.nbytes
+            ring = self._ring_for(edge)
+            if ring is not None:
+
+                def write(view: memoryview) -> None:
+                    plan.write_into(view)
+                    # The ring has room: retire the key's segment before the frame shows.
+                    if fallback.has(edge, key):
+                        fallback.retire(edge, key)
+
+                outcome = ring.put_with_writer(key, size, write)
+                if outcome.status is PutStatus.PUBLISHED:
+                    assert outcome.position is not None
+                    self._puts += 1
+                    self._ring_puts += 1
+                    self._bytes += size
+                    return RingDescriptor(identity, edge, key, outcome.position, size)
+            cancel: Callable[[], object] | None = (lambda: ring.cancel(key)) if ring else None
+            try:
+                record = fallback.put(edge, key, plan, before_publish=cancel)
+            except BackPressureError:
+                self._refusals += 1
+                raise
+            self._puts += 1
+            self._fallbacks += 1
+            self._bytes += size
+            return FallbackDescriptor(identity, edge, key, record.generation, size)
+
+    # -- get -------------------------------------------------------------------------------
+
+    def get(self, *args: Any, descriptor: Descriptor | None = None) -> Delivery:
+        """``get(src, dst, key)`` or ``get((src, dst), key)``: claim the key's version, once.
+
+        With `descriptor` only the exact frame or segment it names. Never
+        waits for another process (BUSY instead); see `get_with_deadline`.
+        """
+        edge, (key,) = _split_edge(args, 1, "get")
+        with self._lock:
+            self._require_open()
+            _validate_key(key)
+            self._join()
+            discovery = self._discovery
+            assert discovery is not None
+            discovery.refresh()
+            if descriptor is None:
+                return self._get_by_key(edge, key)
+            if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
+                raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
+            if descriptor.edge != edge or descriptor.key != key:
+                raise InvalidKeyError(
+                    f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
+                    f"get asked edge={edge} key={key!r}"
+                )
+            if isinstance(descriptor, RingDescriptor):
+                return self._get_ring_descriptor(edge, key, descriptor)
+            return self._get_fallback_descriptor(edge, key, descriptor)
+
+    def _get_by_key(self, edge: Edge, key: str) -> Delivery:
+        discovery = self._discovery
+        liveness = self._liveness
+        assert discovery is not None and liveness is not None
+        busy = False
+        for producer in discovery.producers_of(edge):
+            reader = self._reader(edge, producer)
+            if reader is None:
+                continue
+            got = reader.get(key, decode=_decode_sized)
+            if got.status is ReceiveStatus.DELIVERED:
+                if not liveness.is_alive(producer):
+                    self._release(edge, producer)  # a dead producer's frame is never delivered
+                    continue
+                size, value = got.payload
+                return self._delivered(Route.RING, value, size, producer)
+            if got.status is ReceiveStatus.BUSY:
+                busy = True
+            elif reader.producer_closed:
+                self._release(edge, producer)
+        return self._claim_fallback(edge, key, None, busy)
+
+    def _get_ring_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
+        discovery = self._discovery
+        liveness = self._liveness
+        assert discovery is not None and liveness is not None
+        producer = descriptor.producer
+        if producer not in discovery.producers.get(edge, ()) or not liveness.is_alive(producer):
+            self._release(edge, producer)
+            return _GONE
+        reader = self._reader(edge, producer)
+        if reader is None:
+            return _GONE
+        got = reader.get(key, descriptor.position, decode=_decode_sized)
+        if got.status is ReceiveStatus.DELIVERED:
+            size, value = got.payload
+            return self._delivered(Route.RING, value, size, producer)
+        if got.status is ReceiveStatus.BUSY:
+            self._busy += 1
+            return _BUSY
+        return _STALE
+
+    def _get_fallback_descriptor(
+        self, edge: Edge, key: str, descriptor: FallbackDescriptor
+    ) -> Delivery:
+        got = self._claim_fallback(edge, key, descriptor, False)
+        if got.status is GetStatus.NOT_FOUND or got.status is GetStatus.STALE:
+            return _STALE if self._is_delivering(descriptor.producer) else _GONE
+        return got
+
+    def _claim_fallback(
+        self, edge: Edge, key: str, descriptor: FallbackDescriptor | None, busy: bool
+    ) -> Delivery:
+        liveness = self._liveness
+        assert liveness is not None
+        claim = claim_segment(
+            self.directory,
+            edge,
+            key,
+            os_facade=self._os,
+            is_alive=liveness.is_alive,
+            decode=codec.decode,
+            owner=descriptor.producer if descriptor else None,
+            generation=descriptor.generation if descriptor else None,
+        )
+        status = claim.status
+        if status is ClaimStatus.DELIVERED:
+            assert claim.owner is not None
+            return self._delivered(Route.FALLBACK, claim.value, claim.payload_length, claim.owner)
+        if status is ClaimStatus.BUSY or busy:
+            self._busy += 1
+            return _BUSY
+        if status is ClaimStatus.OWNER_GONE and descriptor is not None:
+            return _GONE
+        if status is ClaimStatus.STALE:
+            return _STALE
+        return _NOT_FOUND
+
+    def _is_delivering(self, producer: ProducerIdentity) -> bool:
+        """The producer is running and its connector is open (its live file exists)."""
+        liveness = self._liveness
+        assert liveness is not None
+        if not liveness.is_alive(producer):
+            return False
+        try:
+            self._os.stat(os.path.join(self.directory, live_file_name(producer)))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _delivered(
+        self, route: Route, value: Any, size: int, producer: ProducerIdentity
+    ) -> Delivery:
+        self._gets += 1
+        self._bytes += size
+        if route is Route.RING:
+            self._ring_gets += 1
+        return Delivery(GetStatus.DELIVERED, value, size, route, producer)
+
+    def _reader(self, edge: Edge, producer: ProducerIdentity) -> RingReader | None:
+        """The mapped ring of `producer` on `edge`; None (and released) when it is gone."""
+        reader = self._readers.get((edge, producer))
+        if reader is None:
+            path = ring_path(self.directory, edge[0], edge[1], producer)
+            try:
+                reader = RingReader.attach(path, os_facade=self._os)
+            except ProducerGoneError:
+                self._release(edge, producer)
+                return None
+            except CorruptFrameError as error:
+                logger.warning("shmring: ignoring a corrupt ring %s: %s", path, error)
+                self._release(edge, producer)
+                return None
+            if reader.producer != producer:
+                reader.close()
+                logger.warning("shmring: ring %s names producer=%s", path, reader.producer)
+                self._release(edge, producer)
+                return None
+            self._readers[(edge, producer)] = reader
+        elif reader.producer_closed:
+            self._release(edge, producer)
+            return None
+        return reader
+
+    def _release(self, edge: Edge, producer: ProducerIdentity) -> None:
+        """Drop our mapping of a producer that closed or exited."""
+        reader = self._readers.pop((edge, producer), None)
+        if reader is not None:
+            reader.close()
+        if self._discovery is not None:
+            self._discovery.release(edge, producer)
+
+    # -- blocking get ----------------------------------------------------------------------
+
+    def get_with_deadline(
+        self,
+        *args: Any,
+        descriptor: Descriptor | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> Delivery:
+        """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
+
+        Polls without sleeping for a short spin, then sleeps between polls,
+        backing off up to `max_sleep_seconds` and starting over whenever the
+        ring wake-up sequences or the discovery stamp move. Answers the first
+        final result (delivered, stale, producer gone) or the last one when
+        time runs out (NOT_FOUND or BUSY).
+        """
+        if deadline is None:
+            deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
+        edge, (key,) = _split_edge(args, 1, "get_with_deadline")
+        start = time.monotonic()
+        sleep = _MIN_SLEEP_SECONDS
+        signature = None
+        while True:
+            got = self.get(edge, key, descriptor=descriptor)
+            if got.status in _FINAL_STATUSES:
+                return got
+            now = time.monotonic()
+            if now >= deadline:
+                return got
+            if now - start < self._spin:
+                continue
+            seen = self._wake_signature(edge)
+            if seen != signature:
+                signature = seen
+                sleep = _MIN_SLEEP_SECONDS
+            time.sleep(min(sleep, deadline - now))
+            sleep = min(sleep * 2, max(self._max_sleep, _MIN_SLEEP_SECONDS))
+
+    def _wake_signature(self, edge: Edge) -> tuple[int, ...]:
+        """Shared-memory counters that move when something may have arrived on `edge`."""
+        with self._lock:
+            values = [self._stamp.load() if self._stamp is not None else 0]
+            for (reader_edge, _), reader in self._readers.items():
+                if reader_edge == edge:
+                    with contextlib.suppress(ClosedError):
+                        values.append(reader.wakeup_sequence)
+            return tuple(values)
+
+    # -- cancellation ----------------------------------------------------------------------
+
+    def cleanup(self, key: str) -> int:
+        """Retire the key's unclaimed version on every edge (ring and fallback); answer how many."""
+        with self._lock:
+            self._require_open()
+            _validate_key(key)
+            retired = sum(ring.cancel(key) for _, ring in sorted(self._rings.items()))
+            if self._fallback is not None:
+                retired += self._fallback.retire_key(key)
+            return retired
+
+    def cleanup_prefix(self, prefix: str) -> int:
+        """Retire every unclaimed `prefix` + digits key on every edge and route; answer how many."""
+        with self._lock:
+            self._require_open()
+            _validate_key(prefix)
+            retired = sum(ring.cancel_prefix(prefix) for _, ring in sorted(self._rings.items()))
+            if self._fallback is not None:
+                retired += self._fallback.retire_prefix(prefix)
+            return retired
+
+    # -- close -------------------------------------------------------------------------------
+
+    def close(self) -> int:
+        """Retire everything this process published and remove every file it owns.
+
+        Rings are marked closed and unlinked, markers removed (one stamp
+        bump), unclaimed segments removed; the last connector of the
+        deployment removes the directory. Idempotent: a second call retries
+        whatever failed and answers 0. Answers how many versions it retired.
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            retired = 0
+            failures: list[BaseException] = []
+            for edge, ring in sorted(self._rings.items()):
+                try:
+                    retired += ring.close()  # 0 when closed before; retries a failed unlink
+                    del self._rings[edge]
+                except (OSError, ShmringError) as error:
+                    failures.append(error)
+            for ring in list(self._abandoned):
+                try:
+                    ring.close()
+                    self._abandoned.remove(ring)
+                except (OSError, ShmringError) as error:
+                    failures.append(error)
+            if self._registrar is not None:
+                try:
+                    self._registrar.unregister_all()
+                except (OSError, ShmringError) as error:
+                    failures.append(error)
+            if self._fallback is not None:
+                try:
+                    retired += self._fallback.close()
+                except (OSError, ShmringError) as error:
+                    failures.append(error)
+            with contextlib.suppress(OSError):
+                self._release_live_file()
+            for key in list(self._readers):
+                self._readers.pop(key).close()
+            if not failures:
+                self._leave()
+            if failures:
+                raise failures[0]
+            return retired if first else 0
+
+    def _leave(self) -> None:
+        if self._liveness is not None:
+            self._liveness.close()
+        if self._stamp is not None:
+            self._stamp.close()
+        if self._membership is not None:
+            self._membership.leave()
+            self._membership = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def fallback_bytes(self) -> int:
+        """Live fallback bytes charged to the budget, after dropping segments readers claimed."""
+        with self._lock:
+            return self._fallback.used_bytes() if self._fallback is not None else 0
+
+    def failed_edges(self) -> dict[Edge, BaseException]:
+        """Edges whose ring setup failed, with the error that disabled each."""
+        with self._lock:
+            return dict(self._failed_edges)
+
+    def ring(self, *edge_args: Any) -> RingChannel | None:
+        """This process's ring on an edge, if set up (for statistics and tests)."""
+        edge, () = _split_edge(edge_args, 0, "ring")
+        return self._rings.get(edge)
+
+    def health(self) -> ConnectorHealth:
+        with self._lock:
+            fallback = self._fallback.statistics() if self._fallback is not None else None
+            return ConnectorHealth(
+                puts=self._puts,
+                gets=self._gets,
+                bytes_transferred=self._bytes,
+                ring_puts=self._ring_puts,
+                ring_gets=self._ring_gets,
+                fallbacks=self._fallbacks,
+                refusals=self._refusals,
+                busy=self._busy,
+                fallback_bytes=fallback.used_bytes if fallback else 0,
+                fallback_segments=fallback.segments if fallback else 0,
+                rings=len(self._rings),
+                failed_edges=len(self._failed_edges),
+                scans=self._discovery.scans if self._discovery is not None else 0,
+                closed=self._closed,
+            )
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def _decode_sized(view: memoryview) -> tuple[int, Any]:
+    """Decode a ring payload into owned memory, keeping its encoded length."""
+    return view.nbytes, codec.decode(view)
+
+
+def _stage(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return validate_stage_name(value)
+
+
+def _split_edge(args: tuple[Any, ...], rest: int, what: str) -> tuple[Edge, tuple[Any, ...]]:
+    """(edge, remaining args) from ``(src, dst, *rest)`` or ``((src, dst), *rest)``."""
+    if len(args) == rest + 2:
+        return (_stage(args[0]), _stage(args[1])), args[2:]
+    if len(args) == rest + 1 and isinstance(args[0], tuple) and len(args[0]) == 2:
+        return (_stage(args[0][0]), _stage(args[0][1])), args[1:]
+    raise TypeError(
+        f"{what}() takes (src, dst, ...) or ((src, dst), ...) and {rest} more: got {len(args)} arguments"
+    )
+
+
+def _validate_key(key: object) -> None:
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"key must be a str: key={key!r}")
+
+
+__all__ = [
+    "DEFAULT_FALLBACK_BUDGET",
+    "DEFAULT_RING_CAPACITY",
+    "Connector",
+    "ConnectorHealth",
+    "Delivery",
+    "Descriptor",
+    "FallbackDescriptor",
+    "GetStatus",
+    "RingDescriptor",
+    "Route",
+    "descriptor_from_dict",
+]
