@@ -182,6 +182,20 @@ def validate_transfer_file_name(name: object) -> str:
     return name
 
 
+def prune_taken_names(paths: list[str], os_facade: OsFacade = DEFAULT_OS) -> list[str]:
+    """Drop the published names receivers already unlinked, once the list is long."""
+    if len(paths) < _PUBLISHED_NAMES_PRUNE_AT:
+        return paths
+    kept = []
+    for path in paths:
+        try:
+            os_facade.stat(path)
+        except FileNotFoundError:
+            continue
+        kept.append(path)
+    return kept
+
+
 # -- one shared-memory file ------------------------------------------------------------
 
 
@@ -297,6 +311,7 @@ class RegisteredSegment:
         self.file = file
         self.range = RegisteredRange(file.address, file.length, file.name, self._released_at_close)
         self.state = SEGMENT_ALLOCATED
+        self.copied = False  # the copy completed; only copied segments are published
 
     def _released_at_close(self) -> None:
         """A retained segment's late unregister succeeded: now it may go."""
@@ -508,6 +523,7 @@ class Registry:
         # No local holds the destination view: a failure's traceback must not keep it alive.
         copy_into_host(self.driver, host_view(segment.file.tensor, 0, src), src)
         segment.state = SEGMENT_COPIED
+        segment.copied = True
 
     def unregister(self, segment: RegisteredSegment) -> None:
         """Retried once; on final failure the segment is retained and RegistryPoisonedError raised."""
@@ -535,9 +551,9 @@ class Registry:
 
     def publish(self, segments: Sequence[RegisteredSegment]) -> list[PublishedSegment]:
         """Hand every segment to the receiver; the producer's mapping closes."""
-        bad = [s.state for s in segments if s.state != SEGMENT_UNREGISTERED]
+        bad = [(s.state, s.copied) for s in segments if s.state != SEGMENT_UNREGISTERED or not s.copied]
         if bad:
-            raise ValueError(f"publish needs unregistered segments: states={bad}")
+            raise ValueError(f"publish needs copied, unregistered segments: (state, copied)={bad}")
         published = []
         for segment in segments:
             segment.file.unmap()
@@ -551,15 +567,7 @@ class Registry:
     def _remember_published(self, path: str) -> None:
         """Keep the name to unlink at close unless a receiver took it first."""
         self._published_paths.append(path)
-        if len(self._published_paths) >= _PUBLISHED_NAMES_PRUNE_AT:
-            kept = []
-            for known in self._published_paths:
-                try:
-                    self._os.stat(known)
-                except FileNotFoundError:
-                    continue
-                kept.append(known)
-            self._published_paths = kept
+        self._published_paths = prune_taken_names(self._published_paths, self._os)
 
     # -- a whole transfer ------------------------------------------------------------------
 
@@ -615,19 +623,16 @@ class Registry:
     # -- close ---------------------------------------------------------------------------
 
     def close(self) -> int:
-        """Unlink untaken published names; try once more to release retained segments.
+        """Release everything, as the model's `process_close`. Idempotent.
 
-        Answers how many ranges stay retained (their mappings are kept for
-        the life of the process, their names for orphan collection).
-        Idempotent.
+        A range retained earlier gets one more unregister; segments still
+        registered are unregistered under the retry rule; the others are
+        removed; published names no receiver took are unlinked. Answers how
+        many ranges stay retained (their mappings are kept for the life of
+        the process, their names for orphan collection).
         """
         if self._closed:
             return len(self.retained())
-        self._closed = True
-        for path in self._published_paths:
-            with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(path)
-        self._published_paths = []
         for entry in self.retained():
             try:
                 self.driver.host_unregister(entry.address)
@@ -639,8 +644,19 @@ class Registry:
             if entry.on_released is not None:
                 entry.on_released()
         for segment in list(self._segments.values()):
-            if segment.state == SEGMENT_REMOVED:
+            if segment.state in (SEGMENT_REGISTERED, SEGMENT_COPIED):
+                with contextlib.suppress(RegistryPoisonedError):  # retained then
+                    self.unregister(segment)
+        for segment in list(self._segments.values()):
+            if segment.state in (SEGMENT_ALLOCATED, SEGMENT_UNREGISTERED):
+                self.remove(segment)
+            elif segment.state == SEGMENT_REMOVED:
                 del self._segments[segment.segment_id]
+        for path in self._published_paths:
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(path)
+        self._published_paths = []
+        self._closed = True
         if self._directory is not None:
             remove_deployment_directory_if_empty(self._directory, self._os)
         return len(self.retained())
@@ -667,6 +683,7 @@ __all__ = [
     "copy_source",
     "dtype_name",
     "host_view",
+    "prune_taken_names",
     "segment_file_name",
     "validate_transfer_file_name",
     "wire_dtype_of",

@@ -280,6 +280,7 @@ def check_registration_segments(registry: RegistryState) -> None:
             )
         if segment.state == SEGMENT_PUBLISHED:
             _require(not segment.mapped, f"published segment={sid} still mapped by the producer")
+            _require(segment.copied, f"published segment={sid} was never copied into")
 
 
 def check_registration_driver_agrees(registry: RegistryState) -> None:

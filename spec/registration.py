@@ -127,6 +127,7 @@ class Segment:
     # Registry bookkeeping: True from a successful register until a successful
     # unregister, never cleared otherwise. Implies mapped and linked.
     registered: bool = False
+    copied: bool = False  # the device-to-host copy completed; only copied segments are published
     mapped: bool = True  # the producer's mapping is open; closed only when not registered
     linked: bool = True  # the name exists; unlinked only when not registered
 
@@ -368,6 +369,7 @@ def process_copy(registry: RegistryState, segment_id: int) -> StepResult:
     if error != CUDA_SUCCESS:
         return StepResult(StepStatus.FAILED, error=error, segment_id=segment_id)
     segment.state = SEGMENT_COPIED
+    segment.copied = True
     return StepResult(StepStatus.OK, segment_id=segment_id)
 
 
@@ -406,8 +408,9 @@ def process_remove(registry: RegistryState, segment_id: int) -> None:
 
 def process_publish(registry: RegistryState, segment_ids: list[int]) -> None:
     """Hand every segment of a transfer to the receiver; the producer unmaps its side."""
-    # Verify every segment went through the whole lifecycle up to unregistered
+    # Verify every segment went through the whole lifecycle up to unregistered, copy included
     assert all(get_segment(registry, s).state == SEGMENT_UNREGISTERED for s in segment_ids)
+    assert all(get_segment(registry, s).copied for s in segment_ids)
     for segment_id in segment_ids:
         segment = registry.segments[segment_id]
         segment.state = SEGMENT_PUBLISHED
@@ -499,21 +502,29 @@ def process_transfer(
 def process_close(registry: RegistryState) -> int:
     """Close the registry. Idempotent; answers how many segments stay retained.
 
-    Names of published segments no receiver took are unlinked. A retained
-    segment gets one more unregister: on success it is removed, otherwise
-    its mapping stays for the life of the process (its name for orphan
-    collection).
+    In order: a segment retained earlier gets one more unregister (on
+    success it is removed); segments still registered are unregistered under
+    the retry rule (which may retain them and poison the registry);
+    allocated and unregistered segments are removed; names of published
+    segments no receiver took are unlinked. A retained segment keeps its
+    mapping for the life of the process, its name for orphan collection.
     """
-    for segment in registry.segments.values():
-        if segment.state == SEGMENT_PUBLISHED:
+    if registry.closed:
+        return len(get_retained(registry))
+    for segment in get_retained(registry):
+        if process_host_unregister(registry.driver, segment.address) == CUDA_SUCCESS:
+            segment.registered = False
+            segment.state = SEGMENT_REMOVED
+            segment.mapped = False
             segment.linked = False
-    if not registry.closed:
-        for segment in get_retained(registry):
-            if process_host_unregister(registry.driver, segment.address) == CUDA_SUCCESS:
-                segment.registered = False
-                segment.state = SEGMENT_REMOVED
-                segment.mapped = False
-                segment.linked = False
+    for segment in list(registry.segments.values()):
+        if segment.state in (SEGMENT_REGISTERED, SEGMENT_COPIED):
+            process_unregister(registry, segment.segment_id)
+    for segment in list(registry.segments.values()):
+        if segment.state in (SEGMENT_ALLOCATED, SEGMENT_UNREGISTERED):
+            process_remove(registry, segment.segment_id)
+        elif segment.state == SEGMENT_PUBLISHED:
+            segment.linked = False
     registry.closed = True
     return len(get_retained(registry))
 
