@@ -1,0 +1,145 @@
+"""The registered arena against `spec.ring` (lease mode) and `spec.leases`.
+
+Frames are borrowed here and in a second process, views derived in every
+way the transport promises to survive, and dropped in random order; the
+shared frame header must say CLAIMED while a view lives and DONE right after
+the last one died. Example tests pin the cases a reviewer looks for first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+from shmring.impl.arena import RegisteredArena
+from shmring.impl.cuda_driver import SimulatedCudaDriver
+from shmring.impl.errors import ConfigurationError, CorruptFrameError, RegistryPoisonedError
+from shmring.impl.registration import Registry
+from shmring.model_tests.arena_machine import (
+    ArenaMachine,
+    borrow_in_reader,
+    remote_place,
+    stop_remote_place,
+)
+from shmring.model_tests.registration_machine import profile
+from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_PUBLISHED
+from shmring.spec.ring import PutStatus
+
+ArenaMachine.TestCase.settings = profile(max_examples=20, stateful_step_count=30)
+TestArenaLockstep = ArenaMachine.TestCase
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_worker() -> Iterator[None]:
+    yield
+    stop_remote_place()
+
+
+@pytest.fixture
+def registry(scope: str) -> Iterator[Registry]:
+    registry = Registry(scope, SimulatedCudaDriver())
+    yield registry
+    registry.close()
+
+
+def test_arena_is_registered_once_and_frames_land_in_it(registry: Registry) -> None:
+    driver = registry.driver
+    assert isinstance(driver, SimulatedCudaDriver)
+    with RegisteredArena(registry, 8192) as arena:
+        for n in range(20):
+            assert not isinstance(arena.put(torch.full((100,), n, dtype=torch.uint8)), PutStatus)
+            arena.reclaim()
+        stats = driver.statistics()
+        assert stats.registered_ranges == 1 and driver.calls_of("host_register") == 1
+        assert stats.copies == stats.copies_into_registered == 20
+    assert driver.registered_ranges() == {}
+
+
+def test_refusals_follow_the_ring_model(registry: Registry) -> None:
+    with RegisteredArena(registry, 4096) as arena:
+        assert arena.put(torch.zeros(2000, dtype=torch.uint8)) is PutStatus.NOT_ADMITTED
+        descriptors = [arena.put(torch.zeros(900, dtype=torch.uint8)) for _ in range(5)]
+        assert descriptors[-1] is PutStatus.FULL  # nothing was borrowed and released
+
+
+def test_frames_return_out_of_order_and_reclaim_stays_in_order(registry: Registry) -> None:
+    with RegisteredArena(registry, 4096) as arena:
+        first, second = (arena.put(torch.full((3, 4, 3), n, dtype=torch.uint8)) for n in (1, 2))
+        assert not isinstance(first, PutStatus) and not isinstance(second, PutStatus)
+        a = borrow_in_reader(registry.directory, first, (3, 4, 3))
+        b = borrow_in_reader(registry.directory, second, (3, 4, 3))
+        assert arena.frame_state(first.position) == FRAME_STATE_CLAIMED
+        del b
+        assert arena.frame_state(second.position) == FRAME_STATE_DONE
+        assert arena.reclaim() == 0  # the first frame is still claimed
+        del a
+        assert arena.frame_state(first.position) == FRAME_STATE_DONE
+        assert arena.reclaim() > 0 and arena.tail == arena.head
+
+
+def test_frame_borrowed_in_second_process_returns_when_its_views_die(registry: Registry) -> None:
+    place = remote_place()
+    place.attach(registry.directory)
+    with RegisteredArena(registry, 4096) as arena:
+        frame = arena.put(torch.arange(2 * 5 * 3, dtype=torch.uint8).reshape(2, 5, 3))
+        assert not isinstance(frame, PutStatus)
+        assert place.borrow(0, frame, (2, 5, 3))[:3] == bytes([0, 1, 2])
+        place.derive(1, 0, "torch.from_numpy")
+        place.derive(2, 0, "VideoFrame.from_numpy_buffer")
+        for view in (0, 2):
+            place.drop(view)
+            assert arena.frame_state(frame.position) == FRAME_STATE_CLAIMED
+        place.drop(1)
+        assert arena.frame_state(frame.position) == FRAME_STATE_DONE
+        place.reset()
+
+
+def test_stale_or_reused_descriptor_is_refused(registry: Registry) -> None:
+    with RegisteredArena(registry, 4096) as arena:
+        frame = arena.put(torch.zeros(10, dtype=torch.uint8))
+        assert not isinstance(frame, PutStatus)
+        view = borrow_in_reader(registry.directory, frame, (10,))
+        with pytest.raises(CorruptFrameError, match="not published"):
+            borrow_in_reader(registry.directory, frame, (10,))
+        del view
+        assert arena.frame_state(frame.position) == FRAME_STATE_DONE
+        with pytest.raises(CorruptFrameError):
+            borrow_in_reader(
+                registry.directory,
+                frame.__class__(frame.arena, frame.position, "f" * 16, 10),
+                (10,),
+            )
+
+
+def test_copy_failure_publishes_nothing(registry: Registry) -> None:
+    driver = registry.driver
+    assert isinstance(driver, SimulatedCudaDriver)
+    with RegisteredArena(registry, 4096) as arena:
+        driver.fail_first("synchronize")
+        with pytest.raises(Exception, match="cudaErrorUnknown"):
+            arena.put(torch.zeros(10, dtype=torch.uint8))
+        assert arena.head == 0
+        frame = arena.put(torch.ones(10, dtype=torch.uint8))
+        assert not isinstance(frame, PutStatus) and frame.position == 0
+        assert arena.frame_state(0) == FRAME_STATE_PUBLISHED
+
+
+def test_arena_unregister_failure_retains_arena_until_late_unregister(registry: Registry) -> None:
+    driver = registry.driver
+    assert isinstance(driver, SimulatedCudaDriver)
+    arena = RegisteredArena(registry, 4096)
+    path = os.path.join(registry.directory, arena.name)
+    driver.fail_every("host_unregister")
+    with pytest.raises(RegistryPoisonedError):
+        arena.close()
+    assert os.path.exists(path) and registry.poisoned
+    driver.clear_faults()
+    assert registry.close() == 0  # the late unregister succeeds and the arena file goes
+    assert not os.path.exists(path)
+
+
+def test_invalid_arena_capacity_is_a_configuration_error(registry: Registry) -> None:
+    with pytest.raises(ConfigurationError, match="capacity=1000"):
+        RegisteredArena(registry, 1000)
