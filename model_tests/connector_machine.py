@@ -1,0 +1,427 @@
+"""Lockstep machine (b): the connector model (`spec.connector`) next to a real `Connector`.
+
+Every rule applies one operation to the model and to one real connector
+(which both puts and gets, so its own counters are the model's), and
+compares the answers: put status, route and ring position; get status,
+route and payload tag; cleanup counts; refusals (back-pressure) against
+`BackPressureError`; a closed connector's CLOSED against `ClosedError`.
+After every step the model's invariants hold (`check_connector`) and the
+model agrees with the implementation on the health counters, the live
+fallback bytes charged to the budget, which edges have a ring and which
+failed, and each ring's head and tail.
+
+Ring setup failures are planned through the connector's OS seam
+(`FaultyOs`): the first put on an edge may fail the ring file's open
+(ENOSPC, EPERM), its fallocate, the marker's open or the stamp's lock; the
+model gets `ring_setup_ok=False` for exactly those puts, and the rule checks
+the planned fault fired. A fallback put may also meet ENOSPC, which the
+model does not know: the rule checks that the put raised `NoSpaceError` and
+that nothing changed (the model is not stepped).
+
+Capacities are small (4096 or 8192 bytes, or 0: rings disabled) and payloads up to 3000 bytes, so
+"not admitted", "full", wraparound and the budget are reached in a few steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import itertools
+import os
+import uuid
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, event, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+from shmring.impl import codec
+from shmring.impl.connector import Connector, FallbackDescriptor, RingDescriptor
+from shmring.impl.errors import BackPressureError, ClosedError, NoSpaceError
+from shmring.model_tests.connector_support import FaultyOs, payload_tag, tagged_payload
+from shmring.spec import connector as connector_spec
+from shmring.spec import invariants
+from shmring.spec import ring as ring_spec
+from shmring.spec.connector import (
+    ConnectorGetStatus,
+    ConnectorPutStatus,
+    Route,
+)
+from shmring.spec.ring import PutStatus
+
+CAPACITIES = (0, 4096, 4096, 8192)  # 0: rings disabled, the fallback carries all
+BUDGETS = (0, 1500, 4000, 1 << 20, 1 << 20)
+EDGES = (("a", "b"), ("a", "c"))
+KEYS = ("k0", "k1", "k2", "req_1_0", "req_1_12", "req_1_3x", "request_1_0")
+PREFIXES = ("req_1_", "req_1_1", "req_", "request_1_", "k", "")
+SIZES = st.one_of(
+    st.sampled_from((8, 60, 400, 900, 960, 1000, 1900, 2100, 3000)),
+    st.integers(600, 960),  # admitted by a 4096 ring, four of them fill it
+    st.integers(8, 3000),
+)
+# (what, target, errno) of a planned ring setup failure: the ring file's open,
+# the next fallocate (the ring's), the marker's open, the next lock (the stamp's).
+SETUP_FAULTS = (
+    ("open", "ring.", errno.ENOSPC),
+    ("open", "ring.", errno.EPERM),
+    ("site", "fallocate", errno.ENOSPC),
+    ("open", "marker.", errno.ENOSPC),
+    ("site", "flock", errno.ENOLCK),
+)
+
+EVENT_LABELS = (
+    "fallback",
+    "fallback: not admitted",
+    "fallback: full",
+    "back-pressure",
+    "stale descriptor",
+    "re-put across routes",
+    "prefix cleanup",
+    "cleanup",
+    "ring setup failure",
+    "no space",
+    "close",
+    "get after close",
+)
+EVENTS_SEEN: Counter[str] = Counter()
+STEPS: Counter[str] = Counter()
+
+CI_PROFILE = "connector-ci"
+LONG_PROFILE = "connector-long"
+settings.register_profile(
+    CI_PROFILE,
+    max_examples=100,
+    stateful_step_count=60,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile(
+    LONG_PROFILE,
+    max_examples=1500,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def _label(name: str) -> None:
+    event(name)
+    EVENTS_SEEN[name] += 1
+
+
+def _status_name(status: Any) -> str:
+    return status.value
+
+
+class ConnectorLockstepMachine(RuleBasedStateMachine):
+    """`spec.connector` and one real `Connector`, step for step."""
+
+    descriptors = Bundle("descriptors")  # (model descriptor, implementation descriptor)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connector: Connector | None = None
+        self.model: connector_spec.ConnectorState | None = None
+        self.os = FaultyOs()
+        self.tags = itertools.count(1)
+        self.routes: dict[tuple[tuple[str, str], str], Route] = {}
+
+    # -- setup ------------------------------------------------------------------------
+
+    @initialize(capacity=st.sampled_from(CAPACITIES), budget=st.sampled_from(BUDGETS))
+    def setup(self, capacity: int, budget: int) -> None:
+        note(f"connector(capacity={capacity}, budget={budget})")
+        scope = f"t{uuid.uuid4().hex[:12]}"
+        self.connector = Connector(
+            scope, ring_capacity=capacity, fallback_budget=budget, os_facade=self.os
+        )
+        self.model = connector_spec.initialize_connector(capacity, budget)
+        # Join the deployment now, so a planned lock fault hits the stamp, not the join.
+        got = self.connector.get(EDGES[0], "never put")
+        assert got.status.value == ConnectorGetStatus.NOT_FOUND.value
+
+    def teardown(self) -> None:
+        connector = self.connector
+        if connector is None:
+            return
+        self.os.disarm()
+        connector.close()
+        connector.close()  # idempotent
+        assert not os.path.exists(connector.directory), (
+            f"close left the deployment directory: {sorted(os.listdir(connector.directory))}"
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _conn(self) -> tuple[Connector, connector_spec.ConnectorState]:
+        assert self.connector is not None and self.model is not None
+        return self.connector, self.model
+
+    def _is_fresh(self, edge: tuple[str, str]) -> bool:
+        """The next put on `edge` sets up its ring (so a setup fault can be planned)."""
+        _, model = self._conn()
+        return (
+            not model.closed
+            and model.ring_capacity > 0
+            and edge not in model.rings
+            and edge not in model.failed_edges
+        )
+
+    def _arm(self, fault: tuple[str, str, int]) -> None:
+        kind, target, code = fault
+        if kind == "open":
+            self.os.fail_open(target, code)
+        else:
+            self.os.fail_next(target, code)
+
+    # -- rules -------------------------------------------------------------------------
+
+    @rule(
+        target=descriptors,
+        edge=st.sampled_from(EDGES),
+        key=st.sampled_from(KEYS),
+        size=SIZES,
+        fault=st.one_of(st.none(), st.none(), st.sampled_from(SETUP_FAULTS)),
+    )
+    def put(
+        self,
+        edge: tuple[str, str],
+        key: str,
+        size: int,
+        fault: tuple[str, str, int] | None,
+    ) -> Any:
+        STEPS["put"] += 1
+        connector, model = self._conn()
+        tag = next(self.tags)
+        payload = tagged_payload(tag, size)
+        payload_length = codec.prepare(payload).nbytes
+        planned = fault is not None and self._is_fresh(edge)
+        note(
+            f"put({edge}, {key!r}, tag={tag}, payload_length={payload_length}, fault={fault if planned else None})"
+        )
+        previous_route = connector_spec.get_route_of(model, edge, key)
+        expected = connector_spec.process_put(
+            model, edge, key, payload_length, tag, ring_setup_ok=not planned
+        )
+        fired_before = sum(self.os.fired.values())
+        if planned:
+            assert fault is not None
+            self._arm(fault)
+        got: Any
+        try:
+            got = connector.put(edge, key, payload)
+        except BackPressureError:
+            got = ConnectorPutStatus.REFUSED
+        except ClosedError:
+            got = ConnectorPutStatus.CLOSED
+        finally:
+            armed = self.os.armed
+            self.os.disarm()
+        if planned:
+            assert not armed and sum(self.os.fired.values()) == fired_before + 1, (
+                f"planned setup fault {fault} did not fire"
+            )
+            _label("ring setup failure")
+        if expected.status is not ConnectorPutStatus.ACCEPTED:
+            assert got is expected.status, f"model {expected.status}, implementation {got!r}"
+            if got is ConnectorPutStatus.REFUSED:
+                _label("back-pressure")
+            return multiple()
+        assert isinstance(got, (RingDescriptor, FallbackDescriptor)), (
+            f"model accepted on {expected.route}, implementation answered {got!r}"
+        )
+        assert got.route is expected.route, (
+            f"model route {expected.route}, implementation {got.route}"
+        )
+        assert got.size == payload_length
+        if isinstance(got, RingDescriptor):
+            assert isinstance(expected.descriptor, connector_spec.RingDescriptor)
+            assert got.position == expected.descriptor.position, (
+                f"ring position: model {expected.descriptor.position}, implementation {got.position}"
+            )
+        else:
+            _label("fallback")
+            if expected.ring_status is PutStatus.NOT_ADMITTED:
+                _label("fallback: not admitted")
+            elif expected.ring_status is PutStatus.FULL:
+                _label("fallback: full")
+        if previous_route is not None and previous_route is not expected.route:
+            _label("re-put across routes")
+        return (expected.descriptor, got)
+
+    @precondition(lambda self: self.model is not None and not self.model.closed)
+    @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS), size=SIZES)
+    def put_without_space(self, edge: tuple[str, str], key: str, size: int) -> None:
+        """A fallback put meets ENOSPC: NoSpaceError, and nothing changes anywhere."""
+        STEPS["put_without_space"] += 1
+        connector, model = self._conn()
+        if self._is_fresh(edge):
+            return  # its first fallocate would be the ring's: covered by `put`'s faults
+        tag = next(self.tags)
+        payload = tagged_payload(tag, size)
+        payload_length = codec.prepare(payload).nbytes
+        trial = copy.deepcopy(model)
+        expected = connector_spec.process_put(trial, edge, key, payload_length, tag)
+        if (
+            expected.status is not ConnectorPutStatus.ACCEPTED
+            or expected.route is not Route.FALLBACK
+        ):
+            return
+        note(f"put_without_space({edge}, {key!r}, payload_length={payload_length})")
+        self.os.fail_next("fallocate", errno.ENOSPC)
+        try:
+            connector.put(edge, key, payload)
+        except NoSpaceError as error:
+            assert error.errno == errno.ENOSPC
+        else:
+            raise AssertionError("a fallback put without space did not raise NoSpaceError")
+        finally:
+            self.os.disarm()
+        _label("no space")
+        # The model is not stepped, except that the ring's put reclaimed before
+        # it answered FULL or NOT_ADMITTED (a step the model allows any time).
+        if expected.ring_status is PutStatus.FULL:
+            ring_spec.process_reclaim(model.rings[edge])
+
+    @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS))
+    def get(self, edge: tuple[str, str], key: str) -> None:
+        STEPS["get"] += 1
+        connector, model = self._conn()
+        expected = connector_spec.process_get(model, edge, key)
+        note(f"get({edge}, {key!r}) -> model {expected.status.value}")
+        self._compare_get(expected, lambda: connector.get(edge, key))
+
+    @rule(pair=descriptors)
+    def get_with_descriptor(self, pair: tuple[Any, Any]) -> None:
+        STEPS["get_with_descriptor"] += 1
+        connector, model = self._conn()
+        model_descriptor, descriptor = pair
+        expected = connector_spec.process_get(
+            model, model_descriptor.edge, model_descriptor.key, model_descriptor
+        )
+        note(f"get({descriptor}) -> model {expected.status.value}")
+        self._compare_get(
+            expected,
+            lambda: connector.get(descriptor.edge, descriptor.key, descriptor=descriptor),
+        )
+        if expected.status is ConnectorGetStatus.STALE:
+            _label("stale descriptor")
+
+    def _compare_get(self, expected: connector_spec.ConnectorGetResult, call: Any) -> None:
+        try:
+            got = call()
+        except ClosedError:
+            assert expected.status is ConnectorGetStatus.CLOSED, (
+                f"ClosedError, model {expected.status}"
+            )
+            _label("get after close")
+            return
+        assert got.status.value == expected.status.value, (
+            f"get: model {expected.status.value}, implementation {got.status.value}"
+        )
+        if expected.status is ConnectorGetStatus.DELIVERED:
+            assert got.route is expected.route, f"route: model {expected.route}, impl {got.route}"
+            assert payload_tag(got.value) == expected.payload, (
+                f"payload: model tag {expected.payload}, implementation tag {payload_tag(got.value)}"
+            )
+
+    @precondition(lambda self: self.model is not None and not self.model.closed)
+    @rule(key=st.sampled_from(KEYS))
+    def cleanup(self, key: str) -> None:
+        STEPS["cleanup"] += 1
+        connector, model = self._conn()
+        expected = connector_spec.process_cleanup(model, key)
+        got = connector.cleanup(key)
+        note(f"cleanup({key!r}) -> {got}, model {expected}")
+        assert got == expected, f"cleanup({key!r}): model {expected}, implementation {got}"
+        if got:
+            _label("cleanup")
+
+    @precondition(lambda self: self.model is not None and not self.model.closed)
+    @rule(prefix=st.sampled_from(PREFIXES))
+    def cleanup_prefix(self, prefix: str) -> None:
+        STEPS["cleanup_prefix"] += 1
+        connector, model = self._conn()
+        expected = connector_spec.process_cleanup_prefix(model, prefix)
+        got = connector.cleanup_prefix(prefix)
+        note(f"cleanup_prefix({prefix!r}) -> {got}, model {expected}")
+        assert got == expected, (
+            f"cleanup_prefix({prefix!r}): model {expected}, implementation {got}"
+        )
+        if got:
+            _label("prefix cleanup")
+
+    @rule(draw=st.integers(0, 39))
+    def close(self, draw: int) -> None:
+        """Close, rarely (one draw in forty), so most runs keep going."""
+        if draw:
+            return
+        STEPS["close"] += 1
+        connector, model = self._conn()
+        expected = connector_spec.process_close(model)
+        got = connector.close()
+        note(f"close() -> {got}, model {expected}")
+        assert got == expected, f"close: model retired {expected}, implementation {got}"
+        assert connector.close() == 0  # idempotent
+        _label("close")
+
+    # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        if self.model is None or self.connector is None:
+            return
+        connector, model = self._conn()
+        invariants.check_connector(model)
+        health = connector.health()
+        expected = model.health
+        for name in (
+            "puts",
+            "gets",
+            "bytes_transferred",
+            "ring_puts",
+            "ring_gets",
+            "fallbacks",
+            "refusals",
+        ):
+            assert getattr(health, name) == getattr(expected, name), (
+                f"health.{name}: model {getattr(expected, name)}, implementation {getattr(health, name)}"
+            )
+        if model.closed:
+            assert health.closed
+            return
+        assert connector.fallback_bytes() == model.fallback_bytes, (
+            f"fallback bytes: model {model.fallback_bytes}, implementation {connector.fallback_bytes()}"
+        )
+        assert set(connector.failed_edges()) == model.failed_edges
+        for edge in EDGES:
+            ring = connector.ring(edge)
+            model_ring = model.rings.get(edge)
+            assert (ring is None) == (model_ring is None), (
+                f"ring of {edge}: model {model_ring}, impl {ring}"
+            )
+            if ring is not None and model_ring is not None:
+                assert (ring.head, ring.tail) == (model_ring.head, model_ring.tail), (
+                    f"ring {edge}: model head/tail {model_ring.head}/{model_ring.tail}, "
+                    f"implementation {ring.head}/{ring.tail}"
+                )
+
+
+__all__ = [
+    "CI_PROFILE",
+    "EVENT_LABELS",
+    "EVENTS_SEEN",
+    "LONG_PROFILE",
+    "STEPS",
+    "ConnectorLockstepMachine",
+]
