@@ -459,9 +459,8 @@ class RingChannel(_RingFile):
 
         The caller may reuse `payload` as soon as put returns.
         """
-        if not isinstance(payload, (bytes, bytearray)):
-            payload = memoryview(payload).cast("B")
-        return self._put(key, len(payload), payload, None)
+        data = payload if isinstance(payload, bytes) else memoryview(payload).cast("B")
+        return self._put(key, len(data), data, None)
 
     def put_with_writer(
         self, key: str, payload_length: int, writer: Callable[[memoryview], None]
@@ -484,7 +483,7 @@ class RingChannel(_RingFile):
         self,
         key: str,
         payload_length: int,
-        payload: Buffer | None,
+        payload: bytes | memoryview | None,
         writer: Callable[[memoryview], None] | None,
     ) -> PutOutcome:
         if self._closed:
@@ -515,8 +514,9 @@ class RingChannel(_RingFile):
         payload_end = payload_start + payload_length
         buf[key_start:payload_start] = key_bytes
         if writer is None:
-            buf[payload_start:payload_end] = payload  # type: ignore[index]
-            checksum = compute_checksum(key_bytes, payload)  # type: ignore[arg-type]
+            assert payload is not None
+            buf[payload_start:payload_end] = payload
+            checksum = compute_checksum(key_bytes, payload)
         else:
             view = buf[payload_start:payload_end]
             try:

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.errors import (
     ClosedError,
@@ -33,7 +32,6 @@ from shmring.impl.errors import (
 from shmring.impl.frame_io import read_frame_header
 from shmring.impl.naming import (
     current_producer_identity,
-    deployment_directory as deployment_directory_path,
     ensure_deployment_directory,
     parse_ring_file_name,
     parse_start_time,
@@ -42,6 +40,9 @@ from shmring.impl.naming import (
     ring_path,
     validate_scope,
     validate_stage_name,
+)
+from shmring.impl.naming import (
+    deployment_directory as deployment_directory_path,
 )
 from shmring.impl.os_seam import SITE_FALLOCATE, OsFacade
 from shmring.model_tests.workers import (
@@ -120,6 +121,7 @@ def _payload_for_frame(key: str, frame_length: int) -> bytes:
 def test_stale_descriptor_never_reads_newer_frame(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         first = channel.put("k", _payload_for_frame("k", 64))
+        assert first.position is not None
         second = channel.put("k", payload_for("second", 31))
         assert second.retired == 1
         assert reader.get("k", first.position).status is STALE
@@ -455,6 +457,7 @@ def test_corrupted_header_is_a_typed_error(
 def test_corrupted_frame_is_a_typed_error_and_reader_keeps_working(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         bad = channel.put("bad", b"x" * 100)
+        assert bad.position is not None
         channel.put("good", b"y" * 100)
         payload_offset = RING_HEADER_LENGTH + bad.position + FRAME_HEADER_LENGTH + len("bad")
         _overwrite(channel.path, payload_offset, b"z")
@@ -469,6 +472,7 @@ def test_corrupted_frame_is_a_typed_error_and_reader_keeps_working(ring_dir: str
 def test_corrupted_frame_length_is_a_typed_error(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         put = channel.put("k", b"x" * 100)
+        assert put.position is not None
         _overwrite(channel.path, RING_HEADER_LENGTH + put.position, (8).to_bytes(4, "little"))
         with pytest.raises(CorruptFrameError, match="length=8"):
             reader.get("k")
@@ -648,7 +652,11 @@ def test_ring_file_name_round_trips() -> None:
     assert name == "ring.thinker.talker-2.1234.98765"
     parsed = parse_ring_file_name(name)
     assert parsed is not None
-    assert (parsed.source, parsed.destination, parsed.producer) == ("thinker", "talker-2", (1234, 98765))
+    assert (parsed.source, parsed.destination, parsed.producer) == (
+        "thinker",
+        "talker-2",
+        (1234, 98765),
+    )
     assert parse_ring_file_name("ring.a.b.c.1.2") is None
     assert parse_ring_file_name("marker.a.b.1.2") is None
 

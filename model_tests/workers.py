@@ -23,8 +23,10 @@ from multiprocessing.connection import Connection
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
+    current_producer_identity,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
+    ring_path,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 
@@ -96,9 +98,10 @@ def compete_for_keys(path: str, keys: list[str], conn: Connection, done_flag: st
 
     `done_flag` is a file the producer creates after its last put; once it
     exists, a full sweep in which every remaining key answers NOT_FOUND
-    means the other reader claimed them. Reports [(key, position, digest)].
+    means the other reader claimed them. Reports ([(key, position, digest)],
+    BUSY answers, claims lost to the other reader after taking the lock).
     """
-    claimed: list[tuple[str, int, str]] = []
+    claimed: list[tuple[str, int | None, str]] = []
     busy = 0
     reader = RingReader.attach(path)
     try:
@@ -121,21 +124,28 @@ def compete_for_keys(path: str, keys: list[str], conn: Connection, done_flag: st
             pending = still
             if producer_done and settled:
                 break  # everything left was claimed by the other reader
+        statistics = reader.statistics()
     finally:
         reader.close()
-    conn.send((claimed, busy))
+    lost = statistics.locks - statistics.gets  # locked to claim, found it claimed by the other
+    conn.send((claimed, busy, lost))
     conn.close()
 
 
-def publish_then_stop(path: str, capacity: int, stage: str, conn: Connection) -> None:
+def publish_then_stop(directory: str, capacity: int, stage: str, conn: Connection) -> None:
     """Create a ring, publish three frames, then stop mid-put at `stage` and wait to be killed.
 
-    `stage` is a publish-hook stage, or "writer" to stop halfway through a
-    writer filling the payload in place.
+    The ring is named for this process in `directory`; its path is the first
+    message. `stage` is a publish-hook stage (`channel.HOOK_*`), or "writer"
+    to stop halfway through a writer filling the payload in place.
     """
+    path = ring_path(directory, "s0", "s1", current_producer_identity())
+    conn.send(("path", path))
+
+    armed = False  # only the last put stops
 
     def hook(at: str) -> None:
-        if at == stage:
+        if armed and at == stage:
             conn.send(("stopped", at))
             while True:  # the parent SIGKILLs us here
                 time.sleep(1)
@@ -145,6 +155,7 @@ def publish_then_stop(path: str, capacity: int, stage: str, conn: Connection) ->
     for index in range(3):
         positions.append(channel.put(f"done_{index}", payload_for(f"done_{index}", 300)).position)
     conn.send(("published", positions))
+    armed = True
     if stage == "writer":
         torn = payload_for("torn", 600)
 
@@ -167,8 +178,6 @@ def kill_and_reap(process: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.join(10)  # type: ignore[attr-defined]
-
-
 
 
 @contextlib.contextmanager

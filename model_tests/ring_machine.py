@@ -1,0 +1,354 @@
+"""Lockstep machine: the ring model (`spec.ring`) next to the real ring channel.
+
+Every rule applies one operation to the model and to a real `RingChannel`
+(producer) and `RingReader` (a second mapping of the same file, as another
+process would have), and compares the answers field for field: put status,
+position, frame length, padding and retired count; get status, position and
+payload bytes; cancel counts. After every step the model's invariants are
+checked and the model's head and tail are compared with the ring header in
+shared memory, and its deliverable and claimed frame counts with a walk of
+the real frames.
+
+Capacities are small (4096..8192 bytes) and payloads up to ~1100 bytes, with
+draws that aim at the exact end of the data region and at the admission
+limit, so wraparound, exact fit, full and not-admitted happen within a few
+steps. Campaigns import this module (`shmring check` runs
+`RingLockstepMachine` under the "ring-long" profile); tests run it under
+"ring-ci".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import uuid
+from collections import Counter
+
+from hypothesis import HealthCheck, event, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+from shmring.impl.channel import Lease, ReceiveStatus, RingChannel, RingReader
+from shmring.impl.naming import (
+    current_producer_identity,
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+    ring_path,
+)
+from shmring.model_tests.workers import payload_for
+from shmring.spec import ring as ring_spec
+from shmring.spec.invariants import check_ring
+from shmring.spec.layout import (
+    ADMISSION_DIVISOR,
+    FRAME_HEADER_LENGTH,
+    FRAME_STATE_CLAIMED,
+    MIN_RING_CAPACITY,
+    RING_CAPACITY_ALIGNMENT,
+)
+from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
+
+KEYS = ("a", "b", "é", "req_0_1", "req_0_12", "req_0_1x", "request_0_0")
+PREFIXES = ("req_0_", "req_0_1", "req_", "request_0_", "a", "")
+
+EVENT_LABELS = (
+    "wrap",
+    "exact fit",
+    "full",
+    "not admitted",
+    "stale descriptor",
+    "cancel after wrap",
+    "lease released out of order",
+)
+# Labels reached and rules run in this process, for statistics runs and
+# steps-per-second figures (hypothesis.event() alone only reaches the
+# statistics printout).
+EVENTS_SEEN: Counter[str] = Counter()
+STEPS: Counter[str] = Counter()
+
+CI_PROFILE = "ring-ci"
+LONG_PROFILE = "ring-long"
+settings.register_profile(
+    CI_PROFILE,
+    max_examples=100,
+    stateful_step_count=80,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    LONG_PROFILE,
+    max_examples=2000,
+    stateful_step_count=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# Payload size draws: a byte count, or a target the rule turns into one.
+EXACT_FIT = "exact fit"  # the frame ends exactly at the end of the data region
+AT_LIMIT = "at limit"  # the largest admitted frame
+OVER_LIMIT = "over limit"  # one alignment step past the admission limit
+PAYLOAD_SIZES = st.one_of(
+    st.integers(0, 1100),
+    st.sampled_from([EXACT_FIT, EXACT_FIT, AT_LIMIT, OVER_LIMIT]),
+)
+# Large frames fill a small ring in a handful of puts.
+LARGE_PAYLOAD_SIZES = st.one_of(
+    st.integers(600, 1100),
+    st.sampled_from([EXACT_FIT, AT_LIMIT]),
+)
+
+
+def _label(name: str) -> None:
+    event(name)
+    EVENTS_SEEN[name] += 1
+
+
+def _model_put_fields(result: ring_spec.PutResult) -> tuple[object, ...]:
+    return dataclasses.astuple(result)
+
+
+def _model_receive_status(status: GetStatus) -> ReceiveStatus:
+    return ReceiveStatus(status.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Descriptor:
+    """What a put handed out: the key, the exact position, and the payload published."""
+
+    key: str
+    position: int
+    payload: bytes
+
+
+class RingLockstepMachine(RuleBasedStateMachine):
+    descriptors = Bundle("descriptors")
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: ring_spec.RingState | None = None
+        self.channel: RingChannel | None = None
+        self.reader: RingReader | None = None
+        self.directory: str | None = None
+        self.serial = 0
+        self.outstanding: set[int] = set()  # positions of leases not yet released
+
+    # -- setup ----------------------------------------------------------------------
+
+    @initialize(units=st.integers(0, MIN_RING_CAPACITY // RING_CAPACITY_ALIGNMENT))
+    def open_ring(self, units: int) -> None:
+        capacity = MIN_RING_CAPACITY + units * RING_CAPACITY_ALIGNMENT
+        note(f"ring of capacity={capacity}")
+        self.directory = ensure_deployment_directory(f"m{uuid.uuid4().hex[:12]}")
+        path = ring_path(self.directory, "src", "dst", current_producer_identity())
+        self.model = ring_spec.initialize_ring(capacity)
+        self.channel = RingChannel.create(path, capacity)
+        self.reader = RingReader.attach(path)
+
+    def teardown(self) -> None:
+        try:
+            if self.reader is not None:
+                self.reader.close()
+            if self.channel is not None:
+                self.channel.close()
+        finally:
+            if self.directory is not None and not remove_deployment_directory_if_empty(
+                self.directory
+            ):
+                shutil.rmtree(self.directory, ignore_errors=True)
+                raise AssertionError(f"ring directory not empty after close: {self.directory}")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    @property
+    def ring(self) -> ring_spec.RingState:
+        assert self.model is not None
+        return self.model
+
+    def _payload_length(self, key: str, size: int | str) -> int:
+        if isinstance(size, int):
+            return size
+        capacity = self.ring.capacity
+        key_length = ring_spec.compute_key_length(key)
+        limit = capacity // ADMISSION_DIVISOR
+        if size == AT_LIMIT:
+            frame_length = limit
+        elif size == OVER_LIMIT:
+            frame_length = limit + RING_CAPACITY_ALIGNMENT
+        else:  # EXACT_FIT: end at the region's end, or get as close as one frame may
+            frame_length = min(capacity - self.ring.head % capacity, limit)
+        return max(frame_length - FRAME_HEADER_LENGTH - key_length, 0)
+
+    def _check_delivery(
+        self, expected: ring_spec.GetResult, got_status: ReceiveStatus, got_position: int | None
+    ) -> None:
+        assert got_status is _model_receive_status(expected.status), (expected, got_status)
+        assert got_position == expected.position, (expected.position, got_position)
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @rule(target=descriptors, key=st.sampled_from(KEYS), size=PAYLOAD_SIZES)
+    def put(self, key: str, size: int | str) -> object:
+        return self._put(key, size)
+
+    @rule(target=descriptors, key=st.sampled_from(KEYS), size=LARGE_PAYLOAD_SIZES)
+    def put_large(self, key: str, size: int | str) -> object:
+        return self._put(key, size)
+
+    def _put(self, key: str, size: int | str) -> object:
+        STEPS["put"] += 1
+        assert self.channel is not None
+        ring = self.ring
+        payload_length = self._payload_length(key, size)
+        self.serial += 1
+        payload = payload_for(f"{self.serial}", payload_length)
+        note(f"put({key!r}, {payload_length} bytes) at head={ring.head} tail={ring.tail}")
+        expected = ring_spec.process_put(ring, key, payload_length, payload)
+        outcome = self.channel.put(key, payload)
+        note(f"  -> {outcome}")
+        assert tuple(outcome) == _model_put_fields(expected), (outcome, expected)
+        if outcome.status is PutStatus.NOT_ADMITTED:
+            _label("not admitted")
+        elif outcome.status is PutStatus.FULL:
+            _label("full")
+        elif outcome.status is PutStatus.PUBLISHED:
+            assert outcome.position is not None
+            offset = outcome.position % ring.capacity
+            if outcome.padding or (offset == 0 and outcome.position > 0):
+                _label("wrap")
+            if offset + outcome.frame_length == ring.capacity:
+                _label("exact fit")
+            return Descriptor(key, outcome.position, payload)
+        return multiple()
+
+    @rule(key=st.sampled_from(KEYS))
+    def get(self, key: str) -> None:
+        STEPS["get"] += 1
+        assert self.reader is not None
+        note(f"get({key!r})")
+        expected = ring_spec.process_get(self.ring, key)
+        got = self.reader.get(key)
+        note(f"  -> {got.status.value} at {got.position}")
+        self._check_delivery(expected, got.status, got.position)
+        if expected.status is GetStatus.DELIVERED:
+            assert got.payload == expected.payload
+
+    @rule(descriptor=descriptors, other_key=st.sampled_from((None, *KEYS)))
+    def get_by_descriptor(self, descriptor: Descriptor, other_key: str | None) -> None:
+        STEPS["get_by_descriptor"] += 1
+        assert self.reader is not None
+        key = descriptor.key if other_key is None else other_key
+        note(f"get({key!r}, position={descriptor.position})")
+        expected = ring_spec.process_get(self.ring, key, descriptor.position)
+        got = self.reader.get(key, descriptor.position)
+        note(f"  -> {got.status.value}")
+        self._check_delivery(expected, got.status, got.position)
+        if expected.status is GetStatus.STALE:
+            _label("stale descriptor")
+        else:
+            assert got.payload == expected.payload == descriptor.payload
+
+    @rule(target=leases, key=st.sampled_from(KEYS))
+    def lease(self, key: str) -> object:
+        return self._lease(key)
+
+    @precondition(
+        lambda self: self.model is not None and bool(ring_spec.get_deliverable_keys(self.model))
+    )
+    @rule(target=leases, data=st.data())
+    def lease_deliverable(self, data: st.DataObject) -> object:
+        # Aim at a key the model can deliver, so several leases are held at once.
+        key = data.draw(st.sampled_from(sorted(ring_spec.get_deliverable_keys(self.ring))))
+        return self._lease(key)
+
+    def _lease(self, key: str) -> object:
+        STEPS["lease"] += 1
+        assert self.reader is not None
+        note(f"lease({key!r})")
+        expected = ring_spec.process_get(self.ring, key, mode=ConsumeMode.LEASE)
+        got = self.reader.get(key, mode=ConsumeMode.LEASE)
+        note(f"  -> {got.status.value} at {got.position}")
+        self._check_delivery(expected, got.status, got.position)
+        if got.status is not ReceiveStatus.DELIVERED:
+            return multiple()
+        lease: Lease = got.payload
+        assert bytes(lease.view) == expected.payload
+        self.outstanding.add(lease.position)
+        return lease
+
+    @rule(lease=consumes(leases))
+    def release(self, lease: Lease) -> None:
+        STEPS["release"] += 1
+        note(f"release(position={lease.position})")
+        if any(position < lease.position for position in self.outstanding):
+            _label("lease released out of order")
+        ring_spec.process_release(self.ring, lease.position)
+        lease.release()
+        self.outstanding.discard(lease.position)
+
+    @rule(key=st.sampled_from(KEYS))
+    def cancel(self, key: str) -> None:
+        STEPS["cancel"] += 1
+        assert self.channel is not None
+        note(f"cancel({key!r})")
+        wrapped = self.ring.head > self.ring.capacity
+        expected = ring_spec.process_cancel(self.ring, key)
+        assert self.channel.cancel(key) == expected
+        if wrapped and expected:
+            _label("cancel after wrap")
+
+    @rule(prefix=st.sampled_from(PREFIXES))
+    def cancel_prefix(self, prefix: str) -> None:
+        STEPS["cancel_prefix"] += 1
+        assert self.channel is not None
+        note(f"cancel_prefix({prefix!r})")
+        expected = ring_spec.process_cancel_prefix(self.ring, prefix)
+        assert self.channel.cancel_prefix(prefix) == expected
+
+    @precondition(lambda self: self.model is not None and self.model.head > 0)
+    @rule(draw=st.integers(0, 7))
+    def close(self, draw: int) -> None:
+        # One draw in eight closes, so most runs stay open long enough to wrap.
+        if draw:
+            return
+        STEPS["close"] += 1
+        assert self.channel is not None
+        note("close()")
+        expected = ring_spec.process_close(self.ring)
+        assert self.channel.close() == expected
+
+    # -- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        if self.model is None:
+            return
+        ring = self.model
+        check_ring(ring)
+        assert self.channel is not None and self.reader is not None
+        assert (self.channel.head, self.channel.tail) == (ring.head, ring.tail)
+        shared = self.reader.statistics()  # read from the ring file
+        assert (shared.head, shared.tail) == (ring.head, ring.tail), (shared, ring)
+        assert shared.published_frames == len(ring_spec.get_deliverable_keys(ring))
+        claimed = sum(frame.state == FRAME_STATE_CLAIMED for frame in ring.frames)
+        assert shared.claimed_frames == claimed
+        assert shared.closed == ring.closed
+
+
+__all__ = [
+    "CI_PROFILE",
+    "EVENTS_SEEN",
+    "EVENT_LABELS",
+    "LONG_PROFILE",
+    "STEPS",
+    "RingLockstepMachine",
+]
