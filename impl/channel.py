@@ -652,11 +652,14 @@ class RingChannel(_RingFile):
     # -- close -----------------------------------------------------------------
 
     def close(self) -> int:
-        """Retire everything unclaimed, mark the ring CLOSED, unmap, unlink.
+        """Mark the ring CLOSED, retire everything unclaimed, unmap, unlink.
 
         Answers how many frames it retired (0 when already closed), like
-        `process_close`. Idempotent; a failed unlink is retried by the next
-        close. Readers keep their own mappings and see a CLOSED ring.
+        `process_close`. The CLOSED mark comes first, so readers stop
+        claiming even if retiring fails (a fault in the lock, say); a reader
+        already holding the lock finishes its claim first, which orders that
+        claim before the close. Idempotent; a failed unlink is retried by the
+        next close. Readers keep their own mappings and see a CLOSED ring.
         """
         if self._closed:
             self._teardown()
@@ -666,9 +669,9 @@ class RingChannel(_RingFile):
         try:
             buf = self._buf
             if buf is not None:
-                retired = self._retire_positions(list(self._published.items()))
                 store_ring_state_release(buf, RING_STATE_CLOSED)
                 bump_wakeup_sequence_release(buf)
+                retired = self._retire_positions(list(self._published.items()))
         finally:
             self._published.clear()
             self._teardown()
@@ -996,7 +999,6 @@ class RingReader(_RingFile):
         miss: Received,
     ) -> Received:
         buf = self._require_buf()
-        capacity = self._capacity
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
@@ -1004,16 +1006,14 @@ class RingReader(_RingFile):
             return _BUSY
         self._locks += 1
         try:
-            tail, head = self._load_positions()
-            if not tail <= position < head:
-                self._forget(key_bytes, position)
-                return miss
-            offset = _data_offset(position, capacity)
+            # `position` came from the index, so it lies below the scanned head;
+            # whether the tail passed it is checked after the header is read.
+            offset = RING_HEADER_LENGTH + position % self._capacity
             fields = self._load_fields(buf, offset)
-            length, frame_type, state, key_length, payload_length, _, checksum = fields
+            _, frame_type, state, key_length, payload_length, _, checksum = fields
             key_start = offset + FRAME_KEY_OFFSET
             payload_start = key_start + key_length
-            problem = self._check_frame(position, head, fields)
+            problem = self._check_frame(position, self._seen_head, fields)
             if problem is None and frame_type != DATA_FRAME_TYPE:
                 problem = "a descriptor names a padding frame"
             if problem is None and buf[key_start:payload_start] != key_bytes:

@@ -56,6 +56,7 @@ from shmring.spec.layout import (
 from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
 
 KEYS = ("a", "b", "é", "req_0_1", "req_0_12", "req_0_1x", "request_0_0")
+FILLER_KEY = "filler"  # published and claimed in one rule; matches no prefix
 PREFIXES = ("req_0_", "req_0_1", "req_", "request_0_", "a", "")
 
 EVENT_LABELS = (
@@ -138,6 +139,9 @@ class RingLockstepMachine(RuleBasedStateMachine):
         self.model: ring_spec.RingState | None = None
         self.channel: RingChannel | None = None
         self.reader: RingReader | None = None
+        # A second mapping of the same file: its index goes stale whenever the
+        # first reader claims, which the model does not care about.
+        self.other_reader: RingReader | None = None
         self.directory: str | None = None
         self.serial = 0
         self.outstanding: set[int] = set()  # positions of leases not yet released
@@ -153,11 +157,13 @@ class RingLockstepMachine(RuleBasedStateMachine):
         self.model = ring_spec.initialize_ring(capacity)
         self.channel = RingChannel.create(path, capacity)
         self.reader = RingReader.attach(path)
+        self.other_reader = RingReader.attach(path)
 
     def teardown(self) -> None:
         try:
-            if self.reader is not None:
-                self.reader.close()
+            for reader in (self.reader, self.other_reader):
+                if reader is not None:
+                    reader.close()
             if self.channel is not None:
                 self.channel.close()
         finally:
@@ -204,6 +210,13 @@ class RingLockstepMachine(RuleBasedStateMachine):
     def put_large(self, key: str, size: int | str) -> object:
         return self._put(key, size)
 
+    @rule(size=LARGE_PAYLOAD_SIZES)
+    def put_and_take(self, size: int | str) -> None:
+        # Move head along (a filler frame published and claimed at once), so
+        # wraparound and the states after it come early in a run.
+        if isinstance(self._put(FILLER_KEY, size), Descriptor):
+            self.get(FILLER_KEY, other=False)
+
     def _put(self, key: str, size: int | str) -> object:
         STEPS["put"] += 1
         assert self.channel is not None
@@ -230,26 +243,31 @@ class RingLockstepMachine(RuleBasedStateMachine):
             return Descriptor(key, outcome.position, payload)
         return multiple()
 
-    @rule(key=st.sampled_from(KEYS))
-    def get(self, key: str) -> None:
+    def _pick_reader(self, other: bool) -> RingReader:
+        reader = self.other_reader if other else self.reader
+        assert reader is not None
+        return reader
+
+    @rule(key=st.sampled_from(KEYS), other=st.booleans())
+    def get(self, key: str, other: bool) -> None:
         STEPS["get"] += 1
-        assert self.reader is not None
-        note(f"get({key!r})")
+        note(f"get({key!r}){' by the other reader' if other else ''}")
         expected = ring_spec.process_get(self.ring, key)
-        got = self.reader.get(key)
+        got = self._pick_reader(other).get(key)
         note(f"  -> {got.status.value} at {got.position}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.DELIVERED:
             assert got.payload == expected.payload
 
-    @rule(descriptor=descriptors, other_key=st.sampled_from((None, *KEYS)))
-    def get_by_descriptor(self, descriptor: Descriptor, other_key: str | None) -> None:
+    @rule(descriptor=descriptors, other_key=st.sampled_from((None, *KEYS)), other=st.booleans())
+    def get_by_descriptor(self, descriptor: Descriptor, other_key: str | None, other: bool) -> None:
         STEPS["get_by_descriptor"] += 1
-        assert self.reader is not None
         key = descriptor.key if other_key is None else other_key
-        note(f"get({key!r}, position={descriptor.position})")
+        note(
+            f"get({key!r}, position={descriptor.position}){' by the other reader' if other else ''}"
+        )
         expected = ring_spec.process_get(self.ring, key, descriptor.position)
-        got = self.reader.get(key, descriptor.position)
+        got = self._pick_reader(other).get(key, descriptor.position)
         note(f"  -> {got.status.value}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.STALE:
