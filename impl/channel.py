@@ -119,6 +119,7 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
+from shmring.impl.naming import current_producer_identity
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -424,8 +425,6 @@ class RingChannel(_RingFile):
         if capacity == RING_CAPACITY_DISABLED:
             raise ConfigurationError(f"a disabled ring has no channel: capacity={capacity}")
         if producer is None:
-            from shmring.impl.naming import current_producer_identity
-
             producer = current_producer_identity(os_facade)
         channel = cls(path, capacity, os_facade, producer, publish_hook)
         file_length = compute_ring_file_length(capacity)
@@ -469,9 +468,10 @@ class RingChannel(_RingFile):
 
         `writer` gets a writable memoryview of exactly `payload_length` bytes
         *borrowed* from the ring mapping; it is valid only during the call
-        and must not be kept (BufferError if it is: nothing is published).
-        If `writer` raises, nothing is published. Lets a codec encode straight
-        into shared memory with no intermediate copy.
+        and nothing made from it may be kept (BufferError if something is:
+        nothing is published). If `writer` raises, nothing is published.
+        Lets a codec encode straight into shared memory with no intermediate
+        copy.
         """
         if payload_length < 0:
             raise ValueError(
@@ -518,11 +518,21 @@ class RingChannel(_RingFile):
             buf[payload_start:payload_end] = payload
             checksum = compute_checksum(key_bytes, payload)
         else:
-            view = buf[payload_start:payload_end]
+            # A fresh export of the mapping: a view the writer keeps (a slice,
+            # an array) holds one more reference to the mapping while it lives.
+            mapping = self._mapping
+            baseline = sys.getrefcount(mapping)
+            whole = memoryview(mapping)  # type: ignore[arg-type]
+            view = whole[payload_start:payload_end]
+            whole.release()
             try:
                 writer(view)
             finally:
-                view.release()  # BufferError if the writer kept a view: nothing published
+                view.release()
+            if sys.getrefcount(mapping) > baseline:
+                raise BufferError(
+                    f"writer kept a view of ring storage; nothing published: key={key!r}"
+                )
             checksum = compute_checksum(key_bytes, buf[payload_start:payload_end])
         fill = offset + frame_length - payload_end
         if fill:

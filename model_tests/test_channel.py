@@ -339,6 +339,17 @@ def test_writer_fills_the_frame_in_place(ring_dir: str) -> None:
         assert reader.get("k", put.position).payload == b"0123456789"
 
 
+def test_writer_that_keeps_a_view_publishes_nothing(ring_dir: str) -> None:
+    with _ring(ring_dir) as (channel, reader):
+        kept: list[memoryview] = []
+        with pytest.raises(BufferError, match="nothing published"):
+            channel.put_with_writer("k", 4, lambda view: kept.append(view[1:3]))
+        assert channel.head == 0
+        assert reader.get("k").status is NOT_FOUND
+        kept.clear()
+        assert channel.put("k", b"fine").status is PutStatus.PUBLISHED
+
+
 def test_failed_writer_publishes_nothing(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         channel.put("k", b"old")
