@@ -156,3 +156,33 @@ def test_close_unlinks_names_no_receiver_took(registry: Registry) -> None:
     directory = registry.directory
     registry.close()
     assert not os.path.exists(directory)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-device answers")
+def test_runtime_driver_without_a_device_fails_clearly() -> None:
+    """The real driver's calls are well formed and their failures typed, also with no GPU."""
+    import ctypes
+    import mmap
+
+    from cuda.bindings import runtime
+    from shmring.impl.cuda_driver import CudaRuntimeDriver, default_driver
+    from shmring.impl.errors import ConfigurationError
+
+    assert default_driver() is None
+    with pytest.raises(ConfigurationError, match="is_available"):
+        CudaRuntimeDriver()
+    driver = object.__new__(CudaRuntimeDriver)  # skip the device check to reach the runtime
+    driver._runtime = runtime
+    driver._flags = runtime.cudaHostRegisterDefault
+    buffer = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    anchor = ctypes.c_char.from_buffer(buffer)
+    address = ctypes.addressof(anchor)
+    try:
+        for call in (lambda: driver.host_register(address, mmap.PAGESIZE), lambda: driver.host_unregister(address)):
+            with pytest.raises(RegistrationError) as raised:
+                call()
+            assert raised.value.cuda_error is not None and raised.value.cuda_error.startswith("cudaError")
+            assert raised.value.cuda_error != "cudaErrorUnknown"
+    finally:
+        del anchor
+        buffer.close()
