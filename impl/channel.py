@@ -929,7 +929,8 @@ class RingReader(_RingFile):
                 if now_tail > position:  # reclaimed and possibly rewritten under us
                     retries += 1
                     if retries > _MAX_RACE_RETRIES:  # pragma: no cover - lapped endlessly
-                        break
+                        self._scanned_to = now_tail
+                        return  # head not recorded as seen: the next get scans again
                     position = now_tail
                     continue
             if problem is not None:
@@ -962,12 +963,11 @@ class RingReader(_RingFile):
         COPY_OUT: the payload is copied before the frame is marked DONE; the
         answer holds `bytes`, or what `decode(view)` returned. `decode` gets a
         read-only memoryview *borrowed* from the mapping for the duration of
-        the call and must return independently owned memory. A decoder that
-        keeps a buffer export of the view (numpy.frombuffer, torch.frombuffer)
-        gets BufferError, and the frame stays CLAIMED so the ring never
-        rewrites what the export shows; a `memoryview()` or slice of the view
-        is invisible to that check (Python does not count them) and must not
-        be kept. If `decode` raises, the frame stays deliverable.
+        the call and must return independently owned memory. If anything made
+        from the view (a slice, `memoryview()`, numpy.frombuffer,
+        torch.frombuffer) outlives the call, the get raises BufferError and
+        the frame stays CLAIMED, so the ring never rewrites what it shows. If
+        `decode` raises, the frame stays deliverable.
 
         LEASE: the answer's payload is a `Lease` borrowing the payload in
         place; the frame is DONE when the lease is released.
@@ -996,7 +996,7 @@ class RingReader(_RingFile):
         ring_state = load_ring_state_acquire(buf)
         if ring_state != RING_STATE_OPEN:
             if ring_state == RING_STATE_CLOSED:
-                return miss  # a closed ring retired everything before it said so
+                return miss  # a closed ring delivers nothing; its producer retires the rest
             raise _corrupt(f"bad ring state: state={ring_state} path={self.path!r}")
         return self._claim(key_bytes, found, mode, decode, miss)
 

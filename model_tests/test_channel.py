@@ -278,12 +278,17 @@ def test_decode_gets_a_view_and_its_copy_is_delivered(ring_dir: str) -> None:
 def test_decode_that_keeps_a_view_pins_the_frame(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         channel.put("k", b"kept")
+        channel.put("sliced", b"sliced")
+        kept_slices: list[memoryview] = []
+        with pytest.raises(BufferError, match="pinned"):
+            reader.get("sliced", decode=lambda view: kept_slices.append(view[1:]))
+        assert bytes(kept_slices.pop()) == b"liced"
         kept: list[np.ndarray] = []
         with pytest.raises(BufferError, match="pinned"):
             reader.get("k", decode=lambda view: kept.append(np.frombuffer(view, np.uint8)))
         # The frame is claimed (never reclaimed): what the array shows stays put.
         assert reader.get("k").status is NOT_FOUND
-        assert reader.statistics().claimed_frames == 1
+        assert reader.statistics().claimed_frames == 2
         assert kept[0].tobytes() == b"kept"
         assert not kept[0].flags.writeable
         kept.clear()
