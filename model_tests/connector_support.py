@@ -174,13 +174,33 @@ def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> N
         conn.close()
 
 
+_PRELOAD = ["shmring.model_tests.connector_support", "shmring.impl.connector"]
+_forkserver_ready = False
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """How workers start: "forkserver" (preloading shmring) unless SHMRING_WORKER_START says otherwise.
+
+    The fork server is a clean process started once, so workers inherit none
+    of the test process's descriptors, mappings or locks, and a new worker
+    costs a fork rather than a fresh interpreter.
+    """
+    global _forkserver_ready
+    method = os.environ.get("SHMRING_WORKER_START", "forkserver")
+    context = multiprocessing.get_context(method)
+    if method == "forkserver" and not _forkserver_ready:
+        context.set_forkserver_preload(_PRELOAD)
+        _forkserver_ready = True
+    return context
+
+
 class Worker:
-    """A spawned `connector_worker` and its end of the pipe."""
+    """A `connector_worker` in its own process, and our end of its pipe."""
 
     def __init__(
         self, scope: str, options: dict[str, Any] | None = None, timeout: float = 30.0
     ) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = worker_context()
         self._conn, child = context.Pipe()
         self.process = context.Process(
             target=connector_worker, args=(scope, options or {}, child), daemon=True
@@ -298,6 +318,7 @@ __all__ = [
     "Worker",
     "connector_worker",
     "hold_file_lock",
+    "worker_context",
     "lock_holder",
     "payload_tag",
     "stop_worker",

@@ -1,0 +1,410 @@
+"""Lockstep machines (c) and (d): discovery and producer restart across real processes.
+
+(c) `DiscoveryLockstepMachine`: producers are real processes (one
+`Connector` each, in a persistent worker driven step by step over a pipe),
+receivers are connectors in the test process. Every rule applies one
+operation to `spec.discovery` and to the processes: start a producer, put,
+get by key or with a published descriptor, close a producer (its process
+keeps running), kill one with SIGKILL. Gets compare status, the delivering
+producer's identity, the route and the payload tag; closes compare the
+retired count. After every step the model's invariants hold
+(`check_deployment`, and `check_stamp_step` against the previous step) and
+the model agrees with the files: the stamp file holds the model's stamp, the
+marker files are the model's markers, and each receiver made exactly as
+many directory scans (counted at its OS seam) as the model's receiver.
+
+Producers occupy *slots*: a slot's keys are published by at most one live
+producer (the contract: one active publisher per key), several slots share
+an edge, and a producer started in a slot whose producer was killed or
+closed reuses that slot's keys.
+
+(d) `RestartLockstepMachine`: the same machine with one slot and a kill
+rule drawn far more often, so producers die with frames on the ring and
+segments in the fallback and their successors reuse every key. Besides the
+model comparison, every delivered payload is checked to come from the
+producer that is alive in its slot: a dead producer's frame never reaches a
+reused key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import uuid
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, event, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+from shmring.impl import codec
+from shmring.impl.connector import Connector, descriptor_from_dict
+from shmring.impl.discovery import (
+    STAMP_FILE_NAME,
+    collect_orphans,
+    parse_marker_file_name,
+)
+from shmring.impl.os_seam import DEFAULT_OS
+from shmring.model_tests.connector_support import CountingOs, Worker, payload_tag, tagged_payload
+from shmring.spec import discovery as discovery_spec
+from shmring.spec import invariants
+from shmring.spec.connector import ConnectorPutStatus, Route, get_route_of
+from shmring.spec.discovery import DeploymentGetStatus, DirectoryState, PublishedDescriptor
+
+RING_CAPACITY = 4096
+FALLBACK_BUDGET = 1 << 20
+EDGES = (("a", "b"), ("a", "c"))
+RECEIVERS = ("r0", "r1")
+SIZES = st.one_of(st.sampled_from((8, 300, 900, 1500)), st.integers(8, 1500))
+
+EVENT_LABELS = (
+    "producer started",
+    "producer restarted in a used slot",
+    "producer killed",
+    "producer closed",
+    "delivered from ring",
+    "delivered from fallback",
+    "several producers on an edge",
+    "producer gone",
+    "stale descriptor",
+    "dead producer's key not delivered",
+    "rescan",
+    "stale marker pruned",
+)
+EVENTS_SEEN: Counter[str] = Counter()
+STEPS: Counter[str] = Counter()
+
+CI_PROFILE = "discovery-ci"
+LONG_PROFILE = "discovery-long"
+RESTART_CI_PROFILE = "restart-ci"
+RESTART_LONG_PROFILE = "restart-long"
+_COMMON: dict[str, Any] = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
+}
+settings.register_profile(
+    CI_PROFILE, max_examples=40, stateful_step_count=40, derandomize=True, database=None, **_COMMON
+)
+settings.register_profile(LONG_PROFILE, max_examples=200, stateful_step_count=60, **_COMMON)
+settings.register_profile(
+    RESTART_CI_PROFILE, max_examples=30, stateful_step_count=40, derandomize=True, database=None, **_COMMON
+)
+settings.register_profile(RESTART_LONG_PROFILE, max_examples=150, stateful_step_count=60, **_COMMON)
+
+_U64 = struct.Struct("<Q")
+
+
+def _label(name: str) -> None:
+    event(name)
+    EVENTS_SEEN[name] += 1
+
+
+def _one_in(odds: int) -> st.SearchStrategy[bool]:
+    """True about once in `odds` draws; shrinks to False (the rule does nothing)."""
+    return st.sampled_from([False] * (odds - 1) + [True])
+
+
+def slot_keys(slot: int) -> tuple[str, ...]:
+    """The keys slot `slot` publishes."""
+    return (f"s{slot}_k0", f"s{slot}_k1", f"req_{slot}_0", f"req_{slot}_12")
+
+
+class DiscoveryLockstepMachine(RuleBasedStateMachine):
+    """`spec.discovery` against producer processes and in-process receivers."""
+
+    SLOTS: int = 2
+    LIFECYCLE_ODDS: int = 4  # a kill rule acts on one draw in this many
+    CLOSE_ODDS: int = 4  # a close rule acts on one draw in this many
+    published = Bundle("published")  # (model PublishedDescriptor, descriptor dict, route)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dep: discovery_spec.DeploymentState | None = None
+        self.scope = ""
+        self.directory = ""
+        self.workers: dict[tuple[int, int], Worker] = {}  # by identity, every one started
+        self.slot_of: dict[tuple[int, int], int] = {}
+        self.live_in_slot: dict[int, tuple[int, int]] = {}
+        self.used_slots: set[int] = set()
+        self.receivers: dict[str, Connector] = {}
+        self.seams: dict[str, CountingOs] = {}
+        self.tags = itertools.count(1)
+        self.tag_owner: dict[int, tuple[int, int]] = {}
+        self.previous_directory: DirectoryState | None = None
+
+    # -- setup and teardown -------------------------------------------------------------
+
+    @initialize()
+    def setup(self) -> None:
+        self.scope = f"t{uuid.uuid4().hex[:12]}"
+        self.dep = discovery_spec.initialize_deployment(RING_CAPACITY, FALLBACK_BUDGET)
+        for name in RECEIVERS:
+            seam = CountingOs()
+            self.seams[name] = seam
+            receiver = Connector(self.scope, ring_capacity=RING_CAPACITY, os_facade=seam)
+            self.receivers[name] = receiver
+            # Receivers are up before producers: each joins the deployment
+            # (so the directory and its stamp outlive every producer) and scans once.
+            expected = discovery_spec.process_get(self.dep, name, EDGES[0], "never put")
+            assert receiver.get(EDGES[0], "never put").status.value == expected.status.value
+        self.directory = self.receivers[RECEIVERS[0]].directory
+
+    def teardown(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+        for receiver in self.receivers.values():
+            receiver.close()
+        if self.directory:
+            collect_orphans(self.directory, DEFAULT_OS)  # what killed producers left
+            assert not os.path.exists(self.directory), (
+                f"deployment directory left behind: {sorted(os.listdir(self.directory))}"
+            )
+
+    def _model(self) -> discovery_spec.DeploymentState:
+        assert self.dep is not None
+        return self.dep
+
+    def _alive(self) -> list[tuple[int, int]]:
+        return sorted(self.live_in_slot.values())
+
+    # -- producers ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.dep is not None and len(self.live_in_slot) < self.SLOTS)
+    @rule(data=st.data())
+    def start_producer(self, data: st.DataObject) -> None:
+        STEPS["start_producer"] += 1
+        dep = self._model()
+        slot = data.draw(st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot]))
+        worker = Worker(
+            self.scope, {"ring_capacity": RING_CAPACITY, "fallback_budget": FALLBACK_BUDGET}
+        )
+        identity = worker.identity
+        self.workers[identity] = worker
+        self.slot_of[identity] = slot
+        self.live_in_slot[slot] = identity
+        note(f"start_producer(slot={slot}) -> {identity}")
+        discovery_spec.process_start_producer(dep, identity)
+        _label("producer started")
+        if slot in self.used_slots:
+            _label("producer restarted in a used slot")
+        self.used_slots.add(slot)
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(
+        target=published,
+        data=st.data(),
+        edge=st.sampled_from(EDGES),
+        size=SIZES,
+    )
+    def put(self, data: st.DataObject, edge: tuple[str, str], size: int) -> Any:
+        STEPS["put"] += 1
+        dep = self._model()
+        identity = data.draw(st.sampled_from(self._alive()))
+        key = data.draw(st.sampled_from(slot_keys(self.slot_of[identity])))
+        tag = next(self.tags)
+        payload_length = codec.prepare(tagged_payload(tag, size)).nbytes
+        expected, published = discovery_spec.process_put(
+            dep, identity, edge, key, payload_length, tag
+        )
+        route, descriptor = self.workers[identity].call("put", edge[0], edge[1], key, tag, size)
+        note(f"put({identity}, {edge}, {key!r}, tag={tag}, length={payload_length}) -> {route}")
+        if expected.status is not ConnectorPutStatus.ACCEPTED:
+            assert route == "refused", f"model {expected.status}, implementation {route}"
+            return multiple()
+        assert expected.route is not None and route == expected.route.value, (
+            f"route: model {expected.route}, implementation {route}"
+        )
+        self.tag_owner[tag] = identity
+        if sum(1 for p, e in dep.directory.markers if e == edge) > 1:
+            _label("several producers on an edge")
+        assert published is not None
+        return (published, descriptor, route)
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(data=st.data())
+    def kill_producer(self, data: st.DataObject) -> None:
+        if not data.draw(_one_in(self.LIFECYCLE_ODDS), label="kill now?"):
+            return  # most draws keep the producer: runs should also deliver things
+        STEPS["kill_producer"] += 1
+        dep = self._model()
+        identity = data.draw(st.sampled_from(self._alive()))
+        note(f"kill({identity})")
+        self.workers[identity].kill()
+        del self.live_in_slot[self.slot_of[identity]]
+        discovery_spec.process_exit(dep, identity)
+        _label("producer killed")
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(data=st.data())
+    def close_producer(self, data: st.DataObject) -> None:
+        """The producer closes its connector; its process keeps running (and is stopped at teardown)."""
+        if not data.draw(_one_in(self.CLOSE_ODDS), label="close now?"):
+            return
+        STEPS["close_producer"] += 1
+        dep = self._model()
+        identity = data.draw(st.sampled_from(self._alive()))
+        expected = discovery_spec.process_close(dep, identity)
+        retired = self.workers[identity].call("close")
+        note(f"close({identity}) -> {retired}, model {expected}")
+        assert retired == expected, f"close retired: model {expected}, implementation {retired}"
+        del self.live_in_slot[self.slot_of[identity]]
+        _label("producer closed")
+
+    # -- receivers ---------------------------------------------------------------------
+
+    @precondition(lambda self: self.dep is not None)
+    @rule(
+        receiver=st.sampled_from(RECEIVERS),
+        edge=st.sampled_from(EDGES),
+        data=st.data(),
+    )
+    def get(self, receiver: str, edge: tuple[str, str], data: st.DataObject) -> None:
+        STEPS["get"] += 1
+        slot = data.draw(st.integers(0, self.SLOTS - 1))
+        self._get_by_key(receiver, edge, data.draw(st.sampled_from(slot_keys(slot))))
+
+    @rule(receiver=st.sampled_from(RECEIVERS), entry=published)
+    def get_published_key(
+        self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]
+    ) -> None:
+        """A get by key (no descriptor) of a key something was published under."""
+        STEPS["get_published_key"] += 1
+        model_descriptor, _, _ = entry
+        descriptor = model_descriptor.descriptor
+        self._get_by_key(receiver, descriptor.edge, descriptor.key)
+
+    def _get_by_key(self, receiver: str, edge: tuple[str, str], key: str) -> None:
+        dep = self._model()
+        stamp_before = dep.directory.stamp
+        scans_before = self.seams[receiver].calls["scandir"]
+        expected = discovery_spec.process_get(dep, receiver, edge, key)
+        got = self.receivers[receiver].get(edge, key)
+        note(f"{receiver}.get({edge}, {key!r}) -> {got.status.value}, model {expected.status.value}")
+        self._compare(expected, got)
+        if dep.directory.stamp != stamp_before:
+            _label("stale marker pruned")
+        if scans_before and self.seams[receiver].calls["scandir"] > scans_before:
+            _label("rescan")
+        if expected.status is DeploymentGetStatus.NOT_FOUND and any(
+            not p.alive and get_route_of(p.connector, edge, key) for p in dep.producers.values()
+        ):
+            _label("dead producer's key not delivered")
+
+    @rule(receiver=st.sampled_from(RECEIVERS), entry=published)
+    def get_with_descriptor(self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]) -> None:
+        STEPS["get_with_descriptor"] += 1
+        dep = self._model()
+        model_descriptor, data, route = entry
+        descriptor = descriptor_from_dict(Route(route), data)
+        edge, key = descriptor.edge, descriptor.key
+        expected = discovery_spec.process_get(dep, receiver, edge, key, model_descriptor)
+        got = self.receivers[receiver].get(edge, key, descriptor=descriptor)
+        note(f"{receiver}.get({descriptor}) -> {got.status.value}, model {expected.status.value}")
+        self._compare(expected, got)
+        if expected.status is DeploymentGetStatus.PRODUCER_GONE:
+            _label("producer gone")
+        elif expected.status is DeploymentGetStatus.STALE:
+            _label("stale descriptor")
+
+    def _compare(self, expected: discovery_spec.DeploymentGetResult, got: Any) -> None:
+        assert got.status.value == expected.status.value, (
+            f"get: model {expected.status.value}, implementation {got.status.value}"
+        )
+        if expected.status is not DeploymentGetStatus.DELIVERED:
+            return
+        tag = payload_tag(got.value)
+        assert tag == expected.payload, f"payload: model tag {expected.payload}, implementation {tag}"
+        assert got.route is expected.route, f"route: model {expected.route}, implementation {got.route}"
+        assert got.producer == expected.producer, (
+            f"producer: model {expected.producer}, implementation {got.producer}"
+        )
+        owner = self.tag_owner[tag]
+        assert owner == got.producer and owner in self.live_in_slot.values(), (
+            f"tag {tag} of producer {owner} delivered; live producers {self._alive()}"
+        )
+        _label("delivered from ring" if got.route is Route.RING else "delivered from fallback")
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        if self.dep is None:
+            return
+        dep = self.dep
+        invariants.check_deployment(dep)
+        previous = self.previous_directory
+        if previous is not None:
+            invariants.check_stamp_step(previous, dep.directory)
+        self.previous_directory = DirectoryState(set(dep.directory.markers), dep.directory.stamp)
+        stamp = _read_stamp(self.directory)
+        if stamp is not None:
+            assert stamp == dep.directory.stamp, f"stamp: model {dep.directory.stamp}, file {stamp}"
+        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+        markers = {
+            parsed[::-1] for parsed in map(parse_marker_file_name, names) if parsed is not None
+        }
+        assert markers == dep.directory.markers, (
+            f"markers: model {sorted(dep.directory.markers)}, files {sorted(markers)}"
+        )
+        for name, seam in self.seams.items():
+            model_scans = dep.receivers[name].scans if name in dep.receivers else 0
+            assert seam.calls["scandir"] == model_scans, (
+                f"{name} scans: model {model_scans}, implementation {seam.calls['scandir']}"
+            )
+
+
+def _read_stamp(directory: str) -> int | None:
+    try:
+        with open(os.path.join(directory, STAMP_FILE_NAME), "rb") as handle:
+            data = handle.read(_U64.size)
+    except FileNotFoundError:
+        return None
+    return _U64.unpack(data)[0] if len(data) == _U64.size else 0
+
+
+RESTART_EVENT_LABELS = (
+    "producer killed",
+    "producer restarted in a used slot",
+    "dead producer's key not delivered",
+    "delivered from ring",
+    "delivered from fallback",
+    "producer gone",
+)
+
+
+class RestartLockstepMachine(DiscoveryLockstepMachine):
+    """(d): one slot, producers killed often and restarted under the same keys."""
+
+    SLOTS = 1
+    LIFECYCLE_ODDS = 2
+    CLOSE_ODDS = 8
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(data=st.data())
+    def kill_producer_again(self, data: st.DataObject) -> None:
+        """A second kill rule: restarts happen several times per run."""
+        self.kill_producer(data)
+
+
+__all__ = [
+    "CI_PROFILE",
+    "EVENTS_SEEN",
+    "EVENT_LABELS",
+    "LONG_PROFILE",
+    "RESTART_CI_PROFILE",
+    "RESTART_EVENT_LABELS",
+    "RESTART_LONG_PROFILE",
+    "STEPS",
+    "DiscoveryLockstepMachine",
+    "RestartLockstepMachine",
+    "slot_keys",
+]
