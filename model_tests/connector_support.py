@@ -44,6 +44,7 @@ class FaultyOs(OsFacade):
         self.fired: Counter[str] = Counter()
         self._open_faults: dict[str, int] = {}
         self._site_faults: dict[str, int] = {}
+        self.opened: list[str] = []  # names of the files opened successfully, in order
 
     def fail_open(self, prefix: str, code: int) -> None:
         self._open_faults[prefix] = code
@@ -73,7 +74,9 @@ class FaultyOs(OsFacade):
                 del self._open_faults[prefix]
                 self.fired[f"open {prefix}"] += 1
                 raise OSError(code, f"injected open: {os.strerror(code)}", path)
-        return super().open(path, flags, mode)
+        fd = super().open(path, flags, mode)
+        self.opened.append(name)
+        return fd
 
     def flock(self, fd: int, operation: int) -> None:
         if operation == fcntl.LOCK_UN:
@@ -211,9 +214,17 @@ class Worker:
         self.identity: tuple[int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
 
     def call(self, *command: Any) -> Any:
+        """Send one command and wait for its answer."""
+        self.send(*command)
+        return self.receive()
+
+    def send(self, *command: Any) -> None:
+        """Send one command without waiting (answer it with `receive`)."""
         self._conn.send(command)
+
+    def receive(self) -> Any:
         if not self._conn.poll(self.timeout):
-            raise TimeoutError(f"worker did not answer {command[0]!r} within {self.timeout}s")
+            raise TimeoutError(f"worker did not answer within {self.timeout}s")
         reply = self._conn.recv()
         if reply[0] == "error":
             raise RuntimeError(f"worker {reply[1]}: {reply[2]}")
