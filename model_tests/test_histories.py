@@ -1,0 +1,145 @@
+"""Cross-process histories: free-running producers and competing readers keep the model's promises.
+
+Two producer processes publish unique tagged payloads on one edge (ring and
+fallback, re-puts across routes, cleanups) while two reader processes
+compete for every key. Halfway through, one producer is killed with SIGKILL
+and a new process takes over its keys. Every operation is recorded with its
+monotonic interval, and `history_workers.check_histories` holds the merged
+history to the model: nothing lost, nothing duplicated (two readers claim
+exactly once), nothing stale, nothing from a dead producer.
+
+Every process is joined with a timeout and killed if it overstays; a
+watchdog bounds the whole test. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+import pytest
+from shmring.impl.discovery import collect_orphans
+from shmring.impl.naming import deployment_directory
+from shmring.impl.os_seam import DEFAULT_OS
+from shmring.model_tests.connector_support import watchdog, worker_context
+from shmring.model_tests.history_workers import (
+    check_histories,
+    history_producer,
+    history_reader,
+    make_plan,
+)
+
+EDGE = ("talker", "codec")
+ANSWER_TIMEOUT = 120.0
+
+
+class _Process:
+    """A worker process and our end of its pipe."""
+
+    def __init__(self, target: Any, *args: Any) -> None:
+        context = worker_context()
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=target, args=(*args, child), daemon=True)
+        self.process.start()
+        child.close()
+
+    def expect(self, what: str) -> Any:
+        if not self.conn.poll(ANSWER_TIMEOUT):
+            raise TimeoutError(f"worker did not say {what!r} within {ANSWER_TIMEOUT}s")
+        said, value = self.conn.recv()
+        assert said == what, f"worker said {said!r}, expected {what!r}"
+        return value
+
+    def kill(self) -> int:
+        """SIGKILL, reap, and answer the monotonic ns at which it was certainly dead."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, 9)  # type: ignore[arg-type]
+        self.process.join(30)
+        return time.monotonic_ns()
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send("close")
+        self.process.join(30)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(30)
+        self.conn.close()
+
+
+def _run_histories(scope: str, ring_capacity: int, keys_per_slot: int) -> dict[str, int]:
+    options = {"ring_capacity": ring_capacity}
+    plans = {
+        "p0": make_plan(1, 0, 1_000_000, keys_per_slot),
+        "p1": make_plan(2, 1, 2_000_000, keys_per_slot),
+        "p1-restarted": make_plan(3, 1, 3_000_000, keys_per_slot),  # the same keys as p1
+    }
+    keys = sorted({step[1] for plan in plans.values() for step in plan})
+    done = worker_context().Event()
+    processes: list[_Process] = []
+    try:
+        readers = [_Process(history_reader, scope, EDGE, keys, f"r{i}", done) for i in range(2)]
+        processes += readers
+        for reader in readers:
+            reader.expect("ready")
+        p0 = _Process(history_producer, scope, EDGE, plans["p0"], options)
+        p1 = _Process(history_producer, scope, EDGE, plans["p1"], options)
+        processes += [p0, p1]
+        identities = {"p0": p0.expect("identity"), "p1": p1.expect("identity")}
+        p1.expect("half")
+        killed = {identities["p1"]: p1.kill()}  # mid-stream: it keeps putting until the signal
+        restarted = _Process(history_producer, scope, EDGE, plans["p1-restarted"], options)
+        processes.append(restarted)
+        identities["p1-restarted"] = restarted.expect("identity")
+        puts: list[Any] = []
+        cleanups: list[Any] = []
+        for producer in (p0, restarted):
+            producer.expect("half")
+            got_puts, got_cleanups = producer.expect("done")
+            puts += got_puts
+            cleanups += got_cleanups
+        done.set()
+        deliveries: list[Any] = []
+        for reader in readers:
+            got, corrupt = reader.expect("done")
+            assert not corrupt, f"corrupted payloads for keys {corrupt}"
+            deliveries += got
+    finally:
+        for process in processes:
+            process.finish()
+        directory = deployment_directory(scope)
+        if os.path.isdir(directory):
+            collect_orphans(directory, DEFAULT_OS)  # what the killed producer left
+    # The killed producer's own record died with it: rebuild its accepted puts
+    # from what was delivered (all its deliveries must obey the same rules).
+    from shmring.model_tests.history_workers import PutRecord
+
+    p1_tags = {step[2]: step[1] for step in plans["p1"] if step[0] == "put"}
+    for delivery in deliveries:
+        if delivery.producer == identities["p1"]:
+            assert delivery.tag in p1_tags, f"unknown tag from the killed producer: {delivery}"
+            puts.append(PutRecord(delivery.producer, p1_tags[delivery.tag], delivery.tag, delivery.route, 0, 0))
+    counts = check_histories(
+        puts, cleanups, deliveries, killed, {identities["p0"], identities["p1-restarted"]}
+    )
+    assert not os.path.exists(deployment_directory(scope)), "the deployment directory was left behind"
+    return counts
+
+
+@pytest.mark.parametrize("ring_capacity", [8192, 0], ids=["ring", "fallback-only"])
+def test_free_running_histories_keep_the_models_promises(scope: str, ring_capacity: int) -> None:
+    with watchdog(300):
+        counts = _run_histories(scope, ring_capacity, keys_per_slot=40)
+    assert counts["required"] > 0 and counts["readers"] == 2
+    if ring_capacity:
+        assert counts["ring deliveries"] > 0 and counts["fallback deliveries"] > 0
+    print(f"\nhistories (ring_capacity={ring_capacity}): {counts}")
+
+
+@pytest.mark.slow
+def test_long_free_running_histories_keep_the_models_promises(scope: str) -> None:
+    with watchdog(900):
+        counts = _run_histories(scope, 16384, keys_per_slot=400)
+    print(f"\nhistories (long): {counts}")
