@@ -57,7 +57,7 @@ from shmring.impl.os_seam import DEFAULT_OS
 from shmring.model_tests.connector_support import CountingOs, Worker, payload_tag, tagged_payload
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
-from shmring.spec.connector import ConnectorPutStatus, Route, get_route_of
+from shmring.spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
 from shmring.spec.discovery import DeploymentGetStatus, DirectoryState, PublishedDescriptor
 
 RING_CAPACITY = 4096
@@ -92,11 +92,11 @@ _COMMON: dict[str, Any] = {
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
 }
 settings.register_profile(
-    CI_PROFILE, max_examples=40, stateful_step_count=40, derandomize=True, database=None, **_COMMON
+    CI_PROFILE, max_examples=50, stateful_step_count=50, derandomize=True, database=None, **_COMMON
 )
 settings.register_profile(LONG_PROFILE, max_examples=200, stateful_step_count=60, **_COMMON)
 settings.register_profile(
-    RESTART_CI_PROFILE, max_examples=30, stateful_step_count=40, derandomize=True, database=None, **_COMMON
+    RESTART_CI_PROFILE, max_examples=40, stateful_step_count=50, derandomize=True, database=None, **_COMMON
 )
 settings.register_profile(RESTART_LONG_PROFILE, max_examples=150, stateful_step_count=60, **_COMMON)
 
@@ -174,13 +174,16 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         return self.dep
 
     def _alive(self) -> list[tuple[int, int]]:
-        return sorted(self.live_in_slot.values())
+        """Live producers in slot order (not pid order, so draws do not depend on pids)."""
+        return [self.live_in_slot[slot] for slot in sorted(self.live_in_slot)]
 
     # -- producers ----------------------------------------------------------------------
 
     @precondition(lambda self: self.dep is not None and len(self.live_in_slot) < self.SLOTS)
     @rule(data=st.data())
     def start_producer(self, data: st.DataObject) -> None:
+        if self.live_in_slot and not data.draw(_one_in(3), label="start now?"):
+            return  # with someone publishing already, start more rarely
         STEPS["start_producer"] += 1
         dep = self._model()
         slot = data.draw(st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot]))
@@ -228,6 +231,24 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             _label("several producers on an edge")
         assert published is not None
         return (published, descriptor, route)
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(
+        target=published,
+        data=st.data(),
+        edge=st.sampled_from(EDGES),
+        size=SIZES,
+        receiver=st.sampled_from(RECEIVERS),
+    )
+    def put_then_get(
+        self, data: st.DataObject, edge: tuple[str, str], size: int, receiver: str
+    ) -> Any:
+        """A put, then a receiver's get by key of the same key: the common pipeline step."""
+        entry = self.put(data, edge, size)
+        if isinstance(entry, tuple):
+            model_descriptor = entry[0].descriptor
+            self._get_by_key(receiver, model_descriptor.edge, model_descriptor.key)
+        return entry
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
     @rule(data=st.data())
@@ -281,6 +302,25 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         model_descriptor, _, _ = entry
         descriptor = model_descriptor.descriptor
         self._get_by_key(receiver, descriptor.edge, descriptor.key)
+
+    def _dead_versions(self) -> list[tuple[tuple[str, str], str]]:
+        """(edge, key) pairs a dead or closed producer still holds a version of, per the model."""
+        dep = self._model()
+        found = set()
+        for producer in dep.producers.values():
+            if producer.alive:
+                continue
+            for edge, key, _ in get_deliverable(producer.connector):
+                found.add((edge, key))
+        return sorted(found)
+
+    @precondition(lambda self: self.dep is not None and bool(self._dead_versions()))
+    @rule(receiver=st.sampled_from(RECEIVERS), data=st.data())
+    def get_dead_key(self, receiver: str, data: st.DataObject) -> None:
+        """A get by key of a key whose only (or older) version belongs to a dead producer."""
+        STEPS["get_dead_key"] += 1
+        edge, key = data.draw(st.sampled_from(self._dead_versions()))
+        self._get_by_key(receiver, edge, key)
 
     def _get_by_key(self, receiver: str, edge: tuple[str, str], key: str) -> None:
         dep = self._model()
