@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import os
 import threading
@@ -840,7 +841,9 @@ def _decode_sized(view: memoryview) -> tuple[int, Any]:
     return view.nbytes, codec.decode(view)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not hit 1's entry
 def _stage(value: object) -> str:
+    """A validated stage name (ints, as vllm-omni's stage ids, become their decimal string)."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     return validate_stage_name(value)

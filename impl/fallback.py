@@ -68,6 +68,7 @@ import contextlib
 import enum
 import errno
 import fcntl
+import functools
 import hashlib
 import itertools
 import os
@@ -136,6 +137,7 @@ class PayloadPlan(Protocol):
 # -- names ---------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def segment_file_name(edge: Edge, key: str) -> str:
     """``fb.<src>.<dst>.<digest of key>`` for validated stage names."""
     source, destination = edge

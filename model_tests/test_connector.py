@@ -542,3 +542,52 @@ def test_a_receiver_never_registers_with_the_resource_tracker(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True", "None", "False", "False"]
+
+
+# -- corruption -------------------------------------------------------------------------------
+
+
+def test_a_corrupted_segment_gives_a_typed_error_and_the_reader_keeps_working(
+    pair: tuple[Connector, Connector],
+) -> None:
+    from shmring.impl.errors import CorruptFrameError
+
+    producer, receiver = pair
+    producer.put(EDGE, "bad", tagged_payload(1, 5000))
+    producer.put(EDGE, "good", tagged_payload(2, 5000))
+    path = segment_path(producer.directory, EDGE, "bad")
+    with open(path, "r+b") as handle:  # flip a payload byte behind the checksum's back
+        handle.seek(os.path.getsize(path) - 100)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptFrameError, match="checksum"):
+        receiver.get(EDGE, "bad")
+    assert not os.path.exists(path)  # removed, so it cannot block the key
+    assert receiver.get(EDGE, "bad").status is GetStatus.NOT_FOUND
+    assert payload_tag(receiver.get(EDGE, "good").value) == 2
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"producer": [1], "source": "a", "destination": "b", "key": "k", "position": 0, "size": 1},
+        {"producer": [1, 2], "source": "a", "destination": "b", "key": 7, "position": 0, "size": 1},
+        {"producer": [1, 2], "source": "a", "destination": "b", "key": "k", "position": -1, "size": 1},
+        {"producer": [True, 2], "source": "a", "destination": "b", "key": "k", "position": 0, "size": 1},
+    ],
+)
+def test_a_malformed_descriptor_is_a_typed_error(data: dict[str, Any]) -> None:
+    from shmring.impl.connector import descriptor_from_dict
+    from shmring.impl.errors import CorruptFrameError
+
+    with pytest.raises(CorruptFrameError, match="malformed ring descriptor"):
+        descriptor_from_dict(Route.RING, data)
+
+
+def test_bool_stage_ids_are_refused_even_after_an_int_one(pair: tuple[Connector, Connector]) -> None:
+    producer, _ = pair
+    producer.put(1, 2, "k", b"x")
+    with pytest.raises(InvalidKeyError):
+        producer.put(True, 2, "k", b"x")
