@@ -418,13 +418,20 @@ class FallbackWriter:
         os_facade.close(fd)
         return info.st_dev, info.st_ino
 
+    def _held(self, path: str) -> int | None:
+        """The locked file at `path` (None: nothing there), waiting for readers."""
+        held = _open_locked(path, self._os, wait=True)
+        if isinstance(held, _Busy):  # replaced under us again and again: not our key alone
+            raise BrokenError(f"fallback segment keeps changing under its producer: path={path!r}")
+        return held
+
     def _publish(self, temp: str, path: str) -> None:
         """Rename `temp` onto `path`, under the lock of whatever file is there."""
-        held = _open_locked(path, self._os, wait=True)
+        held = self._held(path)
         try:
             self._os.rename(temp, path)
         finally:
-            if isinstance(held, int):
+            if held is not None:
                 self._os.close(held)
 
     def _remove_temp(self, temp: str) -> None:
@@ -442,9 +449,9 @@ class FallbackWriter:
         record = self._segments.get(slot)
         if record is None:
             return 0
-        held = _open_locked(record.path, self._os, wait=True)
+        held = self._held(record.path)
         retired = 0
-        if isinstance(held, int):
+        if held is not None:
             try:
                 info = self._os.fstat(held)
                 if (info.st_dev, info.st_ino) == record.inode:
