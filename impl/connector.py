@@ -264,7 +264,8 @@ class Connector:
     one). `ring_capacity` is each ring's data bytes: 0 disables rings, else
     4 KiB..64 MiB in multiples of 16. `fallback_budget` bounds the live
     bytes of this process's fallback segments. `os_facade` is the seam fault
-    plans use; production leaves it None.
+    plans use; production leaves it None. `identity` (tests only) makes the
+    connector publish as another live or dead process (pid, start time).
 
     Use as a context manager, or call `close()` (idempotent).
     """
@@ -281,6 +282,7 @@ class Connector:
         shm_root: str = DEFAULT_SHM_ROOT,
         spin_seconds: float = DEFAULT_SPIN_SECONDS,
         max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
+        identity: ProducerIdentity | None = None,
     ) -> None:
         validate_scope(scope)
         if not isinstance(ring_capacity, int) or isinstance(ring_capacity, bool):
@@ -308,6 +310,9 @@ class Connector:
         self._spin = float(spin_seconds)
         self._max_sleep = float(max_sleep_seconds)
         self._lock = threading.RLock()
+        # Test seam: publish as another (pid, start time), so one process can
+        # stand in for several producers (fault campaigns); production leaves it None.
+        self._identity_override = identity
         self.identity: ProducerIdentity | None = None  # known once joined
         self._rings: dict[Edge, RingChannel] = {}
         self._failed_edges: dict[Edge, BaseException] = {}
@@ -347,7 +352,7 @@ class Connector:
         if fallback is not None:
             return fallback
         os_facade = self._os
-        identity = current_producer_identity(os_facade)
+        identity = self._identity_override or current_producer_identity(os_facade)
 
         def ensure() -> str:
             return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
