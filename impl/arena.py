@@ -30,6 +30,7 @@ wrote would read every byte on the CPU, which is what the arena avoids.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import stat
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from shmring.impl.registration import (
 from shmring.impl.views import borrow
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
+    FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
@@ -152,6 +154,9 @@ class RegisteredArena:
         pid, start_time = current_producer_identity(self._os)
         file = ShmFile(registry.directory, arena_file_name(self._os), compute_ring_file_length(capacity), self._os)
         try:
+            # Touch every page once now, so no transfer pays first-touch page
+            # faults (registration pins them on a GPU anyway).
+            file.tensor[RING_HEADER_LENGTH:].zero_()
             with file.memoryview() as buf:
                 frame_io.write_ring_header(buf, capacity, pid, start_time, RING_STATE_OPEN)
             self._range = registry.register_range(
@@ -227,8 +232,15 @@ class RegisteredArena:
             reclaimable = header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
             if not reclaimable:
                 break
-            if header.length <= 0 or header.length > self.capacity:
-                raise CorruptFrameError(f"arena frame length out of range: length={header.length} position={self._tail}")
+            offset_in_region = self._tail % self.capacity
+            if (
+                header.length <= 0
+                or header.length % FRAME_ALIGNMENT
+                or offset_in_region + header.length > self.capacity
+            ):
+                raise CorruptFrameError(
+                    f"arena frame length out of range: length={header.length} position={self._tail}"
+                )
             self._tail += header.length
             freed += header.length
         if freed:
@@ -416,6 +428,9 @@ class ArenaReader:
                 f"version={header.version} capacity={header.capacity} size={info.st_size}"
             )
         self.capacity = header.capacity
+        # Map every page into this process now (one read per page), so a
+        # borrow never pays first-touch page faults: the arena is long-lived.
+        int(np.frombuffer(self._mapping, dtype=np.uint8)[:: mmap.PAGESIZE].sum())
 
     def _claim(self, descriptor: ArenaFrameDescriptor) -> int:
         """Validate the descriptor's frame and mark it claimed; answer its file offset."""
@@ -425,7 +440,7 @@ class ArenaReader:
             raise CorruptFrameError(f"descriptor names another arena: {descriptor.arena!r} != {self.name!r}")
         frame_length = compute_arena_frame_length(descriptor.nbytes)
         physical = descriptor.position % self.capacity
-        if descriptor.position < 0 or physical % 16 or physical + frame_length > self.capacity:
+        if descriptor.position < 0 or physical % FRAME_ALIGNMENT or physical + frame_length > self.capacity:
             raise CorruptFrameError(f"arena descriptor out of bounds: {descriptor}")
         offset = RING_HEADER_LENGTH + physical
         header = frame_io.read_frame_header(self._buf, offset)

@@ -29,7 +29,7 @@ from shmring.impl.views import lease_statistics
 from shmring.model_tests.arena_worker import DERIVATIONS, TAG_RGB, LocalPlace, RemotePlace
 from shmring.spec import invariants, leases
 from shmring.spec import ring as ring_spec
-from shmring.spec.layout import FRAME_STATE_DONE, PADDING_FRAME_TYPE
+from shmring.spec.layout import FRAME_STATE_DONE, PADDING_FRAME_TYPE, compute_frame_length
 from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
 
 ARENA_CAPACITY = 4096
@@ -92,7 +92,7 @@ class ArenaMachine(RuleBasedStateMachine):
     def expected_put(self, nbytes: int) -> tuple[PutStatus, str]:
         """What the ring model says about a put, without applying it (reclaim aside)."""
         key = arena_key(self.reserved)
-        frame_length = ring_spec.compute_frame_length(len(key), nbytes)
+        frame_length = compute_frame_length(len(key), nbytes)
         if not ring_spec.is_admitted(self.ring.capacity, len(key), frame_length):
             return PutStatus.NOT_ADMITTED, key
         ring_spec.process_reclaim(self.ring)
