@@ -114,7 +114,8 @@ def align(value: int, alignment: int) -> int:
     # Verify the alignment is a power of two and the value is not negative
     assert alignment > 0 and alignment & (alignment - 1) == 0
     assert value >= 0
-    return (value + alignment - 1) & ~(alignment - 1)
+    # Division rather than a bit mask: the same number, and linear for a solver
+    return (value + alignment - 1) // alignment * alignment
 
 
 def compute_frame_length(key_length: int, payload_length: int) -> int:

@@ -3,10 +3,10 @@
 `shmring.spec` is the model, `shmring.impl` the implementation; this package
 re-exports the implementation's public API.
 
-Importing ``shmring`` is cheap: the error classes load at once (they are
-small and callers catch them), everything else on first use of its name, so
-``import shmring`` never imports msgspec, numpy or torch, and the codec
-imports torch only when a payload holds a tensor.
+Importing ``shmring`` is cheap: every name loads on first use, so
+``import shmring`` (and so ``import shmring.spec``) imports no part of the
+implementation, nor msgspec, numpy or torch; the codec imports torch only
+when a payload holds a tensor.
 """
 
 from __future__ import annotations
@@ -14,26 +14,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shmring.impl.errors import (
-    BackPressureError,
-    BrokenError,
-    ClosedError,
-    ConfigurationError,
-    CorruptFrameError,
-    FrameTooLargeError,
-    InvalidKeyError,
-    NoSpaceError,
-    ProducerGoneError,
-    RegistrationError,
-    RegistryPoisonedError,
-    ShmringError,
-    UnsupportedPayloadError,
-)
-
 __version__ = "0.1.0"
 
 # name -> module that defines it, loaded on first attribute access.
 _LAZY: dict[str, str] = {
+    "BackPressureError": "shmring.impl.errors",
+    "BrokenError": "shmring.impl.errors",
+    "ClosedError": "shmring.impl.errors",
+    "ConfigurationError": "shmring.impl.errors",
+    "CorruptFrameError": "shmring.impl.errors",
+    "FrameTooLargeError": "shmring.impl.errors",
+    "InvalidKeyError": "shmring.impl.errors",
+    "NoSpaceError": "shmring.impl.errors",
+    "ProducerGoneError": "shmring.impl.errors",
+    "RegistrationError": "shmring.impl.errors",
+    "RegistryPoisonedError": "shmring.impl.errors",
+    "ShmringError": "shmring.impl.errors",
+    "UnsupportedPayloadError": "shmring.impl.errors",
     "Connector": "shmring.impl.connector",
     "ConnectorHealth": "shmring.impl.connector",
     "Delivery": "shmring.impl.connector",
@@ -58,6 +55,21 @@ if TYPE_CHECKING:
         RingDescriptor,
         Route,
         descriptor_from_dict,
+    )
+    from shmring.impl.errors import (
+        BackPressureError,
+        BrokenError,
+        ClosedError,
+        ConfigurationError,
+        CorruptFrameError,
+        FrameTooLargeError,
+        InvalidKeyError,
+        NoSpaceError,
+        ProducerGoneError,
+        RegistrationError,
+        RegistryPoisonedError,
+        ShmringError,
+        UnsupportedPayloadError,
     )
 
 
