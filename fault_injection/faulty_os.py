@@ -1,0 +1,92 @@
+"""`FaultyOs`: the OS seam with a fault plan in it.
+
+Design rationale. Production objects take an `OsFacade`; this subclass is
+handed to them instead, and `_enter(site)`, which the facade calls before
+every system call, counts the call and raises the planned error when the
+plan says so. Nothing in `os`, `fcntl` or `mmap` is patched, so a plan
+cannot leak into another test, and every object of a scenario shares the
+one facade, which makes "the Nth open" a deterministic place.
+
+Only two methods are overridden, to keep the real call's semantics where
+Linux differs from "fails before anything happens" (see `sites`):
+
+* `close` releases the descriptor and then raises: close(2) never leaves a
+  descriptor open, whatever it reports.
+* `flock` with LOCK_UN is never failed and not counted; EAGAIN planned for a
+  *blocking* lock is a hit that does not raise (a blocking flock waits, it
+  never answers EWOULDBLOCK).
+
+`on_call(site, count)`, when given, runs before the plan is applied: crash
+tests use it to SIGKILL the process at a named call.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections import Counter
+from collections.abc import Callable
+
+from shmring.fault_injection.plans import FaultPlan
+from shmring.fault_injection.sites import LAYER_OS, site
+from shmring.impl.os_seam import SITE_CLOSE, SITE_FLOCK, OsFacade
+
+CallHook = Callable[[str, int], None]
+
+
+class FaultyOs(OsFacade):
+    """An `OsFacade` that applies one `FaultPlan` (or none: then it only counts).
+
+    `counts[site]` is the number of calls made at each site while counting;
+    `hits` the number of planned calls reached; `injected` the errors raised.
+    Clear `armed` to stop failing (counting goes on).
+    """
+
+    def __init__(self, plan: FaultPlan | None = None, on_call: CallHook | None = None) -> None:
+        if plan is not None and site(plan.site).layer != LAYER_OS:
+            raise ValueError(f"not an OS plan: {plan}")
+        self.plan = plan
+        self.armed = plan is not None
+        self.on_call = on_call
+        self.counts: Counter[str] = Counter()
+        self.hits = 0
+        self.injected: list[OSError] = []
+        self._blocking_lock = False
+
+    def _enter(self, site_name: str) -> None:
+        self.counts[site_name] += 1
+        count = self.counts[site_name]
+        if self.on_call is not None:
+            self.on_call(site_name, count)
+        plan = self.plan
+        if not self.armed or plan is None or plan.site != site_name or not plan.fires_at(count):
+            return
+        self.hits += 1
+        code = plan.error
+        assert isinstance(code, int)
+        if site_name == SITE_FLOCK and code == errno.EAGAIN and self._blocking_lock:
+            return  # a blocking lock waits; it never answers EWOULDBLOCK
+        # OSError(EAGAIN, ...) is a BlockingIOError, OSError(EINTR, ...) an
+        # InterruptedError: the same classes the real call raises.
+        error = OSError(code, f"{os.strerror(code)} [injected by fault plan {plan}]")
+        self.injected.append(error)
+        raise error
+
+    def close(self, fd: int) -> None:
+        try:
+            self._enter(SITE_CLOSE)
+        except OSError:
+            os.close(fd)  # close(2) releases the descriptor even when it fails
+            raise
+        os.close(fd)
+
+    def flock(self, fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_UN:
+            fcntl.flock(fd, operation)  # never fails on a valid descriptor
+            return
+        self._blocking_lock = not operation & fcntl.LOCK_NB
+        super().flock(fd, operation)
+
+
+__all__ = ["CallHook", "FaultyOs"]
