@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable
 
 import pytest
+
 from shmring.spec import discovery as spec
 from shmring.spec import invariants
 from shmring.spec import producers as producers_spec

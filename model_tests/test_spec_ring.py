@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable
 
 import pytest
+
 from shmring.spec import invariants
 from shmring.spec import ring as spec
 from shmring.spec.explore import compute_payload_length
@@ -159,7 +160,7 @@ def test_padding_fills_the_rest_at_wraparound() -> None:
     get(ring, "b")
     result = put(ring, "e", 1024)
     assert (result.status, result.padding, result.position) == (PutStatus.PUBLISHED, 256, 4096)
-    assert result.position % CAPACITY == 0  # the frame starts at physical offset 0
+    assert result.position is not None and result.position % CAPACITY == 0  # physical offset 0
     padding, frame = ring.frames[-2:]
     assert (padding.position, padding.length, padding.frame_type, padding.state) == (
         3840,
