@@ -7,14 +7,12 @@ plan says so. Nothing in `os`, `fcntl` or `mmap` is patched, so a plan
 cannot leak into another test, and every object of a scenario shares the
 one facade, which makes "the Nth open" a deterministic place.
 
-Only two methods are overridden, to keep the real call's semantics where
-Linux differs from "fails before anything happens" (see `sites`):
-
-* `close` releases the descriptor and then raises: close(2) never leaves a
-  descriptor open, whatever it reports.
-* `flock` with LOCK_UN is never failed and not counted; EAGAIN planned for a
-  *blocking* lock is a hit that does not raise (a blocking flock waits, it
-  never answers EWOULDBLOCK).
+One method is overridden, to keep the real call's semantics where Linux
+differs from "fails before anything happens" (see `sites`): `flock` with
+LOCK_UN is never failed and not counted, and EAGAIN planned for a
+*blocking* lock is a hit that does not raise (a blocking flock waits, it
+never answers EWOULDBLOCK). A planned `close` error reaches the production
+seam's own handling (it releases the descriptor and does not raise).
 
 `on_call(site, count)`, when given, runs before the plan is applied: crash
 tests use it to SIGKILL the process at a named call.
@@ -30,7 +28,7 @@ from collections.abc import Callable
 
 from shmring.fault_injection.plans import FaultPlan
 from shmring.fault_injection.sites import LAYER_OS, site
-from shmring.impl.os_seam import SITE_CLOSE, SITE_FLOCK, OsFacade
+from shmring.impl.os_seam import SITE_FLOCK, OsFacade
 
 CallHook = Callable[[str, int], None]
 
@@ -39,7 +37,9 @@ class FaultyOs(OsFacade):
     """An `OsFacade` that applies one `FaultPlan` (or none: then it only counts).
 
     `counts[site]` is the number of calls made at each site while counting;
-    `hits` the number of planned calls reached; `injected` the errors raised.
+    `hits` the number of planned calls reached; `injected` (site, call, errno)
+    of every error raised (not the exceptions: their tracebacks would keep
+    the failed call's mappings alive).
     Clear `armed` to stop failing (counting goes on).
     """
 
@@ -51,7 +51,7 @@ class FaultyOs(OsFacade):
         self.on_call = on_call
         self.counts: Counter[str] = Counter()
         self.hits = 0
-        self.injected: list[OSError] = []
+        self.injected: list[tuple[str, int, int]] = []
         self._blocking_lock = False
 
     def _enter(self, site_name: str) -> None:
@@ -70,16 +70,8 @@ class FaultyOs(OsFacade):
         # OSError(EAGAIN, ...) is a BlockingIOError, OSError(EINTR, ...) an
         # InterruptedError: the same classes the real call raises.
         error = OSError(code, f"{os.strerror(code)} [injected by fault plan {plan}]")
-        self.injected.append(error)
+        self.injected.append((site_name, count, code))
         raise error
-
-    def close(self, fd: int) -> None:
-        try:
-            self._enter(SITE_CLOSE)
-        except OSError:
-            os.close(fd)  # close(2) releases the descriptor even when it fails
-            raise
-        os.close(fd)
 
     def flock(self, fd: int, operation: int) -> None:
         if operation == fcntl.LOCK_UN:
