@@ -182,7 +182,13 @@ class Liveness:
             return False
         pidfd = self._pidfds.get(producer)
         if pidfd is not None:
-            if self._os.pidfd_alive(pidfd):
+            try:
+                alive = self._os.pidfd_alive(pidfd)
+            except OSError:
+                # Cannot poll the pidfd now: ask /proc. A get asks after it
+                # claimed a frame, and an error here would lose the frame.
+                alive = self._proc_alive(producer)
+            if alive:
                 return True
             self._mark_dead(producer)
             return False
@@ -202,17 +208,22 @@ class Liveness:
             except ProcessLookupError:
                 return False
             except OSError as error:
-                if error.errno not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
-                    raise
-                self._pidfd_supported = False
+                if error.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+                    self._pidfd_supported = False
+                # Otherwise (EMFILE, ENOMEM, ...) /proc answers this time;
+                # the next question tries a pidfd again.
         try:
-            status = read_process_status(pid, self._os)
             # The pidfd was opened first: if the start time matches now, the
             # pidfd names this very process, not a later one with its pid.
-            if status is None or status[0] != start_time or status[1] in _DEAD_PROCESS_STATES:
+            if not self._proc_alive(producer):
                 return False
-            if pidfd >= 0 and not self._os.pidfd_alive(pidfd):
-                return False
+            if pidfd >= 0:
+                try:
+                    polled = self._os.pidfd_alive(pidfd)
+                except OSError:
+                    polled = True  # /proc just said it runs
+                if not polled:
+                    return False
         except BaseException:
             if pidfd >= 0:
                 self._os.close(pidfd)
@@ -220,6 +231,12 @@ class Liveness:
         if pidfd >= 0:
             self._pidfds[producer] = pidfd
         return True
+
+    def _proc_alive(self, producer: ProducerIdentity) -> bool:
+        """/proc's answer: the pid runs, with this start time, and is not a zombie."""
+        pid, start_time = producer
+        status = read_process_status(pid, self._os)
+        return status is not None and status[0] == start_time and status[1] not in _DEAD_PROCESS_STATES
 
     def _mark_dead(self, producer: ProducerIdentity) -> None:
         self._dead.add(producer)
