@@ -64,7 +64,7 @@ from shmring.impl.registration import (
     validate_transfer_file_name,
     wire_dtype_of,
 )
-from shmring.impl.views import borrow_segment, copy_segment
+from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
 from shmring.spec.ring import compute_capacity_error
 
 CARRIER_ARENA: Final = "arena"  # a frame of the registered arena
@@ -464,30 +464,48 @@ class TransferReceiver:
         receiver owns the memory until the last object derived from an array
         dies (see `views.LeaseOwner`); they may be written. Otherwise they are
         independent copies and the shared memory is released before this
-        returns.
+        returns. When a system call fails (mapping a segment, opening the
+        arena) nothing is taken and the same descriptor may be received again.
         """
         if self._closed:
             raise ClosedError(f"receiver is closed: scope={self.scope!r}")
         if descriptor.scope != self.scope:
             raise CorruptFrameError(f"descriptor for scope={descriptor.scope!r}, receiver scope={self.scope!r}")
         borrowed = self.options.enable_borrowed_frames
+        for field in descriptor.fields:
+            field.check()
+        # 1. Every system call first (arena readers, segment mappings), so an
+        #    OS failure here takes nothing: all fields stay for a retry.
+        mapped: dict[str, Any] = {}
         received: dict[str, np.ndarray] = {}
         try:
             for field in descriptor.fields:
-                field.check()
+                if field.carrier == CARRIER_ARENA:
+                    self._reader(field.file)
+                else:
+                    mapped[field.name] = map_segment(self._directory, field.file, self._os, unlink=False)
+            # 2. Take every field (no system call).
+            for field in descriptor.fields:
                 if field.carrier == CARRIER_ARENA:
                     frame = ArenaFrameDescriptor(field.file, field.position, field.key, field.nbytes)
                     reader = self._reader(field.file)
                     take = reader.borrow if borrowed else reader.copy
                     received[field.name] = take(frame, field.wire_dtype, field.shape)
                 else:
-                    take_segment = borrow_segment if borrowed else copy_segment
-                    received[field.name] = take_segment(
-                        self._directory, field.file, field.wire_dtype, field.shape, self._os
-                    )
+                    take_mapped = borrow_mapped if borrowed else copy_mapped
+                    mapping = mapped.pop(field.name)
+                    received[field.name] = take_mapped(mapping, field.file, field.wire_dtype, field.shape)
         except BaseException:
             received.clear()  # release what was taken; the traceback must not hold leases
+            for mapping in mapped.values():
+                mapping.close()
             raise
+        # 3. The commit: taken segments' names go. A name that cannot be
+        #    removed now is removed by the sender's close; what was taken stays taken.
+        for field in descriptor.fields:
+            if field.carrier != CARRIER_ARENA:
+                with contextlib.suppress(OSError):
+                    unlink_segment(self._directory, field.file, self._os)
         return received
 
     def receive_tensors(self, descriptor: TransferDescriptor) -> dict[str, torch.Tensor]:

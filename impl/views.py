@@ -173,11 +173,16 @@ def lease_owner_of(array: np.ndarray) -> LeaseOwner | None:
 # -- per-transfer segments, receiver side ------------------------------------------
 
 
-def map_segment(directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> mmap.mmap:
-    """Map a published segment read-write and unlink its name at once.
+def map_segment(
+    directory: str, name: str, os_facade: OsFacade = DEFAULT_OS, *, unlink: bool = True
+) -> mmap.mmap:
+    """Map a published segment read-write and (by default) unlink its name at once.
 
-    The caller owns the mapping. The name is gone when this returns, so a
-    receiver that dies later leaves nothing in the directory.
+    The caller owns the mapping. With `unlink` the name is gone when this
+    returns, so a receiver that dies later leaves nothing in the directory;
+    a receiver taking several segments at once maps them all first and
+    unlinks the names only when every one is taken (`unlink_segment`), so a
+    failure on a later one consumes none.
     """
     path = os.path.join(directory, name)
     fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
@@ -186,23 +191,27 @@ def map_segment(directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> 
         if not stat.S_ISREG(info.st_mode) or info.st_size <= 0:
             raise CorruptFrameError(f"segment is not a non-empty regular file: path={path!r} size={info.st_size}")
         mapping = os_facade.mmap(fd, info.st_size)
-        # Gone already: a second receiver of the same segment; the mapping is still good.
-        with contextlib.suppress(FileNotFoundError):
-            os_facade.unlink(path)
+        if unlink:
+            try:
+                unlink_segment(directory, name, os_facade)
+            except BaseException:
+                mapping.close()
+                raise
     finally:
         os_facade.close(fd)
     return mapping
 
 
-def borrow_segment(
-    directory: str,
-    name: str,
-    dtype: np.dtype[Any] | str,
-    shape: tuple[int, ...],
-    os_facade: OsFacade = DEFAULT_OS,
+def unlink_segment(directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> None:
+    """Remove a taken segment's name; already gone (another receiver) is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os_facade.unlink(os.path.join(directory, name))
+
+
+def borrow_mapped(
+    mapping: mmap.mmap, name: str, dtype: np.dtype[Any] | str, shape: tuple[int, ...]
 ) -> np.ndarray:
-    """A borrowed view of a published segment; the mapping closes when the last view dies."""
-    mapping = map_segment(directory, name, os_facade)
+    """A borrowed view of a mapped segment; takes over `mapping` (closed when the last view dies)."""
     try:
         keep = np.frombuffer(mapping, dtype=np.uint8)
     except BaseException:
@@ -211,15 +220,10 @@ def borrow_segment(
     return borrow(keep, 0, dtype, shape, mapping_to_close=mapping, label=f"segment {name}")
 
 
-def copy_segment(
-    directory: str,
-    name: str,
-    dtype: np.dtype[Any] | str,
-    shape: tuple[int, ...],
-    os_facade: OsFacade = DEFAULT_OS,
+def copy_mapped(
+    mapping: mmap.mmap, name: str, dtype: np.dtype[Any] | str, shape: tuple[int, ...]
 ) -> np.ndarray:
-    """An independently owned copy of a published segment; the mapping is closed on return."""
-    mapping = map_segment(directory, name, os_facade)
+    """An independently owned copy of a mapped segment; closes `mapping`."""
     try:
         wire = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
@@ -234,13 +238,38 @@ def copy_segment(
     return copied
 
 
+def borrow_segment(
+    directory: str,
+    name: str,
+    dtype: np.dtype[Any] | str,
+    shape: tuple[int, ...],
+    os_facade: OsFacade = DEFAULT_OS,
+) -> np.ndarray:
+    """A borrowed view of a published segment; the mapping closes when the last view dies."""
+    return borrow_mapped(map_segment(directory, name, os_facade), name, dtype, shape)
+
+
+def copy_segment(
+    directory: str,
+    name: str,
+    dtype: np.dtype[Any] | str,
+    shape: tuple[int, ...],
+    os_facade: OsFacade = DEFAULT_OS,
+) -> np.ndarray:
+    """An independently owned copy of a published segment; the mapping is closed on return."""
+    return copy_mapped(map_segment(directory, name, os_facade), name, dtype, shape)
+
+
 __all__ = [
     "LeaseOwner",
     "LeaseStatistics",
     "borrow",
+    "borrow_mapped",
     "borrow_segment",
+    "copy_mapped",
     "copy_segment",
     "lease_owner_of",
     "lease_statistics",
     "map_segment",
+    "unlink_segment",
 ]
