@@ -356,6 +356,8 @@ class RegisteredArena:
         pages); RegistryPoisonedError is raised.
         """
         if self._closed:
+            if self._range is None or not self._range.registered:
+                self._release_file()  # retries an unlink that failed
             return
         self._closed = True
         self._pending = []
@@ -370,14 +372,19 @@ class RegisteredArena:
         self._release_file()
 
     def _release_file(self) -> None:
-        """Unmap and unlink the arena file (only once nothing is registered)."""
-        file, self._file = self._file, None
+        """Unmap and unlink the arena file (only once nothing is registered).
+
+        The file is forgotten only once its name is gone, so a failed unlink
+        is retried by the next `close`.
+        """
+        file = self._file
         if file is None:
             return
         self._buf.release()
         self._payload = None
         file.unmap()
         file.unlink()
+        self._file = None
 
     def __enter__(self) -> RegisteredArena:
         return self

@@ -154,9 +154,17 @@ def ensure_deployment_directory(
     control could redirect or expose every file placed in it.
     """
     path = deployment_directory(scope, shm_root)
+    created = False
     with contextlib.suppress(FileExistsError):
         os_facade.mkdir(path, DIR_MODE)
-    check_private_directory(path, os_facade)
+        created = True
+    try:
+        check_private_directory(path, os_facade)
+    except BaseException:
+        if created:  # ours and still empty: do not leave it behind
+            with contextlib.suppress(OSError):
+                os_facade.rmdir(path)
+        raise
     return path
 
 

@@ -262,11 +262,14 @@ class ShmFile:
                 mapping.close()
 
     def unlink(self) -> None:
-        """Remove the name; a receiver that already unlinked it is fine. Idempotent."""
+        """Remove the name; a receiver that already unlinked it is fine. Idempotent.
+
+        If the unlink fails the name is still ours, so a later call retries it.
+        """
         if self._linked:
-            self._linked = False
             with contextlib.suppress(FileNotFoundError):
                 self._os.unlink(self.path)
+            self._linked = False
 
     def _discard_name(self) -> None:
         self._linked = False
