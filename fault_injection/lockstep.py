@@ -195,6 +195,10 @@ class Deployment:
         self.producers: dict[ProducerIdentity, Connector] = {}
         self.receivers: dict[str, Connector] = {}
         self.keys: set[tuple[ProducerIdentity, Edge, str]] = set()
+        # Producers whose close failed: what they held just before. Until the
+        # close is retried (`retry_closes`) their leftovers may still be
+        # delivered, each at most once.
+        self.closing: dict[ProducerIdentity, connector_spec.ConnectorState] = {}
         self.directory = ""
 
     # -- lifecycle -------------------------------------------------------------------
@@ -355,6 +359,17 @@ class Deployment:
         if got.status is GetStatus.BUSY:
             discovery_spec.process_refresh(self.model, name)
             return got
+        if got.delivered and got.producer in self.closing:
+            left = self.closing[got.producer]
+            leftover = connector_spec.process_get(left, edge, key)
+            require(
+                leftover.status is connector_spec.ConnectorGetStatus.DELIVERED and leftover.payload == got.value,
+                lambda: f"{what}: delivered {got.producer}'s version after its failed close, "
+                f"but it held no such version ({leftover.status})",
+            )
+            discovery_spec.process_refresh(self.model, name)
+            self.ledger.delivered += 1
+            return got
         expected = discovery_spec.process_get(self.model, name, edge, key, model_descriptor)
         require(
             got.status.value == expected.status.value,
@@ -376,15 +391,22 @@ class Deployment:
     def close_producer(self, identity: ProducerIdentity) -> None:
         self.ledger.operations += 1
         connector = self.producers[identity]
+        before = copy.deepcopy(self.model.producers[identity].connector)
         try:
             connector.close()
         except BaseException as error:  # noqa: BLE001 - judged below
             self._failed(f"close({identity[0]})", error)
-            return
+            self.closing[identity] = before
         finally:
             producer = self.model.producers[identity]
             if producer.alive:
                 discovery_spec.process_close(self.model, identity)
+
+    def retry_closes(self) -> None:
+        """Close again every producer whose close failed (no faults now): it must succeed."""
+        for identity in sorted(self.closing):
+            self.producers[identity].close()
+        self.closing.clear()
 
     # -- checks -----------------------------------------------------------------------------
 
