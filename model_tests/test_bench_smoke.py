@@ -1,0 +1,62 @@
+"""The host-ring benchmark still runs: every transport, every kind of case, smallest sizes.
+
+Not a timing test: nothing here looks at a number except to check that it
+was measured. It runs `benchmarks/bench_ring.py --smoke` (one repeat, a few
+round trips of the tree and of 64 B, one small 64 KiB batch) in a child
+process, so a change to the ring, the connector or the codec that breaks
+the benchmark scripts fails CI instead of being found at the next
+measurement. Transports whose package is missing are reported by the script
+as not run, and skipped here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_ring.py"
+TIMEOUT_S = 300  # a watchdog against a hung worker, not a performance bound
+
+
+def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=BENCH.parent.parent,
+        env={**os.environ, "PYTHONWARNINGS": "error::ResourceWarning"},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(out.read_text())
+
+    transports = result["transports"]
+    assert {"ring", "connector", "shm-per-key", "mp.Pipe", "mp.Queue"} <= set(transports)
+    assert set(transports) | set(result["unavailable"]) == {
+        "ring",
+        "connector",
+        "shm-per-key",
+        "shm-per-key+lock",
+        "mp.Pipe",
+        "mp.Queue",
+        "zmq-ipc",
+        "iceoryx2",
+    }
+    plan = result["plan"]
+    for label in ("tree", "64 B"):
+        measured = result["latency_us"][label]
+        assert set(measured) == set(transports), label
+        for name, summary in measured.items():
+            assert summary["n"] == plan["latency_count"], (label, name)
+            assert 0 < summary["median"] <= summary["p99"], (label, name)
+    rates = result["throughput_mib_s"]["64 KiB"]
+    assert set(rates) == set(transports)
+    assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in rates.values())
+    # The connector's 64 KiB frames fit its ring, and it says so.
+    assert result["routes"]["throughput 64 KiB"]["connector"] == ["ring"]
+    assert any(row["target"].startswith("tree one-way latency") for row in result["targets"])
+    assert "One-way latency" in completed.stdout and "Throughput" in completed.stdout
