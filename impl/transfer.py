@@ -22,13 +22,13 @@ A transfer of several fields publishes all of them or none.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import torch
+
 from shmring.impl.arena import (
     DEFAULT_ARENA_CAPACITY,
     ArenaFrameDescriptor,
@@ -528,14 +528,6 @@ class TransferReceiver:
         self.close()
 
 
-def directory_entries(scope: str, shm_root: str = DEFAULT_SHM_ROOT) -> list[str]:
-    """Names in a deployment directory (for tests and tools); [] when it does not exist."""
-    try:
-        return sorted(os.listdir(deployment_directory(scope, shm_root)))
-    except FileNotFoundError:
-        return []
-
-
 __all__ = [
     "CARRIERS",
     "CARRIER_ARENA",
@@ -546,6 +538,5 @@ __all__ = [
     "TransferOptions",
     "TransferReceiver",
     "TransferSender",
-    "directory_entries",
     "restore_tensor",
 ]
