@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import numpy as np
 import torch
+
 from shmring.impl import frame_io
 from shmring.impl.errors import (
     ClosedError,

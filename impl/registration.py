@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import torch
+
 from shmring.impl.cuda_driver import CudaDriver
 from shmring.impl.errors import (
     ClosedError,

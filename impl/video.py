@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import av
 import numpy as np
+
 from shmring.impl.errors import ConfigurationError
 
 FRAME_INPUT_BORROWED: Final = "borrowed"  # from_numpy_buffer when eligible, else the copy

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from shmring.impl.errors import CorruptFrameError
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 

@@ -21,6 +21,7 @@ import torch
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena, arena_key
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import RegistrationError

@@ -26,6 +26,7 @@ from typing import Any, Final
 import av
 import numpy as np
 import torch
+
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.spec import leases
 

@@ -25,6 +25,7 @@ import torch
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from shmring.impl.cuda_driver import CudaDriver, SimulatedCudaDriver
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
 from shmring.impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN, OsFacade

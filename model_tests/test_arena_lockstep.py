@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from shmring.impl.arena import RegisteredArena
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ConfigurationError, CorruptFrameError, RegistryPoisonedError

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
 from shmring.impl.cuda_driver import CudaRuntimeDriver
 from shmring.impl.errors import RegistrationError, RegistryPoisonedError
 from shmring.impl.registration import Registry

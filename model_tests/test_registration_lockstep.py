@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
 from shmring.impl.registration import Registry
@@ -165,6 +166,7 @@ def test_runtime_driver_without_a_device_fails_clearly() -> None:
     import mmap
 
     from cuda.bindings import runtime
+
     from shmring.impl.cuda_driver import CudaRuntimeDriver, default_driver
     from shmring.impl.errors import ConfigurationError
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import (
     ConfigurationError,

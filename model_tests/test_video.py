@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ConfigurationError
 from shmring.impl.registration import Registry

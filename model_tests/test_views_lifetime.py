@@ -19,6 +19,7 @@ import av
 import numpy as np
 import pytest
 import torch
+
 from shmring.impl.arena import RegisteredArena
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registration import Registry
