@@ -175,6 +175,7 @@ _MAX_RACE_RETRIES: Final = 64
 
 PublishHook = Callable[[str], None]
 # Stages a publish hook is called at (tests stop or kill the producer there).
+HOOK_RESERVED: Final = "reserved"  # room decided, the slot reads "unpublished"; nothing written yet
 HOOK_PAYLOAD_WRITTEN: Final = "payload written"  # key, payload, zero fill; no header yet
 HOOK_FIELDS_WRITTEN: Final = "fields written"  # every header field but length
 HOOK_LENGTH_STORED: Final = "length stored"  # frame complete; head not yet advanced
@@ -509,6 +510,8 @@ class RingChannel(_RingFile):
         # 1. Body: the slot reads "unpublished" first, then key, payload, zero fill.
         offset = _data_offset(position, capacity)
         store_frame_length_release(buf, offset, 0)
+        if hook is not None:
+            hook(HOOK_RESERVED)
         key_start = offset + FRAME_KEY_OFFSET
         payload_start = key_start + key_length
         payload_end = payload_start + payload_length
@@ -1201,6 +1204,7 @@ __all__ = [
     "HOOK_FIELDS_WRITTEN",
     "HOOK_LENGTH_STORED",
     "HOOK_PAYLOAD_WRITTEN",
+    "HOOK_RESERVED",
     "Lease",
     "PutOutcome",
     "Received",

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from shmring.impl import codec
-from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
+from shmring.impl.channel import PublishHook, ReceiveStatus, RingChannel, RingReader
 from shmring.impl.discovery import (
     DiscoveryCache,
     Liveness,
@@ -265,7 +265,9 @@ class Connector:
     4 KiB..64 MiB in multiples of 16. `fallback_budget` bounds the live
     bytes of this process's fallback segments. `os_facade` is the seam fault
     plans use; production leaves it None. `identity` (tests only) makes the
-    connector publish as another live or dead process (pid, start time).
+    connector publish as another live or dead process (pid, start time);
+    `publish_hook` (tests only) is handed to every ring it creates (crash
+    tests stop the producer at a stage of a put).
 
     Use as a context manager, or call `close()` (idempotent).
     """
@@ -283,6 +285,7 @@ class Connector:
         spin_seconds: float = DEFAULT_SPIN_SECONDS,
         max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
         identity: ProducerIdentity | None = None,
+        publish_hook: PublishHook | None = None,
     ) -> None:
         validate_scope(scope)
         if not isinstance(ring_capacity, int) or isinstance(ring_capacity, bool):
@@ -313,6 +316,7 @@ class Connector:
         # Test seam: publish as another (pid, start time), so one process can
         # stand in for several producers (fault campaigns); production leaves it None.
         self._identity_override = identity
+        self._publish_hook = publish_hook  # test seam handed to every ring (crash points of a put)
         self.identity: ProducerIdentity | None = None  # known once joined
         self._rings: dict[Edge, RingChannel] = {}
         self._failed_edges: dict[Edge, BaseException] = {}
@@ -432,7 +436,11 @@ class Connector:
         path = ring_path(self.directory, edge[0], edge[1], identity)
         try:
             ring = RingChannel.create(
-                path, self.ring_capacity, os_facade=self._os, producer=identity
+                path,
+                self.ring_capacity,
+                os_facade=self._os,
+                producer=identity,
+                publish_hook=self._publish_hook,
             )
         except (OSError, ShmringError) as error:
             self._disable_ring(edge, error)
