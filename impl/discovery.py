@@ -57,7 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.errors import BrokenError
+from shmring.impl.errors import BrokenError, ShmringError
 from shmring.impl.naming import (
     ProducerIdentity,
     parse_ring_file_name,
@@ -426,6 +426,10 @@ class Membership:
                 self._os.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # another member is still here
+            # The last one out also removes what killed producers left, so
+            # nothing stays behind once the survivors have closed.
+            with contextlib.suppress(OSError, ShmringError):
+                _remove_dead_files(self.directory, self._os, None)
             return _teardown_if_empty(self.directory, self._os)
         finally:
             self._os.close(fd)
@@ -595,6 +599,23 @@ class DiscoveryCache:
 # -- orphan collection -------------------------------------------------------------
 
 
+def file_owner(name: str) -> ProducerIdentity | None:
+    """The producer a deployment file belongs to, read from its name.
+
+    Rings, markers, live files and fallback temporaries carry their owner in
+    the name; fallback segments carry it in their header (None here).
+    """
+    from shmring.impl import fallback  # fallback imports this module
+
+    marker = parse_marker_file_name(name)
+    if marker is not None:
+        return marker[1]
+    ring = parse_ring_file_name(name)
+    if ring is not None:
+        return ring.producer
+    return parse_live_file_name(name) or fallback.parse_temp_file_name(name)
+
+
 def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | None = None) -> int:
     """Remove what dead producers left in `directory`; answer how many files went.
 
@@ -603,6 +624,12 @@ def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | No
     connector is a member any more and nothing else is left, the stamp, the
     members file and the directory go too.
     """
+    removed = _remove_dead_files(directory, os_facade, liveness)
+    return removed + _remove_unused_directory(directory, os_facade)
+
+
+def _remove_dead_files(directory: str, os_facade: OsFacade, liveness: Liveness | None) -> int:
+    """Markers, rings, live files and fallback files of producers not running; answers how many went."""
     from shmring.impl import fallback  # fallback imports this module
 
     own = liveness is None
@@ -617,15 +644,7 @@ def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | No
         for entry in entries:
             name = entry.name
             path = os.path.join(directory, name)
-            owner: ProducerIdentity | None = None
-            marker = parse_marker_file_name(name)
-            ring = parse_ring_file_name(name)
-            if marker is not None:
-                owner = marker[1]
-            elif ring is not None:
-                owner = ring.producer
-            else:
-                owner = parse_live_file_name(name) or fallback.parse_temp_file_name(name)
+            owner = file_owner(name)
             if owner is not None:
                 if not liveness.is_alive(owner):
                     with contextlib.suppress(FileNotFoundError):
@@ -633,7 +652,6 @@ def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | No
                         removed += 1
             elif fallback.is_segment_file_name(name):
                 removed += fallback.remove_if_orphaned(path, os_facade, liveness.is_alive)
-        removed += _remove_unused_directory(directory, os_facade)
     finally:
         if own:
             liveness.close()
@@ -672,6 +690,7 @@ __all__ = [
     "Registrar",
     "Stamp",
     "collect_orphans",
+    "file_owner",
     "live_file_name",
     "marker_file_name",
     "parse_live_file_name",
