@@ -1,4 +1,4 @@
-"""`shmring` command line: `check` runs the model-checking and fault-injection campaign.
+"""`shmring` command line: `check` runs the campaign; `gc` and `stat` look after a deployment.
 
 `shmring check` runs the sections of `shmring.campaign` at a budget, shows a
 progress bar per section, prints a table of what was checked with counts,
@@ -55,12 +55,41 @@ def _parser() -> argparse.ArgumentParser:
         help=f"Hypothesis example database (default {DEFAULT_DATABASE}); 'none' disables it",
     )
 
+    gc = commands.add_parser(
+        "gc", help="remove what dead producers of a deployment left in shared memory"
+    )
+    gc.add_argument("--scope", required=True, help="the deployment scope")
+    gc.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
+    )
+    gc.add_argument("--shm-root", default="/dev/shm", help="where the deployment directory lives")
+
+    stat = commands.add_parser(
+        "stat", help="show a deployment's producers, ring occupancy and fallback usage"
+    )
+    stat.add_argument("--scope", required=True, help="the deployment scope")
+    stat.add_argument("--shm-root", default="/dev/shm", help="where the deployment directory lives")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return _check(args)
+    if args.command == "check":
+        return _check(args)
+    from shmring.impl import admin
+    from shmring.impl.errors import ShmringError
+
+    try:
+        if args.command == "stat":
+            print(admin.format_status(admin.deployment_status(args.scope, args.shm_root)))
+            return 0
+        removed = admin.collect(args.scope, args.shm_root, dry_run=args.dry_run)
+    except ShmringError as error:
+        print(f"shmring {args.command}: {error}", file=sys.stderr)
+        return 2
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(removed)} file(s)" + "".join(f"\n  {name}" for name in removed))
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -1,0 +1,205 @@
+"""Looking after a deployment: what is in it (`stat`) and what dead producers left (`gc`).
+
+Design rationale. Operators need two answers about a scope without running a
+connector: who is publishing and how full their rings and fallback are, and
+what a crashed process left behind. Both read the deployment directory
+through the OS seam with the same parsers and liveness check the transport
+uses (`discovery.file_owner`, `discovery.Liveness`), so `gc` removes exactly
+what `collect_orphans` would: files of producers that are not running, and
+the directory itself once nobody is a member. A dry run lists the same files
+and removes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from shmring.impl import discovery, fallback, naming
+from shmring.impl.channel import RingReader
+from shmring.impl.errors import ShmringError
+from shmring.impl.frame_io import read_ring_header
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
+from shmring.spec.layout import RING_HEADER_LENGTH, RING_MAGIC
+
+
+@dataclass(frozen=True)
+class RingStatus:
+    """One ring file as a reader sees it now."""
+
+    name: str  # file name in the deployment directory
+    edge: tuple[str, str]  # (source stage, destination stage)
+    producer: tuple[int, int]  # (pid, start time)
+    alive: bool  # the producer process is running
+    capacity: int  # data region bytes
+    used_bytes: int  # head - tail
+    published_frames: int  # deliverable frames
+    claimed_frames: int  # leased frames not yet released
+    closed: bool  # the producer closed the ring
+    error: str | None = None  # why the ring could not be read, if it could not
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    """What one scope holds in shared memory."""
+
+    directory: str  # the deployment directory
+    exists: bool  # False: nothing of this scope is in shared memory
+    stamp: int | None  # discovery stamp, None when there is no stamp file
+    producers: tuple[tuple[int, int], ...]  # identities named by any file, sorted
+    live_producers: tuple[tuple[int, int], ...]  # those still running
+    rings: tuple[RingStatus, ...]
+    segments: int  # fallback segment files
+    segment_bytes: int  # their total size on disk
+    orphans: tuple[str, ...]  # file names `gc` would remove
+
+
+def _segment_owner(path: str, os_facade: OsFacade) -> tuple[int, int] | None:
+    try:
+        fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+    except OSError:
+        return None
+    try:
+        header = os_facade.read(fd, RING_HEADER_LENGTH)
+    finally:
+        os_facade.close(fd)
+    if len(header) < RING_HEADER_LENGTH:
+        return None
+    ring_header = read_ring_header(memoryview(header))
+    if ring_header.magic != RING_MAGIC:
+        return None
+    return (ring_header.producer_pid, ring_header.producer_start_time)
+
+
+def _read_stamp(directory: str, os_facade: OsFacade) -> int | None:
+    path = os.path.join(directory, discovery.STAMP_FILE_NAME)
+    try:
+        fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+    except OSError:
+        return None
+    try:
+        data = os_facade.read(fd, discovery.STAMP_OFFSET + 8)
+    finally:
+        os_facade.close(fd)
+    if len(data) < discovery.STAMP_OFFSET + 8:
+        return None
+    value: int = struct.unpack_from("<Q", data, discovery.STAMP_OFFSET)[0]
+    return value
+
+
+def deployment_status(
+    scope: str, shm_root: str = "/dev/shm", os_facade: OsFacade = DEFAULT_OS
+) -> DeploymentStatus:
+    """Read what a scope holds; changes nothing."""
+    directory = naming.deployment_directory(scope, shm_root=shm_root)
+    try:
+        entries = sorted(os_facade.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return DeploymentStatus(directory, False, None, (), (), (), 0, 0, ())
+    liveness = discovery.Liveness(os_facade)
+    try:
+        owners: dict[str, tuple[int, int] | None] = {}
+        segments = segment_bytes = 0
+        for entry in entries:
+            owner = discovery.file_owner(entry.name)
+            if owner is None and fallback.is_segment_file_name(entry.name):
+                segments += 1
+                segment_bytes += os_facade.stat(entry.path).st_size
+                owner = _segment_owner(entry.path, os_facade)
+            owners[entry.name] = owner
+        identities = sorted({o for o in owners.values() if o is not None})
+        alive = {identity: liveness.is_alive(identity) for identity in identities}
+        rings = tuple(
+            _ring_status(directory, name, alive, os_facade)
+            for name in owners
+            if naming.parse_ring_file_name(name) is not None
+        )
+        orphans = tuple(
+            name for name, owner in owners.items() if owner is not None and not alive[owner]
+        )
+        return DeploymentStatus(
+            directory=directory,
+            exists=True,
+            stamp=_read_stamp(directory, os_facade),
+            producers=tuple(identities),
+            live_producers=tuple(i for i in identities if alive[i]),
+            rings=rings,
+            segments=segments,
+            segment_bytes=segment_bytes,
+            orphans=orphans,
+        )
+    finally:
+        liveness.close()
+
+
+def _ring_status(
+    directory: str, name: str, alive: dict[tuple[int, int], bool], os_facade: OsFacade
+) -> RingStatus:
+    parsed = naming.parse_ring_file_name(name)
+    assert parsed is not None
+    edge = (parsed.source, parsed.destination)
+    producer = parsed.producer
+    try:
+        reader = RingReader.attach(os.path.join(directory, name), os_facade=os_facade)
+    except ShmringError as error:
+        return RingStatus(name, edge, producer, alive[producer], 0, 0, 0, 0, True, str(error))
+    try:
+        stats = reader.statistics()
+    finally:
+        reader.close()
+    return RingStatus(
+        name=name,
+        edge=edge,
+        producer=producer,
+        alive=alive[producer],
+        capacity=stats.capacity,
+        used_bytes=stats.used_bytes,
+        published_frames=stats.published_frames,
+        claimed_frames=stats.claimed_frames,
+        closed=stats.closed,
+    )
+
+
+def collect(
+    scope: str, shm_root: str = "/dev/shm", dry_run: bool = False, os_facade: OsFacade = DEFAULT_OS
+) -> list[str]:
+    """Remove (or, dry, list) what dead producers of `scope` left; answers the file names."""
+    before = deployment_status(scope, shm_root, os_facade)
+    if dry_run or not before.exists:
+        return list(before.orphans)
+    discovery.collect_orphans(before.directory, os_facade)
+    try:
+        remaining = {entry.name for entry in os_facade.scandir(before.directory)}
+    except FileNotFoundError:
+        remaining = set()
+    gone = [name for name in before.orphans if name not in remaining]
+    if not os.path.isdir(before.directory):
+        gone.append(os.path.basename(before.directory) + "/")
+    return gone
+
+
+def format_status(status: DeploymentStatus) -> str:
+    """The `shmring stat` text."""
+    if not status.exists:
+        return f"{status.directory}: nothing in shared memory for this scope"
+    lines = [
+        f"{status.directory}: stamp={status.stamp} producers={len(status.producers)} "
+        f"live={len(status.live_producers)} fallback segments={status.segments} "
+        f"({status.segment_bytes:,} bytes) orphans={len(status.orphans)}"
+    ]
+    for ring in status.rings:
+        who = f"{ring.producer[0]}.{ring.producer[1]}"
+        state = "alive" if ring.alive else "dead"
+        if ring.error is not None:
+            lines.append(
+                f"  ring {ring.edge[0]} -> {ring.edge[1]} producer {who} ({state}): unreadable: {ring.error}"
+            )
+            continue
+        percent = 100.0 * ring.used_bytes / ring.capacity if ring.capacity else 0.0
+        lines.append(
+            f"  ring {ring.edge[0]} -> {ring.edge[1]} producer {who} ({state}{', closed' if ring.closed else ''}): "
+            f"{ring.used_bytes:,}/{ring.capacity:,} bytes ({percent:.0f}%), "
+            f"{ring.published_frames} published, {ring.claimed_frames} leased"
+        )
+    return "\n".join(lines)
