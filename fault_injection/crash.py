@@ -1,0 +1,485 @@
+"""Crash points: SIGKILL a producer or a reader at a named place, in each ring state.
+
+Design rationale. A fault plan makes a call fail; a crash makes the process
+vanish between two stores, with its locks dropped by the kernel and its
+files left as they were. Each crash cell forks one child that sets the ring
+up in a chosen state (empty, partly full, wrapped past the end of the data
+region), then kills itself with SIGKILL at the crash point:
+
+producer (a `Connector` publishing; the ring's publish hook, or the OS seam
+during close, names the place):
+    after reserve    room decided, the slot reads "unpublished", no byte written
+    after payload    key, payload and fill written, no header
+    before header    every header field but the length written
+    after length     frame complete, head not advanced
+    after publish    put returned (head advanced)
+    close locked     closing: CLOSED marked, killed holding the ring lock
+    close unlink     closing: everything retired, killed before the unlink
+
+reader (the producer lives in the campaign's process):
+    reader mid-copy    killed inside the copy of a claimed ring frame (holds the lock)
+    reader lease       killed holding a lease on a ring frame
+    fallback mid-copy  killed inside the copy of a fallback segment (holds its lock)
+
+After the child is dead the campaign checks, as the survivors see it:
+
+* no torn frame is visible: a raw `RingReader` of the dead producer's ring
+  walks it without a corruption error, reads every frame published before
+  the crash byte for byte, and the crashed put's frame only when its
+  publication completed;
+* a dead producer's frames are never delivered through a connector, by key
+  or by descriptor;
+* a frame a killed reader was copying is delivered exactly once afterwards;
+  a frame leased by a killed reader is never delivered again;
+* a restarted producer (a new process identity) starts with an empty ring
+  and its reused keys deliver only its own payloads;
+* once the survivors close, nothing of the deployment is left in /dev/shm.
+
+Not covered here (see docs/faults.md): reclaiming the frames a killed lease
+holder kept (no lease records its holder yet); `test_crash.py` keeps that
+promise as a strict xfail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shmring.fault_injection.lockstep import tagged
+from shmring.impl.channel import (
+    HOOK_FIELDS_WRITTEN,
+    HOOK_LENGTH_STORED,
+    HOOK_PAYLOAD_WRITTEN,
+    HOOK_RESERVED,
+    ReceiveStatus,
+    RingReader,
+)
+from shmring.impl.connector import Connector, GetStatus, Route
+from shmring.impl.errors import ProducerGoneError
+from shmring.impl.fallback import claim_segment
+from shmring.impl.naming import current_producer_identity, deployment_directory, ring_path
+from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
+from shmring.spec.ring import ConsumeMode
+
+EDGE: Final = ("enc", "dec")
+CAPACITY: Final = 4096
+TARGET: Final = "target"
+CHILD_TIMEOUT_S: Final = 60.0
+
+PRODUCER_POINTS: Final = {
+    "after reserve": HOOK_RESERVED,
+    "after payload": HOOK_PAYLOAD_WRITTEN,
+    "before header": HOOK_FIELDS_WRITTEN,
+    "after length": HOOK_LENGTH_STORED,
+    "after publish": None,
+    "close locked": SITE_FLOCK,
+    "close unlink": SITE_UNLINK,
+}
+# Points after which the crashed put's frame is (and must be) readable by a raw reader.
+_PUBLISHED_POINTS: Final = frozenset(("after publish",))
+READER_POINTS: Final = ("reader mid-copy", "reader lease", "fallback mid-copy")
+RING_STATES: Final = ("empty", "partly full", "wrapped")
+BUDGET_ROUNDS: Final = {"quick": 1, "standard": 3, "deep": 10}
+
+
+class CrashFailure(AssertionError):
+    """A crash cell found a broken promise."""
+
+
+@dataclass(frozen=True)
+class CrashCell:
+    point: str
+    state: str
+    size: int = 600  # payload bytes of the crashed put
+
+    def __str__(self) -> str:
+        return f"{self.point} / {self.state} / {self.size} bytes"
+
+
+def enumerate_crash_cells(budget: str = "quick", seed: int = 0) -> list[CrashCell]:
+    """Every crash point in every ring state; larger budgets repeat them with other payload sizes."""
+    cells = []
+    for round_ in range(BUDGET_ROUNDS[budget]):
+        size = 600 if round_ == 0 else 64 + (seed * 7919 + round_ * 104729) % 900
+        for point in (*PRODUCER_POINTS, *READER_POINTS):
+            states = RING_STATES if point != "fallback mid-copy" else ("partly full",)
+            for state in states:
+                cells.append(CrashCell(point, state, size))
+    return cells
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # pragma: no cover - the signal is synchronous for ourselves
+
+
+def _fork(work: Callable[[Callable[[dict[str, Any]], None]], None]) -> tuple[int, int]:
+    """Run `work(report)` in a forked child; answers (pid, read end of its report pipe)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            os.close(read_end)
+
+            def report(message: dict[str, Any]) -> None:
+                os.write(write_end, (json.dumps(message) + "\n").encode())
+
+            work(report)
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            with contextlib.suppress(BaseException):
+                os.write(write_end, (json.dumps({"error": repr(error)}) + "\n").encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _reap(pid: int, read_end: int) -> tuple[int, list[dict[str, Any]]]:
+    """Wait for the child (killing it if it overstays); answers (wait status, its reports)."""
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    chunks = []
+    status = None
+    try:
+        while status is None:
+            ready, _, _ = select.select([read_end], [], [], 0.01)
+            if ready:
+                chunk = os.read(read_end, 65536)
+                if chunk:
+                    chunks.append(chunk)
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = raw
+            elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise CrashFailure(f"child {pid} did not reach its crash point within {CHILD_TIMEOUT_S} s")
+        while True:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+    lines = b"".join(chunks).decode().splitlines()
+    return status, [json.loads(line) for line in lines if line]
+
+
+def _killed(status: int) -> bool:
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+class _CrashingOs(OsFacade):
+    """Dies at a site while `dies_at(site)` holds: before an unlink, or right *after* taking a lock."""
+
+    def __init__(self, dies_at: Callable[[str], bool]) -> None:
+        self._dies_at = dies_at
+
+    def _enter(self, site: str) -> None:
+        if site != SITE_FLOCK and self._dies_at(site):
+            _die()
+
+    def flock(self, fd: int, operation: int) -> None:
+        super().flock(fd, operation)
+        if operation & fcntl.LOCK_EX and self._dies_at(SITE_FLOCK):
+            _die()  # holding the lock: the kernel drops it with the process
+
+
+# -- ring states ---------------------------------------------------------------------------
+
+
+def _setup_state(producer: Connector, own_reader: Connector, state: str) -> dict[str, bytes]:
+    """Bring the producer's ring into `state`; answers the payloads still deliverable."""
+    kept: dict[str, bytes] = {}
+    if state == "empty":
+        producer.put(EDGE, "warm", tagged(1, 100))  # ring set up, then drained
+        own_reader.get(EDGE, "warm")
+    elif state == "partly full":
+        for index, size in ((2, 500), (3, 700)):
+            kept[f"k{index}"] = tagged(index, size)
+            producer.put(EDGE, f"k{index}", kept[f"k{index}"])
+    else:  # wrapped: three large frames consumed, then two more cross the end
+        for index in (4, 5, 6):
+            producer.put(EDGE, f"w{index}", tagged(index, 900))
+            own_reader.get(EDGE, f"w{index}")
+        for index, size in ((7, 500), (8, 700)):
+            kept[f"k{index}"] = tagged(index, size)
+            producer.put(EDGE, f"k{index}", kept[f"k{index}"])
+        ring = producer.ring(EDGE)
+        assert ring is not None and ring.head > CAPACITY, f"ring did not wrap: head={ring and ring.head}"
+    return kept
+
+
+# -- producer crash cells ---------------------------------------------------------------------
+
+
+def _producer_child(scope: str, cell: CrashCell) -> Callable[[Callable[[dict[str, Any]], None]], None]:
+    stage = PRODUCER_POINTS[cell.point]
+
+    def work(report: Callable[[dict[str, Any]], None]) -> None:
+        armed = {"put": False, "close": False}
+
+        def hook(reached: str) -> None:
+            if armed["put"] and reached == stage:
+                _die()
+
+        seam = _CrashingOs(lambda site: armed["close"] and site == stage)
+        producer = Connector(scope, ring_capacity=CAPACITY, os_facade=seam, publish_hook=hook)
+        own_reader = Connector(scope, ring_capacity=CAPACITY)
+        kept = _setup_state(producer, own_reader, cell.state)
+        identity = current_producer_identity()
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        report({"identity": list(identity), "kept": sorted(kept), "head": ring.head})
+        payload = tagged(99, cell.size)
+        if cell.point.startswith("close"):
+            descriptor = producer.put(EDGE, TARGET, payload)  # something to retire at close
+            report({"target": descriptor.to_dict(), "route": descriptor.route.value})
+            armed["close"] = True
+            producer.close()
+        else:
+            armed["put"] = cell.point != "after publish"
+            descriptor = producer.put(EDGE, TARGET, payload)
+            report({"target": descriptor.to_dict(), "route": descriptor.route.value})
+            _die()
+        raise AssertionError(f"crash point {cell.point!r} was never reached")
+
+    return work
+
+
+def run_producer_cell(cell: CrashCell, scope: str) -> None:
+    directory = deployment_directory(scope)
+    receiver = Connector(scope, ring_capacity=CAPACITY)
+    restarted: Connector | None = None
+    raw: RingReader | None = None
+    try:
+        receiver.get(EDGE, "join")  # joined before the child starts: the directory outlives it
+        pid, pipe = _fork(_producer_child(scope, cell))
+        status, reports = _reap(pid, pipe)
+        _require(_killed(status), f"child was not killed at {cell.point!r}: status={status} reports={reports}")
+        info = reports[0]
+        _require("identity" in info, f"child failed before its crash point: {reports}")
+        identity = (int(info["identity"][0]), int(info["identity"][1]))
+        kept = {key: _kept_payload(key) for key in info["kept"]}
+        target = next((r for r in reports if "target" in r), None)
+        published = cell.point in _PUBLISHED_POINTS or cell.point.startswith("close")
+        # 1. Through a connector: nothing of the dead producer is ever delivered.
+        for key in (*kept, TARGET):
+            got = receiver.get(EDGE, key)
+            _require(not got.delivered, f"dead producer's {key!r} delivered: {got}")
+        if target is not None and target["route"] == Route.RING.value:
+            from shmring.impl.connector import descriptor_from_dict
+
+            stale = descriptor_from_dict(Route.RING, target["target"])
+            got = receiver.get(EDGE, TARGET, descriptor=stale)
+            _require(got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}")
+        # 2. Raw: the ring holds no torn frame.
+        path = ring_path(directory, EDGE[0], EDGE[1], identity)
+        try:
+            raw = RingReader.attach(path)
+        except ProducerGoneError:
+            _require(cell.point.startswith("close"), f"ring of a producer killed at {cell.point!r} is gone")
+        if raw is not None:
+            raw.statistics()  # walks every frame: CorruptFrameError on anything torn
+            for key, payload in kept.items():
+                got_raw = raw.get(key)
+                _require(
+                    got_raw.status is ReceiveStatus.DELIVERED and got_raw.payload == _encoded(payload),
+                    f"frame {key!r} published before the crash reads {got_raw.status}",
+                )
+            got_raw = raw.get(TARGET)
+            if published and target is not None and target["route"] == Route.RING.value:
+                _require(
+                    got_raw.status is ReceiveStatus.DELIVERED
+                    and got_raw.payload == _encoded(tagged(99, cell.size)),
+                    f"published target reads {got_raw.status}",
+                )
+            elif not published:
+                _require(
+                    got_raw.status is ReceiveStatus.NOT_FOUND,
+                    f"target killed at {cell.point!r} is visible: {got_raw.status}",
+                )
+            raw.close()
+            raw = None
+        # 3. A restarted producer starts clean and owns the reused keys.
+        restarted = Connector(scope, ring_capacity=CAPACITY)
+        fresh = {key: tagged(200 + index, 300) for index, key in enumerate((*kept, TARGET))}
+        for key, payload in fresh.items():
+            restarted.put(EDGE, key, payload)
+        ring = restarted.ring(EDGE)
+        _require(ring is not None and ring.tail == 0, f"restarted ring does not start clean: {ring}")
+        for key, payload in fresh.items():
+            got = receiver.get(EDGE, key)
+            _require(
+                got.delivered and got.value == payload and got.producer == restarted.identity,
+                f"reused key {key!r} answered {got.status} from {got.producer}",
+            )
+    finally:
+        if raw is not None:
+            raw.close()
+        if restarted is not None:
+            restarted.close()
+        receiver.close()
+    _require(not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}")
+
+
+def _kept_payload(key: str) -> bytes:
+    index = int(key[1:])
+    return tagged(index, {2: 500, 3: 700, 7: 500, 8: 700}[index])
+
+
+def _encoded(payload: bytes) -> bytes:
+    from shmring.impl import codec
+
+    return codec.encode(payload)
+
+
+# -- reader crash cells ----------------------------------------------------------------------
+
+
+def _reader_child(path: str, directory: str, cell: CrashCell) -> Callable[[Callable[[dict[str, Any]], None]], None]:
+    def work(report: Callable[[dict[str, Any]], None]) -> None:
+        if cell.point == "fallback mid-copy":
+
+            def copying(view: memoryview) -> None:
+                bytes(view[: len(view) // 2])
+                _die()
+
+            claim_segment(
+                directory, EDGE, TARGET, os_facade=DEFAULT_OS, is_alive=lambda _: True, decode=copying
+            )
+        else:
+            reader = RingReader.attach(path)
+            if cell.point == "reader lease":
+                got = reader.get(TARGET, mode=ConsumeMode.LEASE)
+                report({"leased": got.status.value})
+                _die()
+
+            def copying_ring(view: memoryview) -> None:
+                bytes(view[: len(view) // 2])
+                _die()
+
+            reader.get(TARGET, decode=copying_ring)
+        raise AssertionError(f"crash point {cell.point!r} was never reached")
+
+    return work
+
+
+def run_reader_cell(cell: CrashCell, scope: str) -> None:
+    directory = deployment_directory(scope)
+    producer = Connector(scope, ring_capacity=CAPACITY)
+    receiver = Connector(scope, ring_capacity=CAPACITY)
+    try:
+        kept = _setup_state(producer, receiver, cell.state)
+        size = max(cell.size, 1200) if cell.point == "fallback mid-copy" else cell.size
+        payload = tagged(77, size)
+        descriptor = producer.put(EDGE, TARGET, payload)
+        expected_route = Route.FALLBACK if cell.point == "fallback mid-copy" else Route.RING
+        _require(descriptor.route is expected_route, f"target took the {descriptor.route} route")
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        pid, pipe = _fork(_reader_child(ring.path, directory, cell))
+        status, reports = _reap(pid, pipe)
+        _require(_killed(status), f"reader was not killed at {cell.point!r}: status={status} reports={reports}")
+        got = receiver.get(EDGE, TARGET)
+        if cell.point == "reader lease":
+            _require(reports == [{"leased": "delivered"}], f"lease child reported {reports}")
+            _require(not got.delivered, f"a frame leased by a killed reader was delivered again: {got}")
+        else:
+            _require(got.delivered and got.value == payload, f"frame a killed reader was copying: {got.status}")
+            again = receiver.get(EDGE, TARGET)
+            _require(not again.delivered, "frame a killed reader was copying delivered twice")
+        for key, value in kept.items():  # other frames unaffected
+            other = receiver.get(EDGE, key)
+            _require(other.delivered and other.value == value, f"{key!r} after the reader crash: {other.status}")
+        # The producer keeps serving (a pinned lease makes it fall back when full).
+        for index in range(6):
+            sent = tagged(300 + index, 700)
+            producer.put(EDGE, f"after{index}", sent)
+            got = receiver.get(EDGE, f"after{index}")
+            _require(got.delivered and got.value == sent, f"put after the reader crash: {got.status}")
+    finally:
+        producer.close()
+        receiver.close()
+    _require(not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}")
+
+
+# -- campaign -------------------------------------------------------------------------------
+
+
+def _require(condition: bool, message: str | Callable[[], str]) -> None:
+    if not condition:
+        raise CrashFailure(message() if callable(message) else message)
+
+
+def _listing(directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def run_crash_cell(cell: CrashCell, scope: str | None = None) -> None:
+    """One crash cell; CrashFailure names the broken promise."""
+    scope = scope or f"cr{uuid.uuid4().hex[:10]}"
+    current_producer_identity()
+    if cell.point in PRODUCER_POINTS:
+        run_producer_cell(cell, scope)
+    else:
+        run_reader_cell(cell, scope)
+
+
+def run_crash(budget: str, seed: int, progress: Callable[[int, int | None], None]) -> dict[str, int]:
+    """Every crash cell of the budget; CrashFailure lists the failing ones."""
+    import logging
+    import shutil
+
+    cells = enumerate_crash_cells(budget, seed)
+    failed: list[str] = []
+    progress(0, len(cells))
+    logger = logging.getLogger("shmring")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        for index, cell in enumerate(cells):
+            scope = f"cr{seed % 10000}x{uuid.uuid4().hex[:8]}"
+            try:
+                run_crash_cell(cell, scope)
+            except Exception as error:  # noqa: BLE001 - every failure is reported
+                failed.append(f"[{cell}] {type(error).__name__}: {error}")
+                shutil.rmtree(deployment_directory(scope), ignore_errors=True)
+            progress(index + 1, len(cells))
+    finally:
+        logger.setLevel(level)
+    if failed:
+        raise CrashFailure(
+            f"{len(failed)} of {len(cells)} crash cells failed:\n" + "\n".join(failed[:12])
+            + "\n    rerun one: python -c 'from shmring.fault_injection.crash import *; "
+            "run_crash_cell(CrashCell(\"<point>\", \"<state>\", <size>))'"
+        )
+    return {"crash_points": len(cells), "crash_failed": 0}
+
+
+__all__ = [
+    "PRODUCER_POINTS",
+    "READER_POINTS",
+    "RING_STATES",
+    "CrashCell",
+    "CrashFailure",
+    "enumerate_crash_cells",
+    "run_crash",
+    "run_crash_cell",
+]
