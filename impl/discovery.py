@@ -62,6 +62,7 @@ from shmring.impl.naming import (
     ProducerIdentity,
     parse_ring_file_name,
     parse_start_time,
+    parse_transfer_file_owner,
     validate_stage_name,
 )
 from shmring.impl.os_seam import (
@@ -613,7 +614,11 @@ def file_owner(name: str) -> ProducerIdentity | None:
     ring = parse_ring_file_name(name)
     if ring is not None:
         return ring.producer
-    return parse_live_file_name(name) or fallback.parse_temp_file_name(name)
+    return (
+        parse_live_file_name(name)
+        or fallback.parse_temp_file_name(name)
+        or parse_transfer_file_owner(name)
+    )
 
 
 def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | None = None) -> int:

@@ -52,6 +52,20 @@ _RING_NAME_PATTERN: Final = re.compile(
 # Field 22 of /proc/<pid>/stat (1-based) is the start time; fields after the
 # command name (which may hold spaces and parentheses) start at field 3.
 _STAT_START_TIME_FIELD: Final = 22
+
+# Registered-transfer files: seg.<pid>.<start time>.<counter>.<token> and
+# arena.<pid>.<start time>.<token> (see impl/registration.py).
+SEGMENT_FILE_PREFIX: Final = "seg"
+ARENA_FILE_PREFIX: Final = "arena"
+TRANSFER_FILE_PATTERN: Final = re.compile(r"(seg|arena)\.([0-9]+)\.([0-9]+)(\.[0-9]+)?\.[0-9a-f]{8}")
+
+
+def parse_transfer_file_owner(name: str) -> tuple[int, int] | None:
+    """The producer identity in a segment or arena file name, or None."""
+    match = TRANSFER_FILE_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    return (int(match.group(2)), int(match.group(3)))
 _STAT_FIELDS_BEFORE_STATE: Final = 2
 _PROC_STAT_READ_LENGTH: Final = 4096
 

@@ -34,7 +34,6 @@ import contextlib
 import errno
 import mmap
 import os
-import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,7 +52,10 @@ from shmring.impl.errors import (
     describe_errno,
 )
 from shmring.impl.naming import (
+    ARENA_FILE_PREFIX,
     DEFAULT_SHM_ROOT,
+    SEGMENT_FILE_PREFIX,
+    TRANSFER_FILE_PATTERN,
     current_producer_identity,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
@@ -70,10 +72,6 @@ from shmring.spec.registration import (
     UNREGISTER_ATTEMPTS,
 )
 
-SEGMENT_FILE_PREFIX: Final = "seg"
-ARENA_FILE_PREFIX: Final = "arena"
-# seg.<pid>.<start time>.<counter>.<token> / arena.<pid>.<start time>.<token>
-_TRANSFER_FILE_PATTERN: Final = re.compile(r"(seg|arena)\.[0-9]+\.[0-9]+(\.[0-9]+)?\.[0-9a-f]{8}")
 # Published names a producer remembers before it checks which receivers took.
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256
 
@@ -178,7 +176,7 @@ def arena_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
 
 def validate_transfer_file_name(name: object) -> str:
     """A segment or arena name as built here; InvalidKeyError for anything else (no paths)."""
-    if not isinstance(name, str) or _TRANSFER_FILE_PATTERN.fullmatch(name) is None:
+    if not isinstance(name, str) or TRANSFER_FILE_PATTERN.fullmatch(name) is None:
         raise InvalidKeyError(f"not a shmring segment or arena name: name={name!r}")
     return name
 

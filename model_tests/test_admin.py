@@ -109,3 +109,16 @@ def test_gc_leaves_a_live_producers_files(scope: str) -> None:
 def test_bad_scope_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["stat", "--scope", "../etc"]) == 2
     assert "../etc" in capsys.readouterr().err
+
+
+def test_gc_knows_the_owner_of_every_kind_of_file() -> None:
+    """Registered-transfer segments and arenas carry their producer in the name, like rings."""
+    from shmring.impl import discovery, registration
+
+    me = naming.current_producer_identity()
+    assert discovery.file_owner(registration.segment_file_name()) == me
+    assert discovery.file_owner(registration.arena_file_name()) == me
+    assert discovery.file_owner(naming.ring_file_name("a", "b", me)) == me
+    assert discovery.file_owner(discovery.marker_file_name(("a", "b"), me)) == me
+    assert discovery.file_owner("stamp") is None
+    assert discovery.file_owner("seg.12.34.5.nothex!") is None
