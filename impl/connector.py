@@ -550,11 +550,18 @@ class Connector:
         liveness = self._liveness
         assert discovery is not None and liveness is not None
         busy = False
+        corrupt: CorruptFrameError | None = None
         for producer in discovery.producers_of(edge):
             reader = self._reader(edge, producer)
             if reader is None:
                 continue
-            got = reader.get(key, decode=_decode_sized)
+            try:
+                got = reader.get(key, decode=_decode_sized)
+            except CorruptFrameError as error:
+                # That producer's channel is damaged; the edge's other channels
+                # (and the fallback) keep serving. Reported if nothing else delivers.
+                corrupt = corrupt or error
+                continue
             if got.status is ReceiveStatus.DELIVERED:
                 if not liveness.is_alive(producer):
                     self._release(edge, producer)  # a dead producer's frame is never delivered
@@ -565,7 +572,10 @@ class Connector:
                 busy = True
             elif reader.producer_closed:
                 self._release(edge, producer)
-        return self._claim_fallback(edge, key, None, busy)
+        delivery = self._claim_fallback(edge, key, None, busy)
+        if corrupt is not None and not delivery.delivered:
+            raise corrupt
+        return delivery
 
     def _get_ring_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
         discovery = self._discovery
