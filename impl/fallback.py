@@ -190,6 +190,13 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
             fd = os_facade.open(path, OPEN_FLAGS_READONLY)
         except FileNotFoundError:
             return None
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            # Someone planted a symlink at the segment name; it is never followed.
+            with contextlib.suppress(FileNotFoundError):
+                os_facade.unlink(path)
+            raise CorruptFrameError(f"fallback segment path is a symlink; removed: path={path!r}") from error
         try:
             while True:
                 try:
