@@ -103,6 +103,13 @@ class TransferOptions:
 # -- descriptors ---------------------------------------------------------------------
 
 
+def _text(value: object, what: str) -> str:
+    """`value` if it is a str; TypeError (a malformed descriptor) otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str: {what}={value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class FieldDescriptor:
     """Where one field's bytes are and how to read them."""
@@ -135,16 +142,16 @@ class FieldDescriptor:
         try:
             field = cls(
                 name=str(data["name"]),
-                carrier=data["carrier"],
+                carrier=_text(data["carrier"], "carrier"),
                 file=validate_transfer_file_name(data["file"]),
                 position=int(data["position"]),
                 key=str(data["key"]),
                 nbytes=int(data["nbytes"]),
-                dtype=data["dtype"],
-                wire_dtype=data["wire_dtype"],
+                dtype=_text(data["dtype"], "dtype"),
+                wire_dtype=_text(data["wire_dtype"], "wire_dtype"),
                 shape=tuple(int(d) for d in data["shape"]),
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise CorruptFrameError(f"malformed field descriptor: {error}: {dict(data)!r}") from error
         field.check()
         return field
