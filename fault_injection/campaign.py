@@ -33,14 +33,16 @@ AssertionError) whose message names the cells and how to rerun one:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import logging
 import os
 import shutil
 import sys
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -236,6 +238,18 @@ def run_slot(slot: Slot, identities: Identities, prefix: str, on_cell: Callable[
             return nth
 
 
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Injected faults make the transport log warnings by the thousand; keep errors only."""
+    logger = logging.getLogger("shmring")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _prepare() -> Identities:
     current_producer_identity()  # cached: its /proc read is not part of any scenario
     import torch  # noqa: F401 - loaded once, before any cell, for the registered scenarios
@@ -245,6 +259,11 @@ def _prepare() -> Identities:
 
 def run_faults(budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None = None) -> dict[str, int]:
     """The fault-cell campaign. `seed` only names the run (cells are deterministic)."""
+    with quiet_logs():
+        return _run_faults(budget, seed, progress, scenarios)
+
+
+def _run_faults(budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None) -> dict[str, int]:
     identities = _prepare()
     prefix = f"fi{seed % 10000}x{uuid.uuid4().hex[:6]}"
     slots = enumerate_slots(budget, identities, prefix, scenarios)
@@ -294,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", choices=BUDGETS, default="quick")
     args = parser.parse_args(argv)
     identities = _prepare()
+    logging.getLogger("shmring").setLevel(logging.ERROR)
     if args.scenario:
         plan = FaultPlan.parse(args.plan) if args.plan else None
         result = run_cell(args.scenario, plan, identities, f"fi{uuid.uuid4().hex[:10]}")
