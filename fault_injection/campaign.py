@@ -91,7 +91,8 @@ class CellResult:
 
     def describe(self) -> str:
         return (
-            f"[{self.scenario} {self.plan}] " + "; ".join(self.problems)
+            f"[{self.scenario} {self.plan}] "
+            + "; ".join(self.problems)
             + f"\n    rerun: {reproduce_command(self.scenario, self.plan)}"
         )
 
@@ -165,7 +166,9 @@ def run_cell(
     except ScenarioFailure as failure:
         problems.append(str(failure))
     except Exception as error:  # noqa: BLE001 - an undocumented escape is the finding
-        problems.append(f"{type(error).__name__} escaped the scenario: {error} (at {_where(error)})")
+        problems.append(
+            f"{type(error).__name__} escaped the scenario: {error} (at {_where(error)})"
+        )
     problems += _leaks(scope, before, env.directory)
     ranges = env.driver.registered_ranges()
     if ranges:
@@ -179,7 +182,9 @@ def run_cell(
 def _where(error: BaseException) -> str:
     """The innermost frames of a traceback, compactly."""
     frames = traceback.extract_tb(error.__traceback__)[-3:]
-    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames))
+    return " <- ".join(
+        f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(frames)
+    )
 
 
 def baseline(scenario_name: str, identities: Identities, scope: str) -> dict[str, int]:
@@ -218,7 +223,9 @@ def enumerate_cells(slots: Iterable[Slot]) -> int:
     return sum(slot.cells for slot in slots)
 
 
-def run_slot(slot: Slot, identities: Identities, prefix: str, on_cell: Callable[[CellResult], None]) -> int:
+def run_slot(
+    slot: Slot, identities: Identities, prefix: str, on_cell: Callable[[CellResult], None]
+) -> int:
     """Cells for N = 1, 2, ... until a run does not reach call N; answers how many ran."""
     nth = 0
     while True:
@@ -230,7 +237,10 @@ def run_slot(slot: Slot, identities: Identities, prefix: str, on_cell: Callable[
                 plan,
                 slot.scenario,
                 False,
-                (*result.problems, f"the scenario made more than {slot.calls} calls at {slot.site}: not deterministic"),
+                (
+                    *result.problems,
+                    f"the scenario made more than {slot.calls} calls at {slot.site}: not deterministic",
+                ),
                 result.outcome,
             )
         on_cell(result)
@@ -257,13 +267,17 @@ def _prepare() -> Identities:
     return borrowed_identities()
 
 
-def run_faults(budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None = None) -> dict[str, int]:
+def run_faults(
+    budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None = None
+) -> dict[str, int]:
     """The fault-cell campaign. `seed` only names the run (cells are deterministic)."""
     with quiet_logs():
         return _run_faults(budget, seed, progress, scenarios)
 
 
-def _run_faults(budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None) -> dict[str, int]:
+def _run_faults(
+    budget: str, seed: int, progress: Progress, scenarios: Sequence[str] | None
+) -> dict[str, int]:
     identities = _prepare()
     prefix = f"fi{seed % 10000}x{uuid.uuid4().hex[:6]}"
     slots = enumerate_slots(budget, identities, prefix, scenarios)
@@ -286,8 +300,12 @@ def _run_faults(budget: str, seed: int, progress: Progress, scenarios: Sequence[
         raise CampaignFailure(f"ran {counts['cells']} cells, the registry enumerates {total}")
     if failed:
         shown = "\n".join(result.describe() for result in failed[:_MAX_REPORTED])
-        more = f"\n... and {len(failed) - _MAX_REPORTED} more" if len(failed) > _MAX_REPORTED else ""
-        raise CampaignFailure(f"{len(failed)} of {counts['cells']} fault cells failed:\n{shown}{more}")
+        more = (
+            f"\n... and {len(failed) - _MAX_REPORTED} more" if len(failed) > _MAX_REPORTED else ""
+        )
+        raise CampaignFailure(
+            f"{len(failed)} of {counts['cells']} fault cells failed:\n{shown}{more}"
+        )
     return counts
 
 

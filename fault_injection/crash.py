@@ -166,7 +166,9 @@ def _reap(pid: int, read_end: int) -> tuple[int, list[dict[str, Any]]]:
             elif time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise CrashFailure(f"child {pid} did not reach its crash point within {CHILD_TIMEOUT_S} s")
+                raise CrashFailure(
+                    f"child {pid} did not reach its crash point within {CHILD_TIMEOUT_S} s"
+                )
         while True:
             chunk = os.read(read_end, 65536)
             if not chunk:
@@ -219,14 +221,18 @@ def _setup_state(producer: Connector, own_reader: Connector, state: str) -> dict
             kept[f"k{index}"] = tagged(index, size)
             producer.put(EDGE, f"k{index}", kept[f"k{index}"])
         ring = producer.ring(EDGE)
-        assert ring is not None and ring.head > CAPACITY, f"ring did not wrap: head={ring and ring.head}"
+        assert ring is not None and ring.head > CAPACITY, (
+            f"ring did not wrap: head={ring and ring.head}"
+        )
     return kept
 
 
 # -- producer crash cells ---------------------------------------------------------------------
 
 
-def _producer_child(scope: str, cell: CrashCell) -> Callable[[Callable[[dict[str, Any]], None]], None]:
+def _producer_child(
+    scope: str, cell: CrashCell
+) -> Callable[[Callable[[dict[str, Any]], None]], None]:
     stage = PRODUCER_POINTS[cell.point]
 
     def work(report: Callable[[dict[str, Any]], None]) -> None:
@@ -269,7 +275,10 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         receiver.get(EDGE, "join")  # joined before the child starts: the directory outlives it
         pid, pipe = _fork(_producer_child(scope, cell))
         status, reports = _reap(pid, pipe)
-        _require(_killed(status), f"child was not killed at {cell.point!r}: status={status} reports={reports}")
+        _require(
+            _killed(status),
+            f"child was not killed at {cell.point!r}: status={status} reports={reports}",
+        )
         info = reports[0]
         _require("identity" in info, f"child failed before its crash point: {reports}")
         identity = (int(info["identity"][0]), int(info["identity"][1]))
@@ -285,19 +294,25 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
 
             stale = descriptor_from_dict(Route.RING, target["target"])
             got = receiver.get(EDGE, TARGET, descriptor=stale)
-            _require(got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}")
+            _require(
+                got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}"
+            )
         # 2. Raw: the ring holds no torn frame.
         path = ring_path(directory, EDGE[0], EDGE[1], identity)
         try:
             raw = RingReader.attach(path)
         except ProducerGoneError:
-            _require(cell.point.startswith("close"), f"ring of a producer killed at {cell.point!r} is gone")
+            _require(
+                cell.point.startswith("close"),
+                f"ring of a producer killed at {cell.point!r} is gone",
+            )
         if raw is not None:
             raw.statistics()  # walks every frame: CorruptFrameError on anything torn
             for key, payload in kept.items():
                 got_raw = raw.get(key)
                 _require(
-                    got_raw.status is ReceiveStatus.DELIVERED and got_raw.payload == _encoded(payload),
+                    got_raw.status is ReceiveStatus.DELIVERED
+                    and got_raw.payload == _encoded(payload),
                     f"frame {key!r} published before the crash reads {got_raw.status}",
                 )
             got_raw = raw.get(TARGET)
@@ -320,7 +335,9 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         for key, payload in fresh.items():
             restarted.put(EDGE, key, payload)
         ring = restarted.ring(EDGE)
-        _require(ring is not None and ring.tail == 0, f"restarted ring does not start clean: {ring}")
+        _require(
+            ring is not None and ring.tail == 0, f"restarted ring does not start clean: {ring}"
+        )
         for key, payload in fresh.items():
             got = receiver.get(EDGE, key)
             _require(
@@ -333,7 +350,9 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         if restarted is not None:
             restarted.close()
         receiver.close()
-    _require(not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}")
+    _require(
+        not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}"
+    )
 
 
 def _kept_payload(key: str) -> bytes:
@@ -350,7 +369,9 @@ def _encoded(payload: bytes) -> bytes:
 # -- reader crash cells ----------------------------------------------------------------------
 
 
-def _reader_child(path: str, directory: str, cell: CrashCell) -> Callable[[Callable[[dict[str, Any]], None]], None]:
+def _reader_child(
+    path: str, directory: str, cell: CrashCell
+) -> Callable[[Callable[[dict[str, Any]], None]], None]:
     def work(report: Callable[[dict[str, Any]], None]) -> None:
         if cell.point == "fallback mid-copy":
 
@@ -359,7 +380,12 @@ def _reader_child(path: str, directory: str, cell: CrashCell) -> Callable[[Calla
                 _die()
 
             claim_segment(
-                directory, EDGE, TARGET, os_facade=DEFAULT_OS, is_alive=lambda _: True, decode=copying
+                directory,
+                EDGE,
+                TARGET,
+                os_facade=DEFAULT_OS,
+                is_alive=lambda _: True,
+                decode=copying,
             )
         else:
             reader = RingReader.attach(path)
@@ -393,28 +419,43 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
         assert ring is not None
         pid, pipe = _fork(_reader_child(ring.path, directory, cell))
         status, reports = _reap(pid, pipe)
-        _require(_killed(status), f"reader was not killed at {cell.point!r}: status={status} reports={reports}")
+        _require(
+            _killed(status),
+            f"reader was not killed at {cell.point!r}: status={status} reports={reports}",
+        )
         got = receiver.get(EDGE, TARGET)
         if cell.point == "reader lease":
             _require(reports == [{"leased": "delivered"}], f"lease child reported {reports}")
-            _require(not got.delivered, f"a frame leased by a killed reader was delivered again: {got}")
+            _require(
+                not got.delivered, f"a frame leased by a killed reader was delivered again: {got}"
+            )
         else:
-            _require(got.delivered and got.value == payload, f"frame a killed reader was copying: {got.status}")
+            _require(
+                got.delivered and got.value == payload,
+                f"frame a killed reader was copying: {got.status}",
+            )
             again = receiver.get(EDGE, TARGET)
             _require(not again.delivered, "frame a killed reader was copying delivered twice")
         for key, value in kept.items():  # other frames unaffected
             other = receiver.get(EDGE, key)
-            _require(other.delivered and other.value == value, f"{key!r} after the reader crash: {other.status}")
+            _require(
+                other.delivered and other.value == value,
+                f"{key!r} after the reader crash: {other.status}",
+            )
         # The producer keeps serving (a pinned lease makes it fall back when full).
         for index in range(6):
             sent = tagged(300 + index, 700)
             producer.put(EDGE, f"after{index}", sent)
             got = receiver.get(EDGE, f"after{index}")
-            _require(got.delivered and got.value == sent, f"put after the reader crash: {got.status}")
+            _require(
+                got.delivered and got.value == sent, f"put after the reader crash: {got.status}"
+            )
     finally:
         producer.close()
         receiver.close()
-    _require(not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}")
+    _require(
+        not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}"
+    )
 
 
 # -- campaign -------------------------------------------------------------------------------
@@ -442,7 +483,9 @@ def run_crash_cell(cell: CrashCell, scope: str | None = None) -> None:
         run_reader_cell(cell, scope)
 
 
-def run_crash(budget: str, seed: int, progress: Callable[[int, int | None], None]) -> dict[str, int]:
+def run_crash(
+    budget: str, seed: int, progress: Callable[[int, int | None], None]
+) -> dict[str, int]:
     """Every crash cell of the budget; CrashFailure lists the failing ones."""
     import logging
     import shutil
@@ -466,9 +509,10 @@ def run_crash(budget: str, seed: int, progress: Callable[[int, int | None], None
         logger.setLevel(level)
     if failed:
         raise CrashFailure(
-            f"{len(failed)} of {len(cells)} crash cells failed:\n" + "\n".join(failed[:12])
+            f"{len(failed)} of {len(cells)} crash cells failed:\n"
+            + "\n".join(failed[:12])
             + "\n    rerun one: python -c 'from shmring.fault_injection.crash import *; "
-            "run_crash_cell(CrashCell(\"<point>\", \"<state>\", <size>))'"
+            'run_crash_cell(CrashCell("<point>", "<state>", <size>))\''
         )
     return {"crash_points": len(cells), "crash_failed": 0}
 

@@ -54,7 +54,6 @@ from shmring.impl.errors import (
 from shmring.impl.os_seam import FILE_MODE, OsFacade
 from shmring.spec.layout import (
     FRAME_CHECKSUM_OFFSET,
-    FRAME_HEADER_LENGTH,
     FRAME_KEY_LENGTH_OFFSET,
     FRAME_LENGTH_OFFSET,
     FRAME_PAYLOAD_LENGTH_OFFSET,
@@ -78,9 +77,27 @@ CAPACITY: Final = 4096
 
 # Cases per target for each budget: quick (CI) a few hundred in all, deep >= 10,000.
 BUDGET_CASES: Final = {
-    "quick": {"ring_file": 120, "connector_ring": 25, "codec": 120, "fallback_segment": 50, "descriptors": 60},
-    "standard": {"ring_file": 800, "connector_ring": 150, "codec": 800, "fallback_segment": 300, "descriptors": 300},
-    "deep": {"ring_file": 4000, "connector_ring": 600, "codec": 4000, "fallback_segment": 1000, "descriptors": 1000},
+    "quick": {
+        "ring_file": 120,
+        "connector_ring": 25,
+        "codec": 120,
+        "fallback_segment": 50,
+        "descriptors": 60,
+    },
+    "standard": {
+        "ring_file": 800,
+        "connector_ring": 150,
+        "codec": 800,
+        "fallback_segment": 300,
+        "descriptors": 300,
+    },
+    "deep": {
+        "ring_file": 4000,
+        "connector_ring": 600,
+        "codec": 4000,
+        "fallback_segment": 1000,
+        "descriptors": 1000,
+    },
 }
 TYPED_READ_ERRORS: Final = (CorruptFrameError, ProducerGoneError)
 
@@ -92,7 +109,24 @@ class FuzzFailure(AssertionError):
 # -- mutations -------------------------------------------------------------------------------
 
 _INTERESTING = st.sampled_from(
-    [0, 1, 15, 16, 17, 255, 4095, 4096, 4097, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
+    [
+        0,
+        1,
+        15,
+        16,
+        17,
+        255,
+        4095,
+        4096,
+        4097,
+        2**15,
+        2**16 - 1,
+        2**31 - 1,
+        2**31,
+        2**32 - 1,
+        2**63,
+        2**64 - 1,
+    ]
 )
 
 
@@ -113,7 +147,9 @@ def apply(template: bytes, mutations: list[Mutation]) -> bytes:
         elif m.kind == "write":
             buf[m.offset : m.offset + len(m.data)] = m.data[: max(0, len(buf) - m.offset)]
         elif m.kind == "field" and m.offset + m.width <= len(buf):
-            buf[m.offset : m.offset + m.width] = (m.value % (1 << (8 * m.width))).to_bytes(m.width, "little")
+            buf[m.offset : m.offset + m.width] = (m.value % (1 << (8 * m.width))).to_bytes(
+                m.width, "little"
+            )
         elif m.kind == "truncate":
             del buf[m.offset :]
         elif m.kind == "extend":
@@ -136,7 +172,10 @@ def mutations(
         st.builds(Mutation, st.just("write"), anywhere, data=st.binary(min_size=1, max_size=24)),
         st.sampled_from(fields).flatmap(
             lambda f: st.builds(
-                Mutation, st.just("field"), st.just(f[0]), st.just(f[1]),
+                Mutation,
+                st.just("field"),
+                st.just(f[0]),
+                st.just(f[1]),
                 st.one_of(_INTERESTING, st.integers(0, 2 ** (8 * f[1]) - 1)),
             )
         ),
@@ -149,13 +188,22 @@ def mutations(
 
 
 _RING_HEADER_FIELDS: Final = [
-    (RING_MAGIC_OFFSET, 8), (RING_VERSION_OFFSET, 4), (RING_HEADER_LENGTH_OFFSET, 4),
-    (RING_CAPACITY_OFFSET, 8), (RING_PRODUCER_PID_OFFSET, 8), (RING_STATE_OFFSET, 4),
-    (RING_HEAD_OFFSET, 8), (RING_TAIL_OFFSET, 8),
+    (RING_MAGIC_OFFSET, 8),
+    (RING_VERSION_OFFSET, 4),
+    (RING_HEADER_LENGTH_OFFSET, 4),
+    (RING_CAPACITY_OFFSET, 8),
+    (RING_PRODUCER_PID_OFFSET, 8),
+    (RING_STATE_OFFSET, 4),
+    (RING_HEAD_OFFSET, 8),
+    (RING_TAIL_OFFSET, 8),
 ]
 _FRAME_FIELDS: Final = [
-    (FRAME_LENGTH_OFFSET, 4), (FRAME_TYPE_OFFSET, 2), (FRAME_STATE_OFFSET, 2),
-    (FRAME_KEY_LENGTH_OFFSET, 4), (FRAME_PAYLOAD_LENGTH_OFFSET, 4), (FRAME_POSITION_OFFSET, 8),
+    (FRAME_LENGTH_OFFSET, 4),
+    (FRAME_TYPE_OFFSET, 2),
+    (FRAME_STATE_OFFSET, 2),
+    (FRAME_KEY_LENGTH_OFFSET, 4),
+    (FRAME_PAYLOAD_LENGTH_OFFSET, 4),
+    (FRAME_POSITION_OFFSET, 8),
     (FRAME_CHECKSUM_OFFSET, 4),
 ]
 
@@ -191,7 +239,9 @@ def _scratch(prefix: str) -> Iterator[str]:
 @dataclass
 class RingTemplate:
     data: bytes  # the ring file's bytes
-    payloads: dict[str, set[bytes]]  # key -> every payload ever put under it (raw, as the ring holds it)
+    payloads: dict[
+        str, set[bytes]
+    ]  # key -> every payload ever put under it (raw, as the ring holds it)
     frames: list[int]  # file offsets of every frame header between tail and head
     keys: list[str]
 
@@ -325,9 +375,11 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
         count()
         scope = f"fc{uuid.uuid4().hex[:10]}"
         corrupt_payload, good_payload = b"A" * 300, b"B" * 200
-        with Connector(scope, ring_capacity=CAPACITY, identity=identities.live_a) as bad, Connector(
-            scope, ring_capacity=CAPACITY, identity=identities.live_b
-        ) as good, Connector(scope, ring_capacity=CAPACITY) as receiver:
+        with (
+            Connector(scope, ring_capacity=CAPACITY, identity=identities.live_a) as bad,
+            Connector(scope, ring_capacity=CAPACITY, identity=identities.live_b) as good,
+            Connector(scope, ring_capacity=CAPACITY) as receiver,
+        ):
             bad.put(EDGE, "a0", corrupt_payload)
             good.put(EDGE, "b0", good_payload)
             path = ring_path(receiver.directory, EDGE[0], EDGE[1], identities.live_a)
@@ -341,7 +393,9 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
                 except TYPED_READ_ERRORS:
                     pass
                 else:
-                    assert not got.delivered or got.value == corrupt_payload, "a corrupted frame was delivered"
+                    assert not got.delivered or got.value == corrupt_payload, (
+                        "a corrupted frame was delivered"
+                    )
             got = receiver.get(EDGE, "b0")
             assert got.delivered and got.value == good_payload, (
                 f"the healthy producer's frame was not served next to a corrupted ring: {got.status}"
@@ -357,15 +411,24 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
     from shmring.impl import codec
 
     payloads = [
-        {"x": torch.arange(6, dtype=torch.float32).reshape(2, 3), "n": np.arange(5, dtype=np.int16)},
-        {"h": torch.ones(4, dtype=torch.bfloat16), "big": torch.arange(4096, dtype=torch.int64), "meta": [1, "a", None]},
+        {
+            "x": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+            "n": np.arange(5, dtype=np.int16),
+        },
+        {
+            "h": torch.ones(4, dtype=torch.bfloat16),
+            "big": torch.arange(4096, dtype=torch.int64),
+            "meta": [1, "a", None],
+        },
         [np.zeros((2, 2, 3), dtype=np.uint8), torch.tensor([True, False])],
     ]
     templates = []
     for payload in payloads:
         data = codec.encode(payload)
         # The prefix fields, and the first 64 bytes of the msgpack header (leaf descriptors live there).
-        fields = [(1, 1), (2, 1), (3, 1), (4, 4), (8, 4)] + [(12 + i, 1) for i in range(min(64, len(data) - 12))]
+        fields = [(1, 1), (2, 1), (3, 1), (4, 4), (8, 4)] + [
+            (12 + i, 1) for i in range(min(64, len(data) - 12))
+        ]
         templates.append((data, fields))
     return templates
 
@@ -377,9 +440,11 @@ def fuzz_codec(cases: int, seed: int, count: Callable[[], None]) -> None:
     templates = _codec_templates()
 
     @_settings(cases)
-    @given(st.sampled_from(range(len(templates))).flatmap(
-        lambda i: st.tuples(st.just(i), mutations(len(templates[i][0]), templates[i][1]))
-    ))
+    @given(
+        st.sampled_from(range(len(templates))).flatmap(
+            lambda i: st.tuples(st.just(i), mutations(len(templates[i][0]), templates[i][1]))
+        )
+    )
     def case(drawn: tuple[int, list[Mutation]]) -> None:
         count()
         index, planned = drawn
@@ -418,7 +483,12 @@ def fuzz_fallback_segment(cases: int, seed: int, count: Callable[[], None]) -> N
             _write(target, apply(template, planned))
             try:
                 claim = claim_segment(
-                    scratch, EDGE, "seg", os_facade=OsFacade(), is_alive=lambda _: True, decode=codec.decode
+                    scratch,
+                    EDGE,
+                    "seg",
+                    os_facade=OsFacade(),
+                    is_alive=lambda _: True,
+                    decode=codec.decode,
                 )
             except TYPED_READ_ERRORS:
                 return
@@ -447,16 +517,38 @@ class RecordingOs(OsFacade):
 
     def outside(self, directory: str) -> list[str]:
         inside = directory.rstrip("/") + "/"
-        return [p for p in self.paths if not (p == directory or p.startswith(inside) or p.startswith("/proc/"))]
+        return [
+            p
+            for p in self.paths
+            if not (p == directory or p.startswith(inside) or p.startswith("/proc/"))
+        ]
 
 
 _FORGED_NAMES = st.sampled_from(
-    ["../x", "..", "/etc/passwd", "a/b", "seg.1.2.3.deadbeef/../x", "shmring-1000-other", "ring.a.b.1.2",
-     "seg.1.2.3.zzzzzzzz", "arena.1.2.0000000g", "", ".", "a\x00b", "seg.1.2.3.deadbeef"]
+    [
+        "../x",
+        "..",
+        "/etc/passwd",
+        "a/b",
+        "seg.1.2.3.deadbeef/../x",
+        "shmring-1000-other",
+        "ring.a.b.1.2",
+        "seg.1.2.3.zzzzzzzz",
+        "arena.1.2.0000000g",
+        "",
+        ".",
+        "a\x00b",
+        "seg.1.2.3.deadbeef",
+    ]
 )
 _FORGED_INTS = st.one_of(
-    st.integers(-(2**70), 2**70), _INTERESTING, st.sampled_from([-1, -(2**63)]), st.none(),
-    st.floats(allow_nan=True), st.text(max_size=4), st.booleans(),
+    st.integers(-(2**70), 2**70),
+    _INTERESTING,
+    st.sampled_from([-1, -(2**63)]),
+    st.none(),
+    st.floats(allow_nan=True),
+    st.text(max_size=4),
+    st.booleans(),
 )
 
 
@@ -467,14 +559,23 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
 
     scope = f"fd{uuid.uuid4().hex[:10]}"
     seam = RecordingOs()
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(
-        scope, ring_capacity=CAPACITY, os_facade=seam
-    ) as receiver, TransferReceiver(scope, os_facade=seam) as transfers:
+    with (
+        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as receiver,
+        TransferReceiver(scope, os_facade=seam) as transfers,
+    ):
         ring_descriptor = producer.put(EDGE, "r", b"r" * 100).to_dict()
         fallback_descriptor = producer.put(EDGE, "f", b"f" * 2000).to_dict()
         field_template = {
-            "name": "x", "carrier": "segment", "file": "seg.1.2.3.deadbeef", "position": 0, "key": "",
-            "nbytes": 16, "dtype": "float32", "wire_dtype": "float32", "shape": [4],
+            "name": "x",
+            "carrier": "segment",
+            "file": "seg.1.2.3.deadbeef",
+            "position": 0,
+            "key": "",
+            "nbytes": 16,
+            "dtype": "float32",
+            "wire_dtype": "float32",
+            "shape": [4],
         }
         directory = receiver.directory
 
@@ -482,21 +583,32 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
         @given(
             st.sampled_from(["ring", "fallback", "field"]),
             st.dictionaries(
-                st.sampled_from(sorted(set(ring_descriptor) | set(fallback_descriptor) | set(field_template))),
+                st.sampled_from(
+                    sorted(set(ring_descriptor) | set(fallback_descriptor) | set(field_template))
+                ),
                 st.one_of(_FORGED_INTS, _FORGED_NAMES, st.lists(_FORGED_INTS, max_size=3)),
                 max_size=4,
             ),
-            st.sets(st.sampled_from(sorted(set(ring_descriptor) | set(field_template))), max_size=2),
+            st.sets(
+                st.sampled_from(sorted(set(ring_descriptor) | set(field_template))), max_size=2
+            ),
         )
         def case(kind: str, changes: dict[str, Any], dropped: set[str]) -> None:
             count()
-            base = {"ring": ring_descriptor, "fallback": fallback_descriptor, "field": field_template}[kind]
+            base = {
+                "ring": ring_descriptor,
+                "fallback": fallback_descriptor,
+                "field": field_template,
+            }[kind]
             forged = {k: v for k, v in {**base, **changes}.items() if k not in dropped}
             del seam.paths[:]
             if kind == "field":
                 try:
                     field = FieldDescriptor.from_wire(forged)
-                except (ShmringError, ValueError):  # CorruptFrameError, InvalidKeyError, ConfigurationError
+                except (
+                    ShmringError,
+                    ValueError,
+                ):  # CorruptFrameError, InvalidKeyError, ConfigurationError
                     return
                 with contextlib.suppress(ShmringError, FileNotFoundError):
                     transfers.receive(TransferDescriptor(scope, (field,), registered=False))
@@ -509,7 +621,9 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
                 with contextlib.suppress(ShmringError):
                     receiver.get(descriptor.edge, descriptor.key, descriptor=descriptor)
             outside = seam.outside(directory)
-            assert not outside, f"forged {kind} descriptor opened paths outside {directory}: {outside}"
+            assert not outside, (
+                f"forged {kind} descriptor opened paths outside {directory}: {outside}"
+            )
 
         _run("descriptors", case, seed)
 
@@ -554,10 +668,16 @@ def forged_battery(scope: str) -> int:
             os.symlink(outside, path)
             with Connector(scope, ring_capacity=CAPACITY) as producer:
                 descriptor = producer.put(EDGE, "k", b"payload")
-                check(descriptor.route is Route.FALLBACK, f"a symlinked ring path was used: {descriptor}")
+                check(
+                    descriptor.route is Route.FALLBACK,
+                    f"a symlinked ring path was used: {descriptor}",
+                )
                 check(EDGE in producer.failed_edges(), "ring setup over a symlink did not fail")
                 got = receiver.get(EDGE, "k")
-                check(got.delivered and got.value == b"payload", f"fallback after a symlinked ring: {got}")
+                check(
+                    got.delivered and got.value == b"payload",
+                    f"fallback after a symlinked ring: {got}",
+                )
             os.unlink(path)
             ran += 1
             # 2. A symlink at a ring path a reader attaches: typed error, the target is untouched.
@@ -582,7 +702,10 @@ def forged_battery(scope: str) -> int:
                 except CorruptFrameError:
                     pass
                 except OSError as error:
-                    check(False, f"a symlinked segment answered a bare {type(error).__name__}: {error}")
+                    check(
+                        False,
+                        f"a symlinked segment answered a bare {type(error).__name__}: {error}",
+                    )
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(seg)
@@ -591,7 +714,11 @@ def forged_battery(scope: str) -> int:
             other = ring_path(directory, "o", "p", me)
             with RingChannel.create(other, CAPACITY) as channel:
                 channel.put("k", b"x")
-                for offset, value, width in ((None, None, None), (RING_MAGIC_OFFSET, 0x1234, 8), (RING_VERSION_OFFSET, 99, 4)):
+                for offset, value, width in (
+                    (None, None, None),
+                    (RING_MAGIC_OFFSET, 0x1234, 8),
+                    (RING_VERSION_OFFSET, 99, 4),
+                ):
                     if offset is None:
                         if os.getuid() != 0:
                             continue  # only root can give a file away
@@ -627,7 +754,10 @@ def forged_battery(scope: str) -> int:
                 check(False, "a connector used a symlinked deployment directory")
             except ConfigurationError:
                 pass
-            check(os.listdir(target_dir) == [], f"files created through a symlink: {os.listdir(target_dir)}")
+            check(
+                os.listdir(target_dir) == [],
+                f"files created through a symlink: {os.listdir(target_dir)}",
+            )
         finally:
             os.unlink(link)
             shutil.rmtree(target_dir, ignore_errors=True)

@@ -39,7 +39,6 @@ from shmring.impl import codec
 from shmring.impl.connector import (
     Connector,
     Delivery,
-    FallbackDescriptor,
     GetStatus,
     RingDescriptor,
 )
@@ -50,7 +49,7 @@ from shmring.impl.naming import ProducerIdentity, ring_path
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import ring as ring_spec
-from shmring.spec.connector import ConnectorPutStatus, Route
+from shmring.spec.connector import ConnectorPutStatus
 from shmring.spec.discovery import DeploymentGetStatus, PublishedDescriptor
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
@@ -113,11 +112,20 @@ def _read_ring_keys(path: str) -> dict[str, list[int]]:
             while position < head:
                 offset = RING_HEADER_LENGTH + position % capacity
                 if RING_HEADER_LENGTH + capacity - offset >= FRAME_HEADER_LENGTH:
-                    length, frame_type, state, key_length, _, _, _ = load_frame_header_fields(buf, offset)
+                    length, frame_type, state, key_length, _, _, _ = load_frame_header_fields(
+                        buf, offset
+                    )
                 else:
-                    length, frame_type, state, key_length = (capacity - position % capacity, 0, 0, 0)
+                    length, frame_type, state, key_length = (
+                        capacity - position % capacity,
+                        0,
+                        0,
+                        0,
+                    )
                 if length <= 0:
-                    raise ScenarioFailure(f"ring walk met length={length} at position={position}: {path}")
+                    raise ScenarioFailure(
+                        f"ring walk met length={length} at position={position}: {path}"
+                    )
                 if frame_type == DATA_FRAME_TYPE and state == FRAME_STATE_PUBLISHED:
                     start = offset + FRAME_KEY_OFFSET
                     key = bytes(buf[start : start + key_length]).decode("utf-8")
@@ -235,7 +243,10 @@ class Deployment:
             isinstance(error, DOCUMENTED_ERRORS),
             lambda: f"{what}: undocumented {type(error).__name__} escaped: {error!r}",
         )
-        require(self.armed(), lambda: f"{what}: {type(error).__name__} after the faults stopped: {error!r}")
+        require(
+            self.armed(),
+            lambda: f"{what}: {type(error).__name__} after the faults stopped: {error!r}",
+        )
         self.ledger.failed.append(f"{what}: {type(error).__name__}")
 
     def put(self, identity: ProducerIdentity, edge: Edge, key: str, payload: bytes) -> Any:
@@ -243,8 +254,6 @@ class Deployment:
         self.ledger.operations += 1
         what = f"put({identity[0]}, {edge}, {key!r}, {len(payload)} bytes)"
         connector = self.producers[identity]
-        producer = self.model.producers[identity]
-        conn = producer.connector
         size = codec.prepare(payload).nbytes
         failed_before = edge in connector.failed_edges()
         try:
@@ -271,7 +280,9 @@ class Deployment:
             result.status is ConnectorPutStatus.ACCEPTED,
             lambda: f"{what}: implementation accepted {got}, model {result}",
         )
-        require(got.route is result.route, lambda: f"{what}: route {got.route}, model {result.route}")
+        require(
+            got.route is result.route, lambda: f"{what}: route {got.route}, model {result.route}"
+        )
         if isinstance(got, RingDescriptor):
             assert isinstance(result.descriptor, connector_spec.RingDescriptor)
             require(
@@ -313,9 +324,10 @@ class Deployment:
                     if ring is not None:
                         ring_spec.process_cancel(ring, key)
                     connector_spec._retire_fallback(producer.connector, edge, key)
-            if expected_of(producer.connector, edge, key) == seen and (
-                edge in producer.connector.rings
-            ) == has_ring:
+            if (
+                expected_of(producer.connector, edge, key) == seen
+                and (edge in producer.connector.rings) == has_ring
+            ):
                 candidates.append((outcome, model))
         require(
             bool(candidates),
@@ -351,10 +363,10 @@ class Deployment:
             self._failed(what, error)
             for identity, expected in before.items():
                 seen = observe(receiver.directory, identity, edge, key)
-                require(
-                    seen == expected,
-                    lambda: f"{what} failed and consumed or changed a version: files {seen}, model {expected}",
-                )
+                if seen != expected:
+                    raise ScenarioFailure(
+                        f"{what} failed and consumed or changed a version: files {seen}, model {expected}"
+                    ) from error
             return None
         if got.status is GetStatus.BUSY:
             discovery_spec.process_refresh(self.model, name)
@@ -363,9 +375,12 @@ class Deployment:
             left = self.closing[got.producer]
             leftover = connector_spec.process_get(left, edge, key)
             require(
-                leftover.status is connector_spec.ConnectorGetStatus.DELIVERED and leftover.payload == got.value,
-                lambda: f"{what}: delivered {got.producer}'s version after its failed close, "
-                f"but it held no such version ({leftover.status})",
+                leftover.status is connector_spec.ConnectorGetStatus.DELIVERED
+                and leftover.payload == got.value,
+                lambda: (
+                    f"{what}: delivered {got.producer}'s version after its failed close, "
+                    f"but it held no such version ({leftover.status})"
+                ),
             )
             discovery_spec.process_refresh(self.model, name)
             self.ledger.delivered += 1
@@ -378,12 +393,16 @@ class Deployment:
         if expected.status is DeploymentGetStatus.DELIVERED:
             require(
                 got.producer == expected.producer and got.route is expected.route,
-                lambda: f"{what}: delivered from {got.producer} {got.route}, model {expected.producer} {expected.route}",
+                lambda: (
+                    f"{what}: delivered from {got.producer} {got.route}, model {expected.producer} {expected.route}"
+                ),
             )
             require(
                 got.value == expected.payload,
-                lambda: f"{what}: payload differs from the accepted one (torn or swapped): "
-                f"{len(got.value) if isinstance(got.value, bytes) else got.value!r} bytes",
+                lambda: (
+                    f"{what}: payload differs from the accepted one (torn or swapped): "
+                    f"{len(got.value) if isinstance(got.value, bytes) else got.value!r} bytes"
+                ),
             )
             self.ledger.delivered += 1
         return got
@@ -418,10 +437,10 @@ class Deployment:
                 continue
             seen = observe(self.directory, identity, edge, key)
             expected = expected_of(producer.connector, edge, key)
-            require(
-                seen == expected,
-                lambda: f"key {key!r} of producer {identity[0]} on {edge}: files {seen}, model {expected}",
-            )
+            if seen != expected:
+                raise ScenarioFailure(
+                    f"key {key!r} of producer {identity[0]} on {edge}: files {seen}, model {expected}"
+                )
 
     def drain(self, name: str) -> None:
         """Get every key once more (no faults): the model's deliverable versions come out, exactly once."""
@@ -429,10 +448,8 @@ class Deployment:
             self.get(name, edge, key)
         for _identity, edge, key in sorted(self.keys):
             got = self.get(name, edge, key)
-            require(
-                got is not None and not got.delivered,
-                lambda: f"drain: key {key!r} on {edge} delivered twice",
-            )
+            if got is None or got.delivered:
+                raise ScenarioFailure(f"drain: key {key!r} on {edge} delivered twice")
 
     def close_all(self) -> None:
         """Close every connector (no faults); each close must now succeed."""

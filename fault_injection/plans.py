@@ -95,7 +95,12 @@ class FaultyCudaDriver(SimulatedCudaDriver):
     def _enter(self, call: str) -> None:
         self.counts[call] += 1
         plan = self.plan
-        if self.armed and plan is not None and plan.site == call and plan.fires_at(self.counts[call]):
+        if (
+            self.armed
+            and plan is not None
+            and plan.site == call
+            and plan.fires_at(self.counts[call])
+        ):
             self.hits += 1
             assert isinstance(plan.error, str)
             super()._enter(call)  # keeps the driver's own call counters

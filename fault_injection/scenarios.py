@@ -285,7 +285,9 @@ def _same(sent: dict[str, Any], got: dict[str, Any]) -> bool:
     import torch
 
     return set(sent) == set(got) and all(
-        torch.equal(sent[name], torch.as_tensor(got[name]).reshape(sent[name].shape).view(sent[name].dtype))
+        torch.equal(
+            sent[name], torch.as_tensor(got[name]).reshape(sent[name].shape).view(sent[name].dtype)
+        )
         for name in sent
     )
 
@@ -331,7 +333,11 @@ def registered_transfer(env: Env) -> Outcome:
             except BaseException as error:  # noqa: BLE001 - judged below
                 require(isinstance(error, DOCUMENTED_ERRORS), f"send: undocumented {error!r}")
                 ledger.failed.append(f"send {tag}: {type(error).__name__}")
-                done = sender.registry.statistics().segments_allocated - allocated if sender.registry else 0
+                done = (
+                    sender.registry.statistics().segments_allocated - allocated
+                    if sender.registry
+                    else 0
+                )
                 os_errors = {done: "EIO"} if isinstance(error, OSError) else None
                 expected = spec.process_transfer(model, lengths(fields), os_errors)
                 require(
@@ -343,7 +349,9 @@ def registered_transfer(env: Env) -> Outcome:
                     == isinstance(error, RegistryPoisonedError),
                     f"send {tag}: {type(error).__name__}, model {expected.status}",
                 )
-                retained = {s.name for s in sender.registry.segments()} if sender.registry else set()
+                retained = (
+                    {s.name for s in sender.registry.segments()} if sender.registry else set()
+                )
                 left = _entries(env.directory) - before - retained
                 require(not left, f"failed send {tag} left files: {sorted(left)}")
             else:
@@ -370,13 +378,19 @@ def registered_transfer(env: Env) -> Outcome:
         for index, (descriptor, fields) in enumerate(sent[:2]):  # the last one is never taken
             ledger.operations += 1
             try:
-                got = receiver.receive(descriptor) if index % 2 else receiver.receive_tensors(descriptor)
+                got = (
+                    receiver.receive(descriptor)
+                    if index % 2
+                    else receiver.receive_tensors(descriptor)
+                )
             except BaseException as error:  # noqa: BLE001 - judged below
                 require(isinstance(error, DOCUMENTED_ERRORS), f"receive: undocumented {error!r}")
                 ledger.failed.append(f"receive {index}: {type(error).__name__}")
                 names = {field.file for field in descriptor.fields}
                 gone = sorted(names - _entries(env.directory))
-                require(not gone, f"failed receive {index} consumed segments {gone} of {sorted(names)}")
+                require(
+                    not gone, f"failed receive {index} consumed segments {gone} of {sorted(names)}"
+                )
                 pending.append((descriptor, fields))
                 continue
             require(_same(fields, got), f"receive {index}: bytes differ from what was sent")
@@ -384,7 +398,9 @@ def registered_transfer(env: Env) -> Outcome:
             del got
         env.disarm()
         for descriptor, fields in pending:
-            got = receiver.receive(descriptor)  # a failed receive took nothing: it is all still there
+            got = receiver.receive(
+                descriptor
+            )  # a failed receive took nothing: it is all still there
             require(_same(fields, got), "receive after the faults: bytes differ")
             ledger.delivered += 1
             del got
@@ -401,7 +417,9 @@ def registered_transfer(env: Env) -> Outcome:
                 sender.registry.close()
         receiver.close()
         raise
-    require(not env.driver.registered_ranges(), f"driver still holds {env.driver.registered_ranges()}")
+    require(
+        not env.driver.registered_ranges(), f"driver still holds {env.driver.registered_ranges()}"
+    )
     return _outcome("registered_transfer", env, ledger)
 
 
@@ -476,7 +494,9 @@ def arena_leases(env: Env) -> Outcome:
         del leases[position]  # the last view dies: the frame is done
         ring_spec.process_release(model, position)
         assert arena is not None
-        require(arena.frame_state(position) == FRAME_STATE_DONE, f"dropped lease {position} not done")
+        require(
+            arena.frame_state(position) == FRAME_STATE_DONE, f"dropped lease {position} not done"
+        )
 
     try:
         try:
@@ -525,7 +545,9 @@ def arena_leases(env: Env) -> Outcome:
         with contextlib.suppress(BaseException):
             registry.close()
         raise
-    require(not env.driver.registered_ranges(), f"driver still holds {env.driver.registered_ranges()}")
+    require(
+        not env.driver.registered_ranges(), f"driver still holds {env.driver.registered_ranges()}"
+    )
     return _outcome("arena_leases", env, ledger)
 
 

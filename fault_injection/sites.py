@@ -68,62 +68,90 @@ class Site:
 _E = errno
 OS_CATALOGUE: Final = {
     os_seam.SITE_OPEN: Site(
-        os_seam.SITE_OPEN, LAYER_OS, (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO),
+        os_seam.SITE_OPEN,
+        LAYER_OS,
+        (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO),
         note="create or open a ring, segment, marker, stamp, members, live or /proc file",
     ),
     os_seam.SITE_CLOSE: Site(
-        os_seam.SITE_CLOSE, LAYER_OS, (_E.EIO, _E.EINTR),
+        os_seam.SITE_CLOSE,
+        LAYER_OS,
+        (_E.EIO, _E.EINTR),
         note="released all the same; the seam absorbs the error (close(2) semantics)",
     ),
     os_seam.SITE_FTRUNCATE: Site(
-        os_seam.SITE_FTRUNCATE, LAYER_OS, (_E.ENOSPC, _E.EIO, _E.EPERM),
+        os_seam.SITE_FTRUNCATE,
+        LAYER_OS,
+        (_E.ENOSPC, _E.EIO, _E.EPERM),
         note="size a new ring, segment or stamp file",
     ),
     os_seam.SITE_FALLOCATE: Site(
-        os_seam.SITE_FALLOCATE, LAYER_OS, (_E.ENOSPC, _E.EIO, _E.EPERM),
+        os_seam.SITE_FALLOCATE,
+        LAYER_OS,
+        (_E.ENOSPC, _E.EIO, _E.EPERM),
         note="reserve a file's space: where a full /dev/shm shows",
     ),
     os_seam.SITE_MMAP: Site(
-        os_seam.SITE_MMAP, LAYER_OS, (_E.ENOMEM, _E.EACCES, _E.EAGAIN, _E.EPERM),
+        os_seam.SITE_MMAP,
+        LAYER_OS,
+        (_E.ENOMEM, _E.EACCES, _E.EAGAIN, _E.EPERM),
         note="map a ring, segment, arena or stamp",
     ),
     os_seam.SITE_FLOCK: Site(
-        os_seam.SITE_FLOCK, LAYER_OS, (_E.EAGAIN, _E.ENOLCK),
+        os_seam.SITE_FLOCK,
+        LAYER_OS,
+        (_E.EAGAIN, _E.ENOLCK),
         transient_only=(_E.EAGAIN,),
         note="take a ring, segment, stamp or members lock (unlocking never fails)",
     ),
     os_seam.SITE_UTIME: Site(os_seam.SITE_UTIME, LAYER_OS, (_E.EPERM, _E.EIO)),
     os_seam.SITE_UNLINK: Site(
-        os_seam.SITE_UNLINK, LAYER_OS, (_E.EIO, _E.EPERM, _E.EACCES, _E.EBUSY),
+        os_seam.SITE_UNLINK,
+        LAYER_OS,
+        (_E.EIO, _E.EPERM, _E.EACCES, _E.EBUSY),
         note="remove a ring, segment, marker or temporary; claim a segment (the commit)",
     ),
     os_seam.SITE_MKDIR: Site(
-        os_seam.SITE_MKDIR, LAYER_OS, (_E.ENOSPC, _E.EACCES, _E.EPERM, _E.EIO),
+        os_seam.SITE_MKDIR,
+        LAYER_OS,
+        (_E.ENOSPC, _E.EACCES, _E.EPERM, _E.EIO),
         note="create the deployment directory",
     ),
     os_seam.SITE_RMDIR: Site(
-        os_seam.SITE_RMDIR, LAYER_OS, (_E.EIO, _E.EPERM, _E.EACCES, _E.EBUSY),
+        os_seam.SITE_RMDIR,
+        LAYER_OS,
+        (_E.EIO, _E.EPERM, _E.EACCES, _E.EBUSY),
         note="the last member removes the deployment directory",
     ),
     os_seam.SITE_STAT: Site(
-        os_seam.SITE_STAT, LAYER_OS, (_E.EIO, _E.EACCES),
+        os_seam.SITE_STAT,
+        LAYER_OS,
+        (_E.EIO, _E.EACCES),
         note="stat/fstat: validate a file, check st_nlink under a lock, refresh the budget",
     ),
     os_seam.SITE_SCANDIR: Site(
-        os_seam.SITE_SCANDIR, LAYER_OS, (_E.EIO, _E.EMFILE, _E.EACCES),
+        os_seam.SITE_SCANDIR,
+        LAYER_OS,
+        (_E.EIO, _E.EMFILE, _E.EACCES),
         note="discovery scan and teardown check of the deployment directory",
     ),
     os_seam.SITE_PIDFD: Site(
-        os_seam.SITE_PIDFD, LAYER_OS, (_E.EMFILE, _E.ENOMEM, _E.EIO),
+        os_seam.SITE_PIDFD,
+        LAYER_OS,
+        (_E.EMFILE, _E.ENOMEM, _E.EIO),
         note="open a producer's pidfd, or poll it for liveness",
     ),
     os_seam.SITE_READ: Site(
-        os_seam.SITE_READ, LAYER_OS, (_E.EIO, _E.EACCES),
+        os_seam.SITE_READ,
+        LAYER_OS,
+        (_E.EIO, _E.EACCES),
         note="read /proc/<pid>/stat or a segment header",
     ),
     os_seam.SITE_WRITE: Site(os_seam.SITE_WRITE, LAYER_OS, (_E.ENOSPC, _E.EIO)),
     os_seam.SITE_RENAME: Site(
-        os_seam.SITE_RENAME, LAYER_OS, (_E.ENOSPC, _E.EIO, _E.EPERM, _E.EBUSY),
+        os_seam.SITE_RENAME,
+        LAYER_OS,
+        (_E.ENOSPC, _E.EIO, _E.EPERM, _E.EBUSY),
         note="publish a fallback segment (temporary onto its name)",
     ),
 }
@@ -131,21 +159,27 @@ OS_CATALOGUE: Final = {
 _R = registration_spec
 CUDA_CATALOGUE: Final = {
     _R.CALL_HOST_REGISTER: Site(
-        _R.CALL_HOST_REGISTER, LAYER_CUDA,
+        _R.CALL_HOST_REGISTER,
+        LAYER_CUDA,
         (_R.CUDA_ERROR_MEMORY_ALLOCATION, _R.CUDA_ERROR_UNKNOWN, _R.CUDA_ERROR_INVALID_VALUE),
         note="page-lock a segment or the arena",
     ),
     _R.CALL_HOST_UNREGISTER: Site(
-        _R.CALL_HOST_UNREGISTER, LAYER_CUDA,
+        _R.CALL_HOST_UNREGISTER,
+        LAYER_CUDA,
         (_R.CUDA_ERROR_UNKNOWN, _R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         note="retried once; failing twice retains the mapping and poisons the registry",
     ),
     _R.CALL_COPY_TO_HOST: Site(
-        _R.CALL_COPY_TO_HOST, LAYER_CUDA, (_R.CUDA_ERROR_UNKNOWN, _R.CUDA_ERROR_INVALID_VALUE),
+        _R.CALL_COPY_TO_HOST,
+        LAYER_CUDA,
+        (_R.CUDA_ERROR_UNKNOWN, _R.CUDA_ERROR_INVALID_VALUE),
         note="the device-to-host copy into the registered segment or arena frame",
     ),
     _R.CALL_SYNCHRONIZE: Site(
-        _R.CALL_SYNCHRONIZE, LAYER_CUDA, (_R.CUDA_ERROR_UNKNOWN,),
+        _R.CALL_SYNCHRONIZE,
+        LAYER_CUDA,
+        (_R.CUDA_ERROR_UNKNOWN,),
         note="wait for the copy before publishing",
     ),
 }
@@ -159,7 +193,9 @@ def all_sites() -> tuple[Site, ...]:
     missing = [name for name in os_seam.SITES if name not in OS_CATALOGUE]
     missing += [name for name in registration_spec.DRIVER_CALLS if name not in CUDA_CATALOGUE]
     if missing:
-        raise AssertionError(f"sites without a catalogue entry (add them to fault_injection/sites.py): {missing}")
+        raise AssertionError(
+            f"sites without a catalogue entry (add them to fault_injection/sites.py): {missing}"
+        )
     return tuple(OS_CATALOGUE[name] for name in os_seam.SITES) + tuple(
         CUDA_CATALOGUE[name] for name in registration_spec.DRIVER_CALLS
     )

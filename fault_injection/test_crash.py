@@ -44,7 +44,9 @@ def test_run_crash_counts_its_cells() -> None:
     reason="gap: no lease records its holder, so a killed holder's arena frame stays claimed "
     "(see docs/faults.md, 'Not yet kept')",
 )
-def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detected(scope: str) -> None:
+def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detected(
+    scope: str,
+) -> None:
     driver = FaultyCudaDriver()
     with Registry(scope, driver) as registry:
         arena = RegisteredArena(registry, 4096)

@@ -55,7 +55,9 @@ def test_every_seam_site_has_a_catalogue_entry() -> None:
     assert all(site.errors for site in all_sites())
 
 
-def test_every_reachable_site_is_reached_by_some_scenario(reached: dict[str, dict[str, int]]) -> None:
+def test_every_reachable_site_is_reached_by_some_scenario(
+    reached: dict[str, dict[str, int]],
+) -> None:
     hit = {site for calls in reached.values() for site, count in calls.items() if count}
     expected = {site.name for site in all_sites()} - UNREACHED
     assert expected - hit == set(), f"sites no scenario reaches: {sorted(expected - hit)}"
@@ -73,8 +75,12 @@ def test_fault_cells_of_every_site_keep_the_promises(scenario: str) -> None:
     expected = campaign.enumerate_cells(slots)
     assert {slot.site for slot in slots}, f"{scenario} reaches no site"
     progress: list[tuple[int, int | None]] = []
-    counts = campaign.run_faults("quick", 0, lambda done, total: progress.append((done, total)), [scenario])
-    assert counts["cells"] == expected, f"ran {counts['cells']} cells, the registry enumerates {expected}"
+    counts = campaign.run_faults(
+        "quick", 0, lambda done, total: progress.append((done, total)), [scenario]
+    )
+    assert counts["cells"] == expected, (
+        f"ran {counts['cells']} cells, the registry enumerates {expected}"
+    )
     assert counts["cells_failed"] == 0
     assert counts["faults_fired"] == expected - len(slots)  # every cell but each slot's last fires
     assert progress[-1] == (expected, expected)
@@ -143,7 +149,9 @@ def test_unlocking_is_never_failed_and_eagain_never_fails_a_blocking_lock() -> N
 
 
 def test_driver_plan_fails_from_the_nth_call_and_changes_nothing() -> None:
-    driver = FaultyCudaDriver(FaultPlan("host_register", 2, MODE_PERSISTENT, "cudaErrorMemoryAllocation"))
+    driver = FaultyCudaDriver(
+        FaultPlan("host_register", 2, MODE_PERSISTENT, "cudaErrorMemoryAllocation")
+    )
     driver.host_register(4096, 4096)
     for address in (1 << 20, 1 << 21):
         with pytest.raises(RegistrationError) as raised:

@@ -50,7 +50,9 @@ def _tensor(tag: int) -> torch.Tensor:
 
 
 def test_transient_unregister_failure_is_retried_and_the_transfer_publishes(scope: str) -> None:
-    driver = FaultyCudaDriver(FaultPlan(CALL_HOST_UNREGISTER, 1, MODE_TRANSIENT, CUDA_ERROR_UNKNOWN))
+    driver = FaultyCudaDriver(
+        FaultPlan(CALL_HOST_UNREGISTER, 1, MODE_TRANSIENT, CUDA_ERROR_UNKNOWN)
+    )
     with Registry(scope, driver) as registry:
         published = registry.transfer([_tensor(1)])
         stats = registry.statistics()
@@ -60,8 +62,12 @@ def test_transient_unregister_failure_is_retried_and_the_transfer_publishes(scop
         registry.transfer([_tensor(2)])  # still usable
 
 
-def test_persistent_unregister_failure_retains_the_mapping_and_poisons_until_restart(scope: str) -> None:
-    driver = FaultyCudaDriver(FaultPlan(CALL_HOST_UNREGISTER, 1, MODE_PERSISTENT, CUDA_ERROR_UNKNOWN))
+def test_persistent_unregister_failure_retains_the_mapping_and_poisons_until_restart(
+    scope: str,
+) -> None:
+    driver = FaultyCudaDriver(
+        FaultPlan(CALL_HOST_UNREGISTER, 1, MODE_PERSISTENT, CUDA_ERROR_UNKNOWN)
+    )
     registry = Registry(scope, driver)
     try:
         with pytest.raises(RegistryPoisonedError) as raised:
@@ -91,23 +97,36 @@ def test_persistent_unregister_failure_retains_the_mapping_and_poisons_until_res
 def test_enospc_at_ring_setup_falls_back_for_that_edge(scope: str) -> None:
     seam = FaultyOs(FaultPlan("fallocate", 1, MODE_TRANSIENT, errno.ENOSPC))
     model = connector_spec.initialize_connector(CAPACITY, 1 << 20)
-    with Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope) as receiver,
+    ):
         descriptor = producer.put(EDGE, "k", b"x" * 100)
         expected = connector_spec.process_put(model, EDGE, "k", 103, b"x", ring_setup_ok=False)
         assert seam.hits == 1
-        assert descriptor.route is Route.FALLBACK and expected.route is connector_spec.Route.FALLBACK
+        assert (
+            descriptor.route is Route.FALLBACK and expected.route is connector_spec.Route.FALLBACK
+        )
         assert isinstance(producer.failed_edges()[EDGE], NoSpaceError)
         assert producer.put(EDGE, "k2", b"y").route is Route.FALLBACK  # disabled once, for good
         assert not [n for n in os.listdir(producer.directory) if n.startswith(("ring.", "marker."))]
         assert receiver.get(EDGE, "k").value == b"x" * 100
 
 
-def test_enospc_at_segment_creation_is_a_typed_refusal_with_nothing_half_written(scope: str) -> None:
+def test_enospc_at_segment_creation_is_a_typed_refusal_with_nothing_half_written(
+    scope: str,
+) -> None:
     seam = FaultyOs()
-    with Connector(scope, ring_capacity=0, os_facade=seam) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=0, os_facade=seam) as producer,
+        Connector(scope) as receiver,
+    ):
         producer.put(EDGE, "kept", b"k" * 500)
         before = sorted(os.listdir(producer.directory))
-        seam.plan, seam.armed = FaultPlan("fallocate", seam.counts["fallocate"] + 1, MODE_TRANSIENT, errno.ENOSPC), True
+        seam.plan, seam.armed = (
+            FaultPlan("fallocate", seam.counts["fallocate"] + 1, MODE_TRANSIENT, errno.ENOSPC),
+            True,
+        )
         with pytest.raises(NoSpaceError) as raised:
             producer.put(EDGE, "new", b"n" * 500)
         assert raised.value.errno == errno.ENOSPC and isinstance(raised.value, OSError)
@@ -122,9 +141,10 @@ def test_enospc_in_the_arena_disables_it_and_segments_carry(scope: str) -> None:
     seam = FaultyOs(FaultPlan("fallocate", 1, MODE_TRANSIENT, errno.ENOSPC))  # the arena's file
     driver = FaultyCudaDriver()
     options = TransferOptions(enable_registered_shm=True, arena_capacity=CAPACITY)
-    with TransferSender(scope, options, driver=driver, os_facade=seam) as sender, TransferReceiver(
-        scope, options
-    ) as receiver:
+    with (
+        TransferSender(scope, options, driver=driver, os_facade=seam) as sender,
+        TransferReceiver(scope, options) as receiver,
+    ):
         descriptor = sender.send({"x": _tensor(5)})
         stats = sender.statistics()
         assert stats.arena_disabled is not None and "No space left" in stats.arena_disabled
@@ -132,7 +152,10 @@ def test_enospc_in_the_arena_disables_it_and_segments_carry(scope: str) -> None:
         assert torch.equal(receiver.receive_tensors(descriptor)["x"], _tensor(5))
         assert not [n for n in os.listdir(sender.directory) if n.startswith("arena.")]
         # ENOSPC at a segment: NoSpaceError, nothing left, nothing registered.
-        seam.plan, seam.armed = FaultPlan("fallocate", seam.counts["fallocate"] + 1, MODE_TRANSIENT, errno.ENOSPC), True
+        seam.plan, seam.armed = (
+            FaultPlan("fallocate", seam.counts["fallocate"] + 1, MODE_TRANSIENT, errno.ENOSPC),
+            True,
+        )
         before = sorted(os.listdir(sender.directory))
         with pytest.raises(NoSpaceError):
             sender.send({"y": _tensor(6)})
@@ -205,7 +228,10 @@ def test_another_process_holding_the_ring_lock_makes_receivers_busy_not_wait(
             expected = connector_spec.process_put(model, EDGE, "k", 103, b"k")
             descriptor = producer.put(EDGE, "k", b"k" * 100)
             assert expected.status is ConnectorPutStatus.ACCEPTED
-            assert descriptor.route is Route.RING and descriptor.position == expected.descriptor.position
+            assert (
+                descriptor.route is Route.RING
+                and descriptor.position == expected.descriptor.position
+            )
             assert receiver.get(EDGE, "k").status is GetStatus.BUSY
             assert receiver.get_with_deadline(EDGE, "k", timeout=0.05).status is GetStatus.BUSY
             assert receiver.get(EDGE, "k", descriptor=descriptor).status is GetStatus.BUSY
@@ -240,7 +266,9 @@ def test_another_process_holding_a_segment_lock_makes_receivers_busy_and_the_pro
             assert receiver.get(EDGE, "seg").status is GetStatus.BUSY
             assert receiver.get_with_deadline(EDGE, "seg", timeout=0.05).status is GetStatus.BUSY
             # The producer's re-put replaces the segment under its lock: it waits for the reader.
-            putter = threading.Thread(target=lambda: replaced.append(producer.put(EDGE, "seg", b"new" * 100)))
+            putter = threading.Thread(
+                target=lambda: replaced.append(producer.put(EDGE, "seg", b"new" * 100))
+            )
             putter.start()
         finally:
             holder.release()

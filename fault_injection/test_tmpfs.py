@@ -19,12 +19,16 @@ def seen() -> dict[str, object]:
     return tmpfs.run_in_tiny_tmpfs()
 
 
-def test_real_enospc_at_ring_setup_disables_the_ring_and_the_fallback_carries(seen: dict[str, object]) -> None:
+def test_real_enospc_at_ring_setup_disables_the_ring_and_the_fallback_carries(
+    seen: dict[str, object],
+) -> None:
     assert seen["ring_setup_error"] == "NoSpaceError" and seen["ring_setup_errno"] == errno.ENOSPC
     assert seen["ring_setup_route"] == "fallback" and seen["ring_setup_delivered"] is True
 
 
-def test_real_enospc_at_a_segment_is_a_typed_refusal_with_nothing_half_written(seen: dict[str, object]) -> None:
+def test_real_enospc_at_a_segment_is_a_typed_refusal_with_nothing_half_written(
+    seen: dict[str, object],
+) -> None:
     assert seen["segment_error"] == "NoSpaceError" and seen["segment_errno"] == errno.ENOSPC
     assert seen["segment_left_files"] == []
     assert seen["segment_kept_delivered"] is True

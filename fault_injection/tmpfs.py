@@ -42,8 +42,15 @@ def available() -> tuple[bool, str]:
     if shutil.which("unshare") is None:
         return False, "the unshare tool is not installed"
     probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-         f"mount -t tmpfs -o size={TINY_SIZE},mode=1777 tmpfs /dev/shm"],
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size={TINY_SIZE},mode=1777 tmpfs /dev/shm",
+        ],
         capture_output=True,
         timeout=_TIMEOUT_S,
     )
@@ -108,12 +115,15 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
     # 3. The registered arena (1 MiB) does not fit; per-transfer segments carry.
     import torch
 
-    from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
     from shmring.fault_injection.plans import FaultyCudaDriver
+    from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
 
     driver = FaultyCudaDriver()
     options = TransferOptions(enable_registered_shm=True, arena_capacity=1024 * 1024)
-    with TransferSender("tiny", options, driver=driver) as sender, TransferReceiver("tiny") as receiver_t:
+    with (
+        TransferSender("tiny", options, driver=driver) as sender,
+        TransferReceiver("tiny") as receiver_t,
+    ):
         sent = torch.arange(64, dtype=torch.float32)
         descriptor_t = sender.send({"x": sent})
         stats = sender.statistics()
