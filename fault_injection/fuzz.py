@@ -715,7 +715,7 @@ def forged_battery(scope: str) -> int:
             with RingChannel.create(other, CAPACITY) as channel:
                 channel.put("k", b"x")
                 for offset, value, width in (
-                    (None, None, None),
+                    (None, 0, 0),
                     (RING_MAGIC_OFFSET, 0x1234, 8),
                     (RING_VERSION_OFFSET, 99, 4),
                 ):

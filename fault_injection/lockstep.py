@@ -48,6 +48,7 @@ from shmring.impl.frame_io import load_frame_header_fields, load_head_acquire, l
 from shmring.impl.naming import ProducerIdentity, ring_path
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
+from shmring.spec import producers as producers_spec
 from shmring.spec import ring as ring_spec
 from shmring.spec.connector import ConnectorPutStatus
 from shmring.spec.discovery import DeploymentGetStatus, PublishedDescriptor
@@ -355,17 +356,17 @@ class Deployment:
         before = {
             identity: expected_of(producer.connector, edge, key)
             for identity, producer in self.model.producers.items()
-            if discovery_spec.producers_spec.is_delivering(producer)
+            if producers_spec.is_delivering(producer)
         }
         try:
             got = receiver.get(edge, key, descriptor=descriptor)
         except BaseException as error:  # noqa: BLE001 - judged below
             self._failed(what, error)
-            for identity, expected in before.items():
+            for identity, held in before.items():
                 seen = observe(receiver.directory, identity, edge, key)
-                if seen != expected:
+                if seen != held:
                     raise ScenarioFailure(
-                        f"{what} failed and consumed or changed a version: files {seen}, model {expected}"
+                        f"{what} failed and consumed or changed a version: files {seen}, model {held}"
                     ) from error
             return None
         if got.status is GetStatus.BUSY:
@@ -433,7 +434,7 @@ class Deployment:
         """Every key's files agree with the model (run once the faults stopped)."""
         for identity, edge, key in sorted(self.keys):
             producer = self.model.producers[identity]
-            if not discovery_spec.producers_spec.is_delivering(producer):
+            if not producers_spec.is_delivering(producer):
                 continue
             seen = observe(self.directory, identity, edge, key)
             expected = expected_of(producer.connector, edge, key)

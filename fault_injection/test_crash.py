@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 
-import numpy as np
 import pytest
 import torch
 
 from shmring.fault_injection import crash
 from shmring.fault_injection.plans import FaultyCudaDriver
-from shmring.impl.arena import ArenaReader, RegisteredArena
+from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena
 from shmring.impl.registration import Registry
 from shmring.spec.layout import FRAME_STATE_CLAIMED
 
@@ -52,11 +51,11 @@ def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detecte
         arena = RegisteredArena(registry, 4096)
         try:
             descriptor = arena.put(torch.arange(64, dtype=torch.uint8))
-            assert not isinstance(descriptor, type(None))
+            assert isinstance(descriptor, ArenaFrameDescriptor)
 
             def hold(report: object) -> None:
                 reader = ArenaReader(registry.directory, arena.name)
-                view = reader.borrow(descriptor, np.uint8, (64,))
+                view = reader.borrow(descriptor, "uint8", (64,))
                 report({"held": int(view[1])})  # type: ignore[operator]
                 os.kill(os.getpid(), signal.SIGKILL)
 

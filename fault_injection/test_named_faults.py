@@ -29,7 +29,8 @@ from shmring.fault_injection.crash import _fork, _reap
 from shmring.fault_injection.faulty_os import FaultyOs
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT, MODE_TRANSIENT
-from shmring.impl.connector import Connector, GetStatus, Route
+from shmring.impl import codec
+from shmring.impl.connector import Connector, GetStatus, RingDescriptor, Route
 from shmring.impl.errors import NoSpaceError, RegistryPoisonedError
 from shmring.impl.fallback import segment_path
 from shmring.impl.registration import Registry
@@ -40,6 +41,11 @@ from shmring.spec.registration import CALL_HOST_UNREGISTER, CUDA_ERROR_UNKNOWN
 
 EDGE = ("enc", "dec")
 CAPACITY = 4096
+
+
+def _size(payload: bytes) -> int:
+    """Encoded payload bytes, as the model counts them."""
+    return codec.prepare(payload).nbytes
 
 
 def _tensor(tag: int) -> torch.Tensor:
@@ -102,7 +108,9 @@ def test_enospc_at_ring_setup_falls_back_for_that_edge(scope: str) -> None:
         Connector(scope) as receiver,
     ):
         descriptor = producer.put(EDGE, "k", b"x" * 100)
-        expected = connector_spec.process_put(model, EDGE, "k", 103, b"x", ring_setup_ok=False)
+        expected = connector_spec.process_put(
+            model, EDGE, "k", _size(b"x" * 100), b"x", ring_setup_ok=False
+        )
         assert seam.hits == 1
         assert (
             descriptor.route is Route.FALLBACK and expected.route is connector_spec.Route.FALLBACK
@@ -224,14 +232,13 @@ def test_another_process_holding_the_ring_lock_makes_receivers_busy_not_wait(
         try:
             # The producer publishes a new key without the lock, as the model says.
             model = connector_spec.initialize_connector(CAPACITY, 1 << 20)
-            connector_spec.process_put(model, EDGE, "warm", 4, b"w")
-            expected = connector_spec.process_put(model, EDGE, "k", 103, b"k")
+            connector_spec.process_put(model, EDGE, "warm", _size(b"w"), b"w")
+            expected = connector_spec.process_put(model, EDGE, "k", _size(b"k" * 100), b"k" * 100)
             descriptor = producer.put(EDGE, "k", b"k" * 100)
             assert expected.status is ConnectorPutStatus.ACCEPTED
-            assert (
-                descriptor.route is Route.RING
-                and descriptor.position == expected.descriptor.position
-            )
+            assert isinstance(descriptor, RingDescriptor)
+            assert isinstance(expected.descriptor, connector_spec.RingDescriptor)
+            assert descriptor.position == expected.descriptor.position
             assert receiver.get(EDGE, "k").status is GetStatus.BUSY
             assert receiver.get_with_deadline(EDGE, "k", timeout=0.05).status is GetStatus.BUSY
             assert receiver.get(EDGE, "k", descriptor=descriptor).status is GetStatus.BUSY
