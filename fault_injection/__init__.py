@@ -1,1 +1,12 @@
-"""shmring.fault_injection: fault plans, the seams that carry them, and the suites."""
+"""shmring.fault_injection: fault plans, the seams that carry them, and the suites.
+
+* `sites`: every injectable site (the OS seam's and the CUDA port's) with the errors it can answer.
+* `plans`: the frozen `FaultPlan` and the faulty CUDA driver; `faulty_os`: the faulty OS seam.
+* `scenarios` / `lockstep`: deterministic runs of the transport, compared with the model.
+* `campaign`: the SQLite-style cell loop and the `shmring check` entry points
+  (`run_faults`, `run_crash`, `run_fuzz`).
+* `crash`: SIGKILL at named points; `fuzz`: corrupted bytes and forged input;
+  `tmpfs`: real ENOSPC in a private mount namespace.
+
+docs/faults.md is the catalogue and the reader's guide.
+"""
