@@ -16,8 +16,9 @@ cores (`_harness.py`):
   torch.tensor(False)}}`` and of 64 B / 4 KiB / 64 KiB bytes: median and
   p99 over every round trip of every repeat;
 * throughput of 64 KiB / 1 MiB / 16 MiB / 256 MiB messages, the receiver
-  ending with its own copy of each: one batch per repeat (after an untimed
-  batch of the same size), median and worst over repeats.
+  ending with its own copy of each: per repeat an untimed batch, then one
+  or more timed batches (three for the small sizes, whose batches last only
+  milliseconds); median and worst over all timed batches.
 
 Repeats interleave: each repeat runs every case of every transport, the
 transport order rotated per repeat, so machine noise hits all alike.
@@ -82,26 +83,27 @@ class Plan:
     latency_payloads: tuple[tuple[str, str, int], ...]
     latency_warm: int  # untimed round trips per case
     latency_count: int  # timed round trips per case and repeat
-    throughput: tuple[tuple[int, int], ...]  # (message bytes, messages per batch)
+    # (message bytes, messages per batch, timed batches per repeat)
+    throughput: tuple[tuple[int, int, int], ...]
 
 
 def make_plan(mode: str, repeats: int | None) -> Plan:
     if mode == "smoke":  # the smallest sizes, one repeat: the scripts cannot rot
-        return Plan(repeats or 1, LATENCY_PAYLOADS[:2], 2, 5, ((64 * KIB, 4),))
+        return Plan(repeats or 1, LATENCY_PAYLOADS[:2], 2, 5, ((64 * KIB, 4, 1),))
     if mode == "quick":
         return Plan(
             repeats or 3,
             LATENCY_PAYLOADS,
             20,
             100,
-            ((64 * KIB, 64), (MIB, 16), (16 * MIB, 4)),
+            ((64 * KIB, 256, 2), (MIB, 16, 2), (16 * MIB, 4, 1)),
         )
     return Plan(
         repeats or 5,
         LATENCY_PAYLOADS,
         50,
         400,
-        ((64 * KIB, 256), (MIB, 32), (16 * MIB, 8), (256 * MIB, 2)),
+        ((64 * KIB, 512, 3), (MIB, 32, 3), (16 * MIB, 8, 1), (256 * MIB, 2, 1)),
     )
 
 
@@ -226,16 +228,21 @@ def _batch(pair: Pair, start: int, count: int) -> int:
     return finished - began
 
 
-def run_throughput(pair: Pair, spec: CaseSpec, count: int) -> tuple[float, dict[str, Any]]:
+def run_throughput(
+    pair: Pair, spec: CaseSpec, count: int, batches: int
+) -> tuple[list[float], dict[str, Any]]:
+    rates = []
     try:
         _connect(pair, spec)
         _batch(pair, 0, count)  # untimed: first-touch costs, connections, discovery
-        elapsed_ns = _batch(pair, count, count)
+        for batch in range(1, batches + 1):
+            elapsed_ns = _batch(pair, batch * count, count)
+            rates.append(count * spec.size / (elapsed_ns / 1e9) / MIB)
     except BaseException:
         with contextlib.suppress(BaseException):
             _teardown(pair)
         raise
-    return count * spec.size / (elapsed_ns / 1e9) / MIB, _teardown(pair)
+    return rates, _teardown(pair)
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -264,7 +271,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
         label: {t: [] for t in transports} for label, _, _ in plan.latency_payloads
     }
     throughput: dict[str, dict[str, list[float]]] = {
-        size_label(size): {t: [] for t in transports} for size, _ in plan.throughput
+        size_label(size): {t: [] for t in transports} for size, _, _ in plan.throughput
     }
     routes: dict[str, dict[str, set[str]]] = {}
     not_run: dict[str, dict[str, str]] = {}
@@ -285,10 +292,12 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     route = route_of(stats)
                     if route:
                         routes.setdefault(f"latency {label}", {}).setdefault(name, set()).add(route)
-            for size, count in plan.throughput:
+            for size, count, batches in plan.throughput:
                 label = size_label(size)
                 for name in order:
-                    if name == "ring" and not ring_admits(THROUGHPUT_CAPACITY, size, 2 * count):
+                    if name == "ring" and not ring_admits(
+                        THROUGHPUT_CAPACITY, size, (batches + 1) * count
+                    ):
                         not_run.setdefault(label, {})[name] = (
                             f"not admitted: a {label} frame exceeds capacity/4 of the largest ring (64 MiB)"
                         )
@@ -297,8 +306,8 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     spec = CaseSpec(
                         f"b{token}{counter:05d}", name, BYTES, size, THROUGHPUT_CAPACITY, count
                     )
-                    rate, stats = run_throughput(pair, spec, count)
-                    throughput[label][name].append(rate)
+                    rates, stats = run_throughput(pair, spec, count, batches)
+                    throughput[label][name].extend(rates)
                     route = route_of(stats)
                     if route:
                         routes.setdefault(f"throughput {label}", {}).setdefault(name, set()).add(
@@ -439,7 +448,7 @@ def table(result: dict[str, Any], transports: list[str]) -> str:
     if rates:
         sizes = list(rates)
         lines.append("")
-        lines.append("Throughput, MiB/s, receiver owns a copy (median, worst of the repeats)")
+        lines.append("Throughput, MiB/s, receiver owns a copy (median, worst of all timed batches)")
         lines.append("")
         lines.append("| transport | " + " | ".join(sizes) + " |")
         lines.append("|---|" + "---:|" * len(sizes))
@@ -504,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/bench_ring.py " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
+    load_before = os.getloadavg()
     result = run(plan, transports)
     result.update(
         {
@@ -517,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": platform.machine(),
                 "cpus": os.cpu_count(),
                 "kernel": platform.release(),
+                # 1-minute load before and after: other jobs sharing the machine
+                "load_average_1m": [load_before[0], os.getloadavg()[0]],
             },
         }
     )

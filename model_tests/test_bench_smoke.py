@@ -60,3 +60,25 @@ def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
     assert result["routes"]["throughput 64 KiB"]["connector"] == ["ring"]
     assert any(row["target"].startswith("tree one-way latency") for row in result["targets"])
     assert "One-way latency" in completed.stdout and "Throughput" in completed.stdout
+
+
+def test_ring_steps_smoke_measures_every_step(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH.parent / "ring_steps.py"),
+            "--messages",
+            "20",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=BENCH.parent.parent,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    steps = json.loads(out.read_text())["median_us"]
+    for step in ("ring get(tree, decode)", "connector put(tree)", "zlib.crc32(1 MiB)"):
+        assert steps[step] > 0, step
