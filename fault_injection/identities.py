@@ -3,7 +3,8 @@
 A fault cell must be cheap, so the producers of a discovery or restart
 scenario are connectors in the campaign's own process that publish as other
 processes (`Connector(identity=...)`). Their identities are borrowed from
-helper processes started once per campaign: two that stay alive (`sleep`),
+helper processes started once per campaign: two that stay alive (shells
+that exit once the campaign's process is gone),
 so receivers' pidfd checks see live producers, and one that was started and
 killed, so its identity names a process that exited (a "dead producer"
 whose files are still there).
@@ -14,13 +15,12 @@ The helpers are killed and reaped at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import os
 import subprocess
 import threading
 from dataclasses import dataclass
 
 from shmring.impl.naming import ProducerIdentity, read_start_time
-
-_SLEEP_SECONDS = "86400"
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,10 @@ _helpers: list[subprocess.Popen[bytes]] = []
 
 
 def _start_helper() -> tuple[subprocess.Popen[bytes], ProducerIdentity]:
+    # The helper polls for its parent, so it goes away even if the campaign is killed.
+    watch = f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done"
     helper = subprocess.Popen(
-        ["sleep", _SLEEP_SECONDS],
+        ["sh", "-c", watch],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
