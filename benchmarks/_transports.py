@@ -92,6 +92,7 @@ class Transport:
     """One process's end of a two-process transport for one case."""
 
     name = "?"
+    kinds: tuple[str, ...] = (TREE, BYTES)  # payload kinds it is measured with
 
     def __init__(self, spec: CaseSpec, me: str, peer: str, shared: dict[str, Any]) -> None:
         self.spec = spec
@@ -258,13 +259,19 @@ class ShmPerKey(Transport):
 
     name = "shm-per-key"
 
+    def _encode(self, obj: Any) -> bytes:
+        return codec.encode(obj)
+
+    def _decode(self, view: memoryview) -> Any:
+        return codec.decode(view)
+
     def _name(self, source: str, seq: int) -> str:
         return f"shmring-bench-{self.spec.case_id}-{source}-{seq}"
 
     def send(self, seq: int, obj: Any) -> None:
         from multiprocessing import resource_tracker, shared_memory
 
-        data = codec.encode(obj) if self.spec.kind == TREE else obj
+        data = self._encode(obj) if self.spec.kind == TREE else obj
         length = len(data)
         segment = shared_memory.SharedMemory(
             name=self._name(self.me, seq), create=True, size=_COMMIT.size + length
@@ -299,7 +306,7 @@ class ShmPerKey(Transport):
                     _spin_deadline_check(count, deadline, f"shm-per-key commit seq={seq}")
                 view = memoryview(mapping)[_COMMIT.size : _COMMIT.size + committed - 1]
                 try:
-                    value = codec.decode(view) if self.spec.kind == TREE else view.tobytes()
+                    value = self._decode(view) if self.spec.kind == TREE else view.tobytes()
                 finally:
                     view.release()
             finally:
@@ -314,6 +321,24 @@ class ShmPerKey(Transport):
                 if entry.name.startswith(prefix):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
+
+
+class ShmPerKeyPickle(ShmPerKey):
+    """`ShmPerKey` carrying the tree as standard pickle instead of the shmring codec.
+
+    The issue allows either serializer for baselines without tensor support;
+    this row shows what the choice is worth. Measured with the tree only
+    (for bytes it is `ShmPerKey` exactly).
+    """
+
+    name = "shm-per-key/pickle"
+    kinds = (TREE,)
+
+    def _encode(self, obj: Any) -> bytes:
+        return pickle.dumps(obj, _PICKLE_PROTOCOL)
+
+    def _decode(self, view: memoryview) -> Any:
+        return pickle.loads(view)
 
 
 class ShmPerKeyLocked(ShmPerKey):
@@ -607,6 +632,7 @@ TRANSPORTS: dict[str, type[Transport]] = {
     ConnectorTransport.name: ConnectorTransport,
     ShmPerKey.name: ShmPerKey,
     ShmPerKeyLocked.name: ShmPerKeyLocked,
+    ShmPerKeyPickle.name: ShmPerKeyPickle,
     PipeTransport.name: PipeTransport,
     QueueTransport.name: QueueTransport,
     ZmqPair.name: ZmqPair,

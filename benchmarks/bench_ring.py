@@ -283,6 +283,8 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             order = transports[shift:] + transports[:shift]
             for label, kind, size in plan.latency_payloads:
                 for name in order:
+                    if kind not in TRANSPORTS[name].kinds:
+                        continue
                     counter += 1
                     spec = CaseSpec(
                         f"b{token}{counter:05d}", name, kind, size or tree_size, LATENCY_CAPACITY, 2
@@ -295,6 +297,8 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             for size, count, batches in plan.throughput:
                 label = size_label(size)
                 for name in order:
+                    if BYTES not in TRANSPORTS[name].kinds:
+                        continue
                     if name == "ring" and not ring_admits(
                         THROUGHPUT_CAPACITY, size, (batches + 1) * count
                     ):
@@ -384,6 +388,11 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             ("shm-per-key", 0.1, "tree one-way latency <= 0.1x per-key SHM"),
             ("iceoryx2", 1.0, "tree one-way latency <= iceoryx2"),
             (
+                "shm-per-key/pickle",
+                0.1,
+                "(informational) tree one-way latency <= 0.1x per-key SHM carrying pickle",
+            ),
+            (
                 "shm-per-key+lock",
                 0.1,
                 "(informational) tree one-way latency <= 0.1x per-key SHM with vllm-omni's lock file",
@@ -453,6 +462,10 @@ def table(result: dict[str, Any], transports: list[str]) -> str:
         lines.append("| transport | " + " | ".join(sizes) + " |")
         lines.append("|---|" + "---:|" * len(sizes))
         for name in transports:
+            if not any(
+                name in rates[label] or name in result["not_run"].get(label, {}) for label in sizes
+            ):
+                continue  # a tree-only baseline
             cells = []
             for label in sizes:
                 cell = rates[label].get(name)
