@@ -35,9 +35,10 @@ After the child is dead the campaign checks, as the survivors see it:
   and its reused keys deliver only its own payloads;
 * once the survivors close, nothing of the deployment is left in /dev/shm.
 
-Not covered here (see docs/faults.md): reclaiming the frames a killed lease
-holder kept (no lease records its holder yet); `test_crash.py` keeps that
-promise as a strict xfail.
+Not covered by the cells: reclaiming the arena frames a killed lease
+holder kept (the claim records the holder's pid; `test_crash.py` checks it
+with a process of its own). A host ring's lease does not record its holder
+yet (see docs/faults.md, 'Not yet kept').
 """
 
 from __future__ import annotations

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from shmring.fault_injection import crash
 from shmring.fault_injection.plans import FaultyCudaDriver
-from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena
+from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena, is_holder_alive
+from shmring.impl.os_seam import DEFAULT_OS, SITE_OPEN, SITE_PIDFD, OsFacade
 from shmring.impl.registration import Registry
 from shmring.spec.layout import FRAME_STATE_CLAIMED
 
@@ -38,11 +42,6 @@ def test_run_crash_counts_its_cells() -> None:
     assert progress[-1] == (len(CELLS), len(CELLS))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: no lease records its holder, so a killed holder's arena frame stays claimed "
-    "(see docs/faults.md, 'Not yet kept')",
-)
 def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detected(
     scope: str,
 ) -> None:
@@ -65,5 +64,26 @@ def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detecte
             assert arena.frame_state(descriptor.position) == FRAME_STATE_CLAIMED
             arena.reclaim()
             assert arena.tail > descriptor.position, "the dead holder's frame was not reclaimed"
+            assert arena.statistics().reclaimed_from_dead_holders == 1
         finally:
             arena.close()
+
+
+class _NoLivenessAnswers(OsFacade):
+    """Every pidfd call and every open fails with EMFILE: the OS cannot say."""
+
+    def _enter(self, site: str) -> None:
+        if site in (SITE_PIDFD, SITE_OPEN):
+            raise OSError(errno.EMFILE, "injected")
+
+
+def test_a_holder_is_dead_only_when_the_os_says_so() -> None:
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as exited:
+        assert exited.wait(timeout=120) == 0
+    dead_pid = exited.pid  # reaped
+    assert not is_holder_alive(dead_pid, DEFAULT_OS)
+    assert is_holder_alive(os.getpid(), DEFAULT_OS)
+    assert is_holder_alive(os.getppid(), DEFAULT_OS)
+    assert is_holder_alive(0, DEFAULT_OS)  # no holder recorded: never freed
+    # Neither a pidfd nor /proc answers: the holder counts as alive (late, never unsafe).
+    assert is_holder_alive(dead_pid, _NoLivenessAnswers())

@@ -14,7 +14,15 @@ the receiver claims a frame (state CLAIMED, written in the shared frame
 header) and borrows it; when the last view of it dies the frame becomes
 DONE, in whichever process holds it and in whatever order leases end.
 Reclaim advances the tail over DONE and padding frames in position order
-and stops at the first frame still published or claimed.
+and stops at the first frame still published or claimed by a live holder.
+
+A claim records the claiming process's pid in the frame header (stored
+before CLAIMED), so a lease outlives no process: when reclaim meets a
+claimed frame whose holder is dead (killed, say, before its views died), it
+marks the frame DONE and goes on (`shmring.spec.leases.process_holder_exit`).
+Death is detected by pid: pid reuse can only make a dead holder look alive,
+which delays the reclaim until the new process with that pid exits, and is
+never unsafe; any doubt (an error asking the OS) also counts as alive.
 
 A payload the ring does not admit (larger than a quarter of the arena) or
 that arrives while the arena is full is not the arena's business: `reserve`
@@ -40,6 +48,7 @@ import numpy as np
 import torch
 
 from shmring.impl import frame_io
+from shmring.impl.discovery import read_process_status
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -61,6 +70,7 @@ from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
+    FRAME_HOLDER_NONE,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
@@ -87,6 +97,40 @@ ARENA_PAYLOAD_OFFSET: Final = FRAME_HEADER_LENGTH + ARENA_KEY_LENGTH
 # Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
 DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024
 _RECLAIMABLE_STATES: Final = (FRAME_STATE_DONE, FRAME_STATE_RETIRED)
+_DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
+
+
+def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
+    """Whether the lease holder `pid` may still run; False only when it surely does not.
+
+    A pidfd answers first (ProcessLookupError: no such process; readable: it
+    exited, a zombie included), /proc when pidfds are unavailable. The pid is
+    all a frame records, so a reused pid makes a dead holder look alive: the
+    frame's reclaim waits for that process too, which is late but never
+    unsafe. An unknown holder (0) and any OS error answer alive for the same
+    reason: a wrong "dead" would hand a live view's bytes to the producer.
+    """
+    if pid == FRAME_HOLDER_NONE or pid == os.getpid():
+        return True
+    try:
+        pidfd = os_facade.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:  # ENOSYS, EMFILE, ...: /proc answers
+        pidfd = -1
+    if pidfd >= 0:
+        try:
+            return os_facade.pidfd_alive(pidfd)
+        except OSError:
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os_facade.close(pidfd)
+    try:
+        status = read_process_status(pid, os_facade)
+    except OSError:
+        return True
+    return status is not None and status[1] not in _DEAD_PROCESS_STATES
 
 
 def arena_key(sequence: int) -> str:
@@ -131,6 +175,7 @@ class ArenaStatistics:
     refused_not_admitted: int  # reservations refused as too large
     refused_full: int  # reservations refused for lack of space
     aborted: int  # reservations dropped before publication
+    reclaimed_from_dead_holders: int  # claimed frames freed because their holder died
     registered: bool  # the arena's range is registered with the driver now
 
 
@@ -179,6 +224,7 @@ class RegisteredArena:
         self._refused_not_admitted = 0
         self._refused_full = 0
         self._aborted = 0
+        self._reclaimed_from_dead_holders = 0
 
     # -- state ----------------------------------------------------------------
 
@@ -203,6 +249,7 @@ class RegisteredArena:
             refused_not_admitted=self._refused_not_admitted,
             refused_full=self._refused_full,
             aborted=self._aborted,
+            reclaimed_from_dead_holders=self._reclaimed_from_dead_holders,
             registered=self._range is not None and self._range.registered,
         )
 
@@ -225,12 +272,26 @@ class RegisteredArena:
     # -- producer protocol ----------------------------------------------------
 
     def reclaim(self) -> int:
-        """Advance the tail over done, retired and padding frames; answer the bytes freed."""
+        """Advance the tail over done, retired and padding frames; answer the bytes freed.
+
+        A claimed frame whose holder is dead is marked DONE first and freed
+        with them (see `is_holder_alive` for what "dead" means).
+        """
         freed = 0
         while self._tail < self._head:
             offset = self._frame_offset(self._tail)
             header = frame_io.read_frame_header(self._buf, offset)
             reclaimable = header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
+            if (
+                not reclaimable
+                and header.frame_type == DATA_FRAME_TYPE
+                and header.state == FRAME_STATE_CLAIMED
+                and not is_holder_alive(frame_io.load_frame_holder_pid(self._buf, offset), self._os)
+            ):
+                # The holder died with its lease: its views are gone with it.
+                frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_DONE)
+                self._reclaimed_from_dead_holders += 1
+                reclaimable = True
             if not reclaimable:
                 break
             offset_in_region = self._tail % self.capacity
@@ -317,6 +378,7 @@ class RegisteredArena:
                 position=reservation.position,
                 checksum=frame_io.compute_checksum(key, b""),
             )
+            frame_io.store_frame_holder_pid(self._buf, offset, FRAME_HOLDER_NONE)
             frame_io.store_frame_length_release(self._buf, offset, reservation.frame_length)
             self._head = reservation.position + reservation.frame_length
             frame_io.store_head_release(self._buf, self._head)
@@ -466,6 +528,9 @@ class ArenaReader:
             raise CorruptFrameError(
                 f"arena frame not published (already claimed?): state={header.state} {descriptor}"
             )
+        # The holder first, then CLAIMED (release): a producer that loads
+        # CLAIMED reads this process as the holder (see `is_holder_alive`).
+        frame_io.store_frame_holder_pid(self._buf, offset, os.getpid())
         frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_CLAIMED)
         return offset
 
@@ -541,4 +606,5 @@ __all__ = [
     "RegisteredArena",
     "arena_key",
     "compute_arena_frame_length",
+    "is_holder_alive",
 ]

@@ -24,6 +24,7 @@ from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_CHECKSUM_OFFSET,
     FRAME_HEADER_LENGTH,
+    FRAME_HOLDER_PID_OFFSET,
     FRAME_KEY_LENGTH_OFFSET,
     FRAME_LENGTH_OFFSET,
     FRAME_PAYLOAD_LENGTH_OFFSET,
@@ -205,7 +206,18 @@ def load_frame_state_acquire(buf: memoryview, offset: int) -> int:
     return value
 
 
-# The whole frame header in one unpack (reserved bytes skipped).
+def store_frame_holder_pid(buf: memoryview, offset: int, pid: int) -> None:
+    """Name the lease holder; a claimer stores it before it stores CLAIMED (release)."""
+    _U32.pack_into(buf, offset + FRAME_HOLDER_PID_OFFSET, pid)
+
+
+def load_frame_holder_pid(buf: memoryview, offset: int) -> int:
+    """The lease holder's pid; meaningful only after loading CLAIMED (acquire)."""
+    value: int = _U32.unpack_from(buf, offset + FRAME_HOLDER_PID_OFFSET)[0]
+    return value
+
+
+# The whole frame header in one unpack (holder pid skipped).
 _FRAME_HEADER: Final = struct.Struct("<IHHIIQI4x")
 assert _FRAME_HEADER.size == FRAME_HEADER_LENGTH
 
@@ -262,6 +274,7 @@ __all__ = [
     "bump_wakeup_sequence_release",
     "compute_checksum",
     "load_frame_header_fields",
+    "load_frame_holder_pid",
     "load_frame_length_acquire",
     "load_frame_prefix",
     "load_frame_state_acquire",
@@ -271,6 +284,7 @@ __all__ = [
     "load_wakeup_sequence_acquire",
     "read_frame_header",
     "read_ring_header",
+    "store_frame_holder_pid",
     "store_frame_length_release",
     "store_frame_state_release",
     "store_head_release",

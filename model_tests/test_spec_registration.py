@@ -453,6 +453,30 @@ def test_lease_end_releases_the_claimed_ring_frame() -> None:
     invariants.check_leases_against_ring(table, ring)
 
 
+def test_a_dead_holders_leases_end_with_it_and_free_their_frames() -> None:
+    ring = ring_spec.initialize_ring(4096)
+    table = LeaseTable()
+    for key, holder in (("a", 7), ("b", 8), ("c", 7)):
+        ring_spec.process_put(ring, key, 100, key)
+        got = ring_spec.process_get(ring, key, mode=ConsumeMode.LEASE)
+        assert got.position is not None
+        _, root = leases_spec.process_borrow(
+            table, leases_spec.SOURCE_ARENA_FRAME, got.position, holder=holder
+        )
+        leases_spec.process_derive(table, root, leases_spec.VIEW_TORCH)
+    assert ring_spec.process_reclaim(ring) == 0  # every frame claimed
+    released = leases_spec.process_holder_exit(table, 7)
+    assert [(r.lease_id, r.position) for r in released] == [(0, 0), (2, 288)]
+    assert [lease.lease_id for lease in leases_spec.get_live_leases(table)] == [1]
+    assert leases_spec.process_holder_exit(table, 7) == []  # released once
+    for result in released:
+        assert result.position is not None
+        ring_spec.process_release(ring, result.position)
+    invariants.check_leases(table)
+    invariants.check_leases_against_ring(table, ring)
+    assert ring_spec.process_reclaim(ring) == 144  # stops at holder 8's live lease
+
+
 LEASE_INVALID_CALLS: dict[str, Callable[[LeaseTable], object]] = {
     "unknown source": lambda t: leases_spec.process_borrow(t, "gpu", None),
     "arena frame without a position": lambda t: leases_spec.process_borrow(

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from shmring.impl.arena import RegisteredArena
+from shmring.impl.arena import RegisteredArena, compute_arena_frame_length
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registration import Registry
 from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
@@ -184,8 +184,11 @@ def test_receiver_killed_after_mapping_leaves_no_name(scope: str) -> None:
     assert not os.path.exists(sender.directory)
 
 
-def test_arena_frame_claimed_by_killed_receiver_is_never_reused(scope: str) -> None:
-    """A receiver that dies holding a frame leaves it CLAIMED: the producer never overwrites it."""
+def test_arena_frame_claimed_by_killed_receiver_is_reused_once_its_death_is_detected(scope: str) -> None:
+    """A receiver that dies holding a frame leaves it CLAIMED with its pid; reclaim sees the death.
+
+    Until then (the receiver alive) the producer never overwrites the frame.
+    """
     options = TransferOptions(enable_registered_shm=True, arena_capacity=4096)
     sender = TransferSender(scope, options, driver=SimulatedCudaDriver())
     descriptor = sender.send({"x": torch.ones(64, dtype=torch.uint8)})
@@ -196,14 +199,35 @@ def test_arena_frame_claimed_by_killed_receiver_is_never_reused(scope: str) -> N
         "d = TransferDescriptor.from_wire(eval(sys.argv[1]))\n"
         "v = TransferReceiver(d.scope, TransferOptions(enable_borrowed_frames=True)).receive(d)\n"
         "print('claimed', flush=True)\n"
+        "sys.stdin.readline()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code, repr(descriptor.to_wire())], capture_output=True, text=True, timeout=120
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, repr(descriptor.to_wire())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert result.stdout.strip() == "claimed", result.stderr
-    arena = sender.arena
-    assert arena is not None
-    assert arena.frame_state(descriptor.fields[0].position) == FRAME_STATE_CLAIMED
-    assert arena.reclaim() == 0
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = child.stdout.readline()
+        assert line.strip() == "claimed", child.stderr.read() if child.stderr else ""
+        arena = sender.arena
+        assert arena is not None
+        position = descriptor.fields[0].position
+        assert arena.frame_state(position) == FRAME_STATE_CLAIMED
+        assert arena.reclaim() == 0  # the holder lives: its frame stays
+        child.stdin.write("die\n")
+        child.stdin.close()
+        assert child.wait(timeout=120) == -9
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=120)
+        for stream in (child.stdout, child.stderr, child.stdin):
+            if stream is not None and not stream.closed:
+                stream.close()
+    assert arena.reclaim() == compute_arena_frame_length(64)
+    assert arena.tail > position and arena.statistics().reclaimed_from_dead_holders == 1
     sender.close()

@@ -26,7 +26,8 @@ A frame in the data region, every field little-endian::
     +-------+-------+-------+---------------+---------------+
     16                              24              28      32
     +-------------------------------+---------------+-------+
-    | position u64                  | checksum u32  | rsvd  |
+    | position u64                  | checksum u32  |holder |
+    |                               |               |pid u32|
     +-------------------------------+---------------+-------+
     32: key bytes (UTF-8), then payload bytes, then zero fill to FRAME_ALIGNMENT
 
@@ -34,6 +35,12 @@ A frame in the data region, every field little-endian::
 reads a non-zero length (acquire) sees a complete frame. A padding frame only
 carries `length`, `type` and `state`, so it fits in the smallest possible
 remainder at the end of the data region (FRAME_ALIGNMENT bytes).
+
+`holder pid` names the process that claimed the frame in lease mode (arena
+frames; see `shmring.spec.leases.process_holder_exit`). The producer writes 0
+when it publishes; a receiver stores its pid before it stores CLAIMED, so a
+producer that loads CLAIMED (acquire) reads the holder that claimed it. The
+host ring's channel neither writes nor reads the field.
 """
 
 from __future__ import annotations
@@ -80,8 +87,9 @@ FRAME_KEY_LENGTH_OFFSET: Final = FRAME_STATE_OFFSET + 2
 FRAME_PAYLOAD_LENGTH_OFFSET: Final = FRAME_KEY_LENGTH_OFFSET + 4
 FRAME_POSITION_OFFSET: Final = FRAME_PAYLOAD_LENGTH_OFFSET + 4
 FRAME_CHECKSUM_OFFSET: Final = FRAME_POSITION_OFFSET + 8
-FRAME_RESERVED_OFFSET: Final = FRAME_CHECKSUM_OFFSET + 4
-FRAME_HEADER_LENGTH: Final = FRAME_RESERVED_OFFSET + 4
+FRAME_HOLDER_PID_OFFSET: Final = FRAME_CHECKSUM_OFFSET + 4
+FRAME_HEADER_LENGTH: Final = FRAME_HOLDER_PID_OFFSET + 4
+FRAME_HOLDER_NONE: Final = 0  # holder pid of a frame no lease holder has claimed
 FRAME_KEY_OFFSET: Final = FRAME_HEADER_LENGTH
 
 FRAME_ALIGNMENT: Final = 16

@@ -14,6 +14,14 @@ a slice, `torch.from_numpy`, a dtype view, a PyAV frame made with
   position order (see `ring.process_release` and `ring.process_reclaim`).
 * The release of an arena frame is the frame header's state, which lives in
   shared memory: a lease taken in another process is released the same way.
+* A lease belongs to the process that borrowed it (its *holder*), and no
+  lease outlives its holder: when the holder dies, every view it had died
+  with it, so each of its live leases is released then, exactly once
+  (`process_holder_exit`). The implementation releases them when the
+  producer's reclaim detects the death (the frame header records the
+  holder's pid); until then the frame stays claimed. Detection may come
+  late (a reused pid looks alive) but never early: a live holder's lease is
+  never released for it.
 
 The kind of a view is recorded but does not change the rule: the
 implementation must make every kind hold the lease.
@@ -57,6 +65,7 @@ class Lease:
     lease_id: int  # unique in the table, never reused
     source: str  # SOURCE_ARENA_FRAME or SOURCE_SEGMENT
     position: int | None  # the arena frame's ring position; None for a segment
+    holder: int = 0  # the process that borrowed it (0: the table's own process)
     # Ids of the live views; the lease is released exactly when this becomes empty.
     live_views: set[int] = field(default_factory=set)
     released: bool = False  # True from the death of the last view on; never goes back
@@ -131,8 +140,10 @@ def _add_view(table: LeaseTable, lease: Lease, kind: str, parent: int | None) ->
     return view_id
 
 
-def process_borrow(table: LeaseTable, source: str, position: int | None) -> tuple[int, int]:
-    """The receiver borrowed a payload; answers (lease id, root view id)."""
+def process_borrow(
+    table: LeaseTable, source: str, position: int | None, holder: int = 0
+) -> tuple[int, int]:
+    """Process `holder` borrowed a payload; answers (lease id, root view id)."""
     # Verify the source is known and only arena frames carry a position
     assert source in SOURCES
     assert (position is not None) == (source == SOURCE_ARENA_FRAME)
@@ -142,7 +153,7 @@ def process_borrow(table: LeaseTable, source: str, position: int | None) -> tupl
     )
     lease_id = table.next_lease_id
     table.next_lease_id += 1
-    lease = Lease(lease_id=lease_id, source=source, position=position)
+    lease = Lease(lease_id=lease_id, source=source, position=position, holder=holder)
     table.leases[lease_id] = lease
     view_id = _add_view(table, lease, VIEW_ROOT, None)
     return lease_id, view_id
@@ -171,6 +182,23 @@ def process_drop(table: LeaseTable, view_id: int) -> DropResult:
     return DropResult(released=True, lease_id=lease.lease_id, position=lease.position)
 
 
+def process_holder_exit(table: LeaseTable, holder: int) -> list[DropResult]:
+    """Process `holder` died: its views died with it; answers one release per live lease it held.
+
+    The releases come in lease order (a dead process ends its leases in no
+    order of its own). Other holders' leases and views are untouched.
+    """
+    results = []
+    for lease in sorted(get_live_leases(table), key=lambda lease: lease.lease_id):
+        if lease.holder != holder:
+            continue
+        for view_id in sorted(lease.live_views):
+            results.append(process_drop(table, view_id))
+        # Verify the lease ended with its last view
+        assert lease.released
+    return [result for result in results if result.released]
+
+
 __all__ = [
     "DERIVED_VIEW_KINDS",
     "SOURCES",
@@ -195,4 +223,5 @@ __all__ = [
     "process_borrow",
     "process_derive",
     "process_drop",
+    "process_holder_exit",
 ]
