@@ -52,7 +52,9 @@ def dev_shm_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
     after = _shm_entries()
     added = after - before
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        test_scope = request.node.funcargs.get("scope") if hasattr(request.node, "funcargs") else None
+        test_scope = (
+            request.node.funcargs.get("scope") if hasattr(request.node, "funcargs") else None
+        )
         added = {path for path in added if test_scope and test_scope in path}
     # Python's own SharedMemory names, hypothesis or torch may create files
     # that are not ours; shmring's names all carry "shmring".

@@ -193,12 +193,19 @@ class RegisteredArena:
     def __init__(self, registry: Registry, capacity: int = DEFAULT_ARENA_CAPACITY) -> None:
         error = compute_capacity_error(capacity)
         if error is not None or capacity == 0:
-            raise ConfigurationError(error or f"arena capacity must be positive: capacity={capacity}")
+            raise ConfigurationError(
+                error or f"arena capacity must be positive: capacity={capacity}"
+            )
         self.registry = registry
         self.capacity = capacity
         self._os = registry._os
         pid, start_time = current_producer_identity(self._os)
-        file = ShmFile(registry.directory, arena_file_name(self._os), compute_ring_file_length(capacity), self._os)
+        file = ShmFile(
+            registry.directory,
+            arena_file_name(self._os),
+            compute_ring_file_length(capacity),
+            self._os,
+        )
         try:
             # Touch every page once now, so no transfer pays first-touch page
             # faults (registration pins them on a GPU anyway).
@@ -281,7 +288,9 @@ class RegisteredArena:
         while self._tail < self._head:
             offset = self._frame_offset(self._tail)
             header = frame_io.read_frame_header(self._buf, offset)
-            reclaimable = header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
+            reclaimable = (
+                header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
+            )
             if (
                 not reclaimable
                 and header.frame_type == DATA_FRAME_TYPE
@@ -383,7 +392,11 @@ class RegisteredArena:
             self._head = reservation.position + reservation.frame_length
             frame_io.store_head_release(self._buf, self._head)
             self._published += 1
-            published.append(ArenaFrameDescriptor(self.name, reservation.position, reservation.key, reservation.nbytes))
+            published.append(
+                ArenaFrameDescriptor(
+                    self.name, reservation.position, reservation.key, reservation.nbytes
+                )
+            )
         self._pending = []
         if published:
             frame_io.bump_wakeup_sequence_release(self._buf)
@@ -507,10 +520,16 @@ class ArenaReader:
         if self._buf is None:
             raise ClosedError(f"arena reader is closed: name={self.name!r}")
         if descriptor.arena != self.name:
-            raise CorruptFrameError(f"descriptor names another arena: {descriptor.arena!r} != {self.name!r}")
+            raise CorruptFrameError(
+                f"descriptor names another arena: {descriptor.arena!r} != {self.name!r}"
+            )
         frame_length = compute_arena_frame_length(descriptor.nbytes)
         physical = descriptor.position % self.capacity
-        if descriptor.position < 0 or physical % FRAME_ALIGNMENT or physical + frame_length > self.capacity:
+        if (
+            descriptor.position < 0
+            or physical % FRAME_ALIGNMENT
+            or physical + frame_length > self.capacity
+        ):
             raise CorruptFrameError(f"arena descriptor out of bounds: {descriptor}")
         offset = RING_HEADER_LENGTH + physical
         header = frame_io.read_frame_header(self._buf, offset)
@@ -523,7 +542,9 @@ class ArenaReader:
             or header.payload_length != descriptor.nbytes
             or key != descriptor.key.encode("ascii", "replace")
         ):
-            raise CorruptFrameError(f"arena frame does not match its descriptor (stale or corrupt): {descriptor}")
+            raise CorruptFrameError(
+                f"arena frame does not match its descriptor (stale or corrupt): {descriptor}"
+            )
         if header.state != FRAME_STATE_PUBLISHED:
             raise CorruptFrameError(
                 f"arena frame not published (already claimed?): state={header.state} {descriptor}"
@@ -534,7 +555,9 @@ class ArenaReader:
         frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_CLAIMED)
         return offset
 
-    def borrow(self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]) -> np.ndarray:
+    def borrow(
+        self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]
+    ) -> np.ndarray:
         """A borrowed, writable view of the frame's payload.
 
         The frame belongs to this receiver until the last object derived from
@@ -553,7 +576,9 @@ class ArenaReader:
             label=f"arena {self.name} position {descriptor.position}",
         )
 
-    def copy(self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]) -> np.ndarray:
+    def copy(
+        self, descriptor: ArenaFrameDescriptor, dtype: np.dtype[Any] | str, shape: tuple[int, ...]
+    ) -> np.ndarray:
         """An independently owned copy of the payload; the frame is done on return."""
         offset = self._claim(descriptor)
         assert self._buf is not None
@@ -561,7 +586,11 @@ class ArenaReader:
         try:
             wire = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))
-            copied = np.frombuffer(self._mapping, dtype=wire, count=count, offset=start).reshape(shape).copy()
+            copied = (
+                np.frombuffer(self._mapping, dtype=wire, count=count, offset=start)
+                .reshape(shape)
+                .copy()
+            )
         finally:
             frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_DONE)
         return copied
@@ -569,7 +598,9 @@ class ArenaReader:
     def frame_state(self, position: int) -> int:
         if self._buf is None:
             raise ClosedError(f"arena reader is closed: name={self.name!r}")
-        return frame_io.load_frame_state_acquire(self._buf, RING_HEADER_LENGTH + position % self.capacity)
+        return frame_io.load_frame_state_acquire(
+            self._buf, RING_HEADER_LENGTH + position % self.capacity
+        )
 
     def close(self) -> None:
         """Drop the reader's mapping; live leases keep it until they end. Idempotent."""

@@ -86,6 +86,7 @@ from typing import Any, Final
 
 import msgspec
 from msgspec.msgpack import Decoder, Encoder, Ext
+
 from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError
 
 # -- wire format ----------------------------------------------------------------

@@ -143,13 +143,18 @@ class SharedMemoryConnector:
             metadata = metadata[get_key]
         if not isinstance(metadata, Mapping):
             return None
-        for name, route in ((RING_METADATA_KEY, Route.RING), (SEGMENT_METADATA_KEY, Route.FALLBACK)):
+        for name, route in (
+            (RING_METADATA_KEY, Route.RING),
+            (SEGMENT_METADATA_KEY, Route.FALLBACK),
+        ):
             data = metadata.get(name)
             if isinstance(data, Mapping) and "producer" in data:
                 try:
                     descriptor = descriptor_from_dict(route, data)
                 except CorruptFrameError as error:
-                    logger.warning("shmring: ignoring malformed metadata for key=%r: %s", get_key, error)
+                    logger.warning(
+                        "shmring: ignoring malformed metadata for key=%r: %s", get_key, error
+                    )
                     return None
                 if descriptor.key != get_key:
                     return None  # metadata of another key: look up by key
@@ -197,4 +202,9 @@ def _answer(got: Delivery) -> tuple[Any, int] | None:
     return (got.value, got.size) if got.delivered else None
 
 
-__all__ = ["RING_METADATA_KEY", "SEGMENT_METADATA_KEY", "SharedMemoryConnector", "scope_from_config"]
+__all__ = [
+    "RING_METADATA_KEY",
+    "SEGMENT_METADATA_KEY",
+    "SharedMemoryConnector",
+    "scope_from_config",
+]

@@ -169,12 +169,16 @@ def descriptor_from_dict(route: Route, data: Mapping[str, Any]) -> Descriptor:
         if not isinstance(key, str):
             raise TypeError(f"key must be a str: key={key!r}")
         if route is Route.RING:
-            return RingDescriptor(producer, edge, key, _plain_int(data["position"], "position"), size)
+            return RingDescriptor(
+                producer, edge, key, _plain_int(data["position"], "position"), size
+            )
         return FallbackDescriptor(
             producer, edge, key, _plain_int(data["generation"], "generation"), size
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise CorruptFrameError(f"malformed {route.value} descriptor: {error}: data={data!r}") from error
+        raise CorruptFrameError(
+            f"malformed {route.value} descriptor: {error}: data={data!r}"
+        ) from error
 
 
 def _plain_int(value: object, what: str) -> int:
@@ -191,8 +195,12 @@ class GetStatus(enum.Enum):
 
     DELIVERED = DeploymentGetStatus.DELIVERED.value
     NOT_FOUND = DeploymentGetStatus.NOT_FOUND.value
-    STALE = DeploymentGetStatus.STALE.value  # the descriptor's frame or segment is gone or superseded
-    PRODUCER_GONE = DeploymentGetStatus.PRODUCER_GONE.value  # the descriptor's producer exited or closed
+    STALE = (
+        DeploymentGetStatus.STALE.value
+    )  # the descriptor's frame or segment is gone or superseded
+    PRODUCER_GONE = (
+        DeploymentGetStatus.PRODUCER_GONE.value
+    )  # the descriptor's producer exited or closed
     BUSY = "busy"  # another process held a lock; nothing changed, retry (get_with_deadline does)
 
 
@@ -301,7 +309,10 @@ class Connector:
             raise ConfigurationError(
                 f"fallback budget must be an int >= 0 bytes: fallback_budget={fallback_budget!r}"
             )
-        for name, value in (("spin_seconds", spin_seconds), ("max_sleep_seconds", max_sleep_seconds)):
+        for name, value in (
+            ("spin_seconds", spin_seconds),
+            ("max_sleep_seconds", max_sleep_seconds),
+        ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigurationError(f"{name} must be a number >= 0: {name}={value!r}")
         self.scope = scope

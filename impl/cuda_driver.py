@@ -105,10 +105,14 @@ class CudaRuntimeDriver(CudaDriver):
         from cuda.bindings import runtime  # imported here: the module must load without CUDA
 
         if not torch.cuda.is_available():
-            raise ConfigurationError("CudaRuntimeDriver needs a CUDA device: torch.cuda.is_available()=False")
+            raise ConfigurationError(
+                "CudaRuntimeDriver needs a CUDA device: torch.cuda.is_available()=False"
+            )
         self._runtime = runtime
         self._torch = torch
-        self._device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        self._device = torch.device(
+            "cuda", torch.cuda.current_device() if device is None else device
+        )
         self._flags = runtime.cudaHostRegisterDefault if flags is None else flags
         self._stream = torch.cuda.Stream(device=self._device)  # type: ignore[no-untyped-call]
 
@@ -207,7 +211,9 @@ class SimulatedCudaDriver(CudaDriver):
     def fail(self, call: str | None = None, error: str = CUDA_ERROR_UNKNOWN, nth: int = 1) -> None:
         """Make the nth matching call from now answer `error` (nth=FAULT_EVERY: every one)."""
         if call is not None and call not in DRIVER_CALLS:
-            raise ConfigurationError(f"unknown driver call: call={call!r} (expected one of {DRIVER_CALLS})")
+            raise ConfigurationError(
+                f"unknown driver call: call={call!r} (expected one of {DRIVER_CALLS})"
+            )
         if error == CUDA_SUCCESS or not error.startswith("cudaError"):
             raise ConfigurationError(f"a fault must answer a CUDA error name: error={error!r}")
         if nth < 0:
@@ -262,7 +268,11 @@ class SimulatedCudaDriver(CudaDriver):
     def host_register(self, address: int, length: int) -> None:
         self._enter(CALL_HOST_REGISTER)
         if length <= 0 or address <= 0:
-            raise driver_error(CALL_HOST_REGISTER, CUDA_ERROR_INVALID_VALUE, f"address={address:#x} length={length}")
+            raise driver_error(
+                CALL_HOST_REGISTER,
+                CUDA_ERROR_INVALID_VALUE,
+                f"address={address:#x} length={length}",
+            )
         if self._overlaps(address, length):
             raise driver_error(
                 CALL_HOST_REGISTER,
@@ -275,7 +285,9 @@ class SimulatedCudaDriver(CudaDriver):
     def host_unregister(self, address: int) -> None:
         self._enter(CALL_HOST_UNREGISTER)
         if address not in self._lengths:
-            raise driver_error(CALL_HOST_UNREGISTER, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, f"address={address:#x}")
+            raise driver_error(
+                CALL_HOST_UNREGISTER, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, f"address={address:#x}"
+            )
         self._starts.remove(address)
         del self._lengths[address]
 

@@ -86,7 +86,9 @@ STAMP_OFFSET: Final = 0
 STAMP_FILE_LENGTH: Final = 64
 _U64: Final = struct.Struct("<Q")
 
-_MARKER_PATTERN: Final = re.compile(r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)")
+_MARKER_PATTERN: Final = re.compile(
+    r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)"
+)
 _LIVE_PATTERN: Final = re.compile(r"live\.([0-9]+)\.([0-9]+)")
 _PROC_STAT_READ_LENGTH: Final = 4096
 _DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
@@ -106,9 +108,7 @@ def marker_file_name(edge: Edge, producer: ProducerIdentity) -> str:
     validate_stage_name(source)
     validate_stage_name(destination)
     pid, start_time = producer
-    return NAME_SEPARATOR.join(
-        (MARKER_FILE_PREFIX, source, destination, str(pid), str(start_time))
-    )
+    return NAME_SEPARATOR.join((MARKER_FILE_PREFIX, source, destination, str(pid), str(start_time)))
 
 
 def parse_marker_file_name(name: str) -> tuple[Edge, ProducerIdentity] | None:
@@ -136,9 +136,7 @@ def parse_live_file_name(name: str) -> ProducerIdentity | None:
 # -- liveness ------------------------------------------------------------------
 
 
-def read_process_status(
-    pid: int, os_facade: OsFacade
-) -> tuple[int, bytes] | None:
+def read_process_status(pid: int, os_facade: OsFacade) -> tuple[int, bytes] | None:
     """(start time, state letter) of process `pid` from /proc, or None when there is none."""
     try:
         fd = os_facade.open(f"/proc/{pid}/stat", OPEN_FLAGS_READONLY)
@@ -237,7 +235,9 @@ class Liveness:
         """/proc's answer: the pid runs, with this start time, and is not a zombie."""
         pid, start_time = producer
         status = read_process_status(pid, self._os)
-        return status is not None and status[0] == start_time and status[1] not in _DEAD_PROCESS_STATES
+        return (
+            status is not None and status[0] == start_time and status[1] not in _DEAD_PROCESS_STATES
+        )
 
     def _mark_dead(self, producer: ProducerIdentity) -> None:
         self._dead.add(producer)
@@ -370,7 +370,9 @@ class Membership:
         self._os = os_facade
 
     @classmethod
-    def join(cls, directory: str, os_facade: OsFacade, ensure_directory: object = None) -> Membership:
+    def join(
+        cls, directory: str, os_facade: OsFacade, ensure_directory: object = None
+    ) -> Membership:
         """Take a shared lock on ``members`` (creating it), retrying across a teardown.
 
         `ensure_directory`, when given, is called (no arguments) to recreate

@@ -196,7 +196,9 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
             # Someone planted a symlink at the segment name; it is never followed.
             with contextlib.suppress(FileNotFoundError):
                 os_facade.unlink(path)
-            raise CorruptFrameError(f"fallback segment path is a symlink; removed: path={path!r}") from error
+            raise CorruptFrameError(
+                f"fallback segment path is a symlink; removed: path={path!r}"
+            ) from error
         try:
             while True:
                 try:
@@ -225,7 +227,9 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
 
 
 def _no_space(error: OSError, what: str) -> NoSpaceError:
-    return NoSpaceError(f"no space for {what}: {os.strerror(error.errno or 0)}", error.errno or errno.ENOSPC)
+    return NoSpaceError(
+        f"no space for {what}: {os.strerror(error.errno or 0)}", error.errno or errno.ENOSPC
+    )
 
 
 # -- producer side ---------------------------------------------------------------
@@ -585,7 +589,9 @@ def _claim_locked(
     size = os_facade.fstat(fd).st_size
     if size < _SEGMENT_HEADER_LENGTH:
         os_facade.unlink(path)
-        raise CorruptFrameError(f"fallback segment shorter than its headers: size={size} path={path!r}")
+        raise CorruptFrameError(
+            f"fallback segment shorter than its headers: size={size} path={path!r}"
+        )
     mapping = os_facade.mmap(fd, size, writable=False)
     try:
         with memoryview(mapping) as buf:
@@ -595,7 +601,9 @@ def _claim_locked(
             )
             if problem is not None:
                 os_facade.unlink(path)
-                raise CorruptFrameError(f"corrupted fallback segment: {problem}; removed; path={path!r}")
+                raise CorruptFrameError(
+                    f"corrupted fallback segment: {problem}; removed; path={path!r}"
+                )
             if (owner is not None and producer != owner) or (
                 generation is not None and frame_generation != generation
             ):
@@ -636,7 +644,13 @@ def _check_segment(
         return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0
     frame = read_frame_header(buf, RING_HEADER_LENGTH)
     if frame.length != header.capacity:
-        return f"frame length={frame.length} differs from capacity={header.capacity}", owner, 0, 0, 0
+        return (
+            f"frame length={frame.length} differs from capacity={header.capacity}",
+            owner,
+            0,
+            0,
+            0,
+        )
     if frame.frame_type != DATA_FRAME_TYPE or frame.state != FRAME_STATE_PUBLISHED:
         return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0
     if compute_frame_length(frame.key_length, frame.payload_length) != frame.length:
@@ -649,7 +663,10 @@ def _check_segment(
             0,
         )
     key_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET
-    if frame.key_length != len(key_bytes) or buf[key_start : key_start + frame.key_length] != key_bytes:
+    if (
+        frame.key_length != len(key_bytes)
+        or buf[key_start : key_start + frame.key_length] != key_bytes
+    ):
         return "the segment holds another key", owner, 0, 0, 0
     return None, owner, frame.position, frame.payload_length, frame.checksum
 

@@ -222,7 +222,9 @@ _FRAME_HEADER: Final = struct.Struct("<IHHIIQI4x")
 assert _FRAME_HEADER.size == FRAME_HEADER_LENGTH
 
 
-def load_frame_header_fields(buf: memoryview, offset: int) -> tuple[int, int, int, int, int, int, int]:
+def load_frame_header_fields(
+    buf: memoryview, offset: int
+) -> tuple[int, int, int, int, int, int, int]:
     """(length, type, state, key length, payload length, position, checksum) in one load.
 
     For readers of frames below a head they loaded (acquire): such a frame was

@@ -57,7 +57,9 @@ _STAT_START_TIME_FIELD: Final = 22
 # arena.<pid>.<start time>.<token> (see impl/registration.py).
 SEGMENT_FILE_PREFIX: Final = "seg"
 ARENA_FILE_PREFIX: Final = "arena"
-TRANSFER_FILE_PATTERN: Final = re.compile(r"(seg|arena)\.([0-9]+)\.([0-9]+)(\.[0-9]+)?\.[0-9a-f]{8}")
+TRANSFER_FILE_PATTERN: Final = re.compile(
+    r"(seg|arena)\.([0-9]+)\.([0-9]+)(\.[0-9]+)?\.[0-9a-f]{8}"
+)
 
 
 def parse_transfer_file_owner(name: str) -> tuple[int, int] | None:
@@ -66,6 +68,8 @@ def parse_transfer_file_owner(name: str) -> tuple[int, int] | None:
     if match is None:
         return None
     return (int(match.group(2)), int(match.group(3)))
+
+
 _STAT_FIELDS_BEFORE_STATE: Final = 2
 _PROC_STAT_READ_LENGTH: Final = 4096
 

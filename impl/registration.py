@@ -211,7 +211,9 @@ class ShmFile:
     _tensor: torch.Tensor | None = None
     _linked = False
 
-    def __init__(self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS) -> None:
+    def __init__(
+        self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS
+    ) -> None:
         if length <= 0:
             raise ValueError(f"shared-memory file length must be positive: length={length}")
         self.name = name
@@ -553,7 +555,9 @@ class Registry:
 
     def publish(self, segments: Sequence[RegisteredSegment]) -> list[PublishedSegment]:
         """Hand every segment to the receiver; the producer's mapping closes."""
-        bad = [(s.state, s.copied) for s in segments if s.state != SEGMENT_UNREGISTERED or not s.copied]
+        bad = [
+            (s.state, s.copied) for s in segments if s.state != SEGMENT_UNREGISTERED or not s.copied
+        ]
         if bad:
             raise ValueError(f"publish needs copied, unregistered segments: (state, copied)={bad}")
         published = []

@@ -91,7 +91,9 @@ class TransferOptions:
         for name in ("enable_registered_shm", "enable_borrowed_frames"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ConfigurationError(f"{name} must be a bool: {name}={value!r} ({type(value).__name__})")
+                raise ConfigurationError(
+                    f"{name} must be a bool: {name}={value!r} ({type(value).__name__})"
+                )
         capacity = self.arena_capacity
         if not isinstance(capacity, int) or isinstance(capacity, bool):
             raise ConfigurationError(f"arena_capacity must be an int: arena_capacity={capacity!r}")
@@ -152,7 +154,9 @@ class FieldDescriptor:
                 shape=tuple(int(d) for d in data["shape"]),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
-            raise CorruptFrameError(f"malformed field descriptor: {error}: {dict(data)!r}") from error
+            raise CorruptFrameError(
+                f"malformed field descriptor: {error}: {dict(data)!r}"
+            ) from error
         field.check()
         return field
 
@@ -166,7 +170,9 @@ class FieldDescriptor:
             raise CorruptFrameError(f"negative shape or position: {self}")
         expected = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.wire_dtype).itemsize
         if self.nbytes != expected:
-            raise CorruptFrameError(f"nbytes={self.nbytes} differs from shape and dtype ({expected}): {self}")
+            raise CorruptFrameError(
+                f"nbytes={self.nbytes} differs from shape and dtype ({expected}): {self}"
+            )
 
 
 @dataclass(frozen=True)
@@ -292,7 +298,9 @@ class TransferSender:
         tensors = [fields[name] for name in names]
         for name, tensor in zip(names, tensors, strict=True):
             if not isinstance(tensor, torch.Tensor):
-                raise ConfigurationError(f"field {name!r} is not a torch.Tensor: {type(tensor).__name__}")
+                raise ConfigurationError(
+                    f"field {name!r} is not a torch.Tensor: {type(tensor).__name__}"
+                )
             wire_dtype_of(tensor.dtype)
         registered = self.uses_registered_path(tensors)
         if registered:
@@ -306,7 +314,9 @@ class TransferSender:
     def _ensure_registry(self) -> Registry:
         if self._registry is None:
             assert self._driver is not None
-            self._registry = Registry(self.scope, self._driver, os_facade=self._os, shm_root=self._shm_root)
+            self._registry = Registry(
+                self.scope, self._driver, os_facade=self._os, shm_root=self._shm_root
+            )
         return self._registry
 
     def _ensure_arena(self, registry: Registry) -> RegisteredArena | None:
@@ -321,13 +331,17 @@ class TransferSender:
                 self._arena_disabled = f"{type(error).__name__}: {error}"
         return self._arena
 
-    def _send_registered(self, names: list[str], tensors: list[torch.Tensor]) -> list[FieldDescriptor]:
+    def _send_registered(
+        self, names: list[str], tensors: list[torch.Tensor]
+    ) -> list[FieldDescriptor]:
         registry = self._ensure_registry()
         arena = self._ensure_arena(registry)
         slots: list[ArenaReservation | None] = []
         try:
             for tensor in tensors:
-                reservation = arena.reserve(tensor.numel() * tensor.element_size()) if arena else None
+                reservation = (
+                    arena.reserve(tensor.numel() * tensor.element_size()) if arena else None
+                )
                 if isinstance(reservation, ArenaReservation):
                     assert arena is not None
                     arena.copy_into(reservation, tensor)
@@ -345,7 +359,9 @@ class TransferSender:
         for name, tensor, slot in zip(names, tensors, slots, strict=True):
             if slot is not None:
                 frame: ArenaFrameDescriptor = next(frames)
-                descriptors.append(self._field(name, tensor, CARRIER_ARENA, frame.arena, frame.position, frame.key))
+                descriptors.append(
+                    self._field(name, tensor, CARRIER_ARENA, frame.arena, frame.position, frame.key)
+                )
                 self._in_arena += 1
             else:
                 segment = next(segments)
@@ -359,7 +375,9 @@ class TransferSender:
         try:
             for tensor in tensors:
                 nbytes = tensor.numel() * tensor.element_size()
-                file = ShmFile(self.directory, segment_file_name(self._os), max(1, nbytes), self._os)
+                file = ShmFile(
+                    self.directory, segment_file_name(self._os), max(1, nbytes), self._os
+                )
                 files.append(file)
                 host_view(file.tensor, 0, tensor).copy_(copy_source(tensor))
         except BaseException:
@@ -377,7 +395,9 @@ class TransferSender:
         return descriptors
 
     @staticmethod
-    def _field(name: str, tensor: torch.Tensor, carrier: str, file: str, position: int, key: str) -> FieldDescriptor:
+    def _field(
+        name: str, tensor: torch.Tensor, carrier: str, file: str, position: int, key: str
+    ) -> FieldDescriptor:
         return FieldDescriptor(
             name=name,
             carrier=carrier,
@@ -477,7 +497,9 @@ class TransferReceiver:
         if self._closed:
             raise ClosedError(f"receiver is closed: scope={self.scope!r}")
         if descriptor.scope != self.scope:
-            raise CorruptFrameError(f"descriptor for scope={descriptor.scope!r}, receiver scope={self.scope!r}")
+            raise CorruptFrameError(
+                f"descriptor for scope={descriptor.scope!r}, receiver scope={self.scope!r}"
+            )
         borrowed = self.options.enable_borrowed_frames
         for field in descriptor.fields:
             field.check()
@@ -490,18 +512,24 @@ class TransferReceiver:
                 if field.carrier == CARRIER_ARENA:
                     self._reader(field.file)
                 else:
-                    mapped[field.name] = map_segment(self._directory, field.file, self._os, unlink=False)
+                    mapped[field.name] = map_segment(
+                        self._directory, field.file, self._os, unlink=False
+                    )
             # 2. Take every field (no system call).
             for field in descriptor.fields:
                 if field.carrier == CARRIER_ARENA:
-                    frame = ArenaFrameDescriptor(field.file, field.position, field.key, field.nbytes)
+                    frame = ArenaFrameDescriptor(
+                        field.file, field.position, field.key, field.nbytes
+                    )
                     reader = self._reader(field.file)
                     take = reader.borrow if borrowed else reader.copy
                     received[field.name] = take(frame, field.wire_dtype, field.shape)
                 else:
                     take_mapped = borrow_mapped if borrowed else copy_mapped
                     mapping = mapped.pop(field.name)
-                    received[field.name] = take_mapped(mapping, field.file, field.wire_dtype, field.shape)
+                    received[field.name] = take_mapped(
+                        mapping, field.file, field.wire_dtype, field.shape
+                    )
         except BaseException:
             received.clear()  # release what was taken; the traceback must not hold leases
             for mapping in mapped.values():

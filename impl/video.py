@@ -58,7 +58,9 @@ class VideoSettings:
                 raise ConfigurationError(f"{name} must be a non-empty str: {name}={value!r}")
         for name in ("crf", "qp"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
                 raise ConfigurationError(f"{name} must be None or an int >= 0: {name}={value!r}")
 
     def codec_options(self) -> dict[str, str]:
@@ -120,13 +122,17 @@ def encode_rgb_to_mp4(
     """
     settings = settings or VideoSettings()
     if frame_input not in FRAME_INPUTS:
-        raise ConfigurationError(f"unknown frame input: frame_input={frame_input!r} (expected one of {FRAME_INPUTS})")
+        raise ConfigurationError(
+            f"unknown frame input: frame_input={frame_input!r} (expected one of {FRAME_INPUTS})"
+        )
     check_rgb_frames(frames)
     _, height, width, _ = frames.shape
     time_base = Fraction(1, settings.fps)
     out = io.BytesIO()
     with av.open(out, mode="w", format="mp4") as container:
-        stream: Any = container.add_stream(settings.codec, rate=settings.fps, options=settings.codec_options())
+        stream: Any = container.add_stream(
+            settings.codec, rate=settings.fps, options=settings.codec_options()
+        )
         stream.width = width
         stream.height = height
         stream.pix_fmt = settings.pix_fmt

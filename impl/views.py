@@ -63,7 +63,9 @@ class LeaseStatistics:
 
 def lease_statistics() -> LeaseStatistics:
     with _Counters.lock:
-        return LeaseStatistics(_Counters.taken, _Counters.released, _Counters.taken - _Counters.released)
+        return LeaseStatistics(
+            _Counters.taken, _Counters.released, _Counters.taken - _Counters.released
+        )
 
 
 class LeaseOwner:
@@ -190,7 +192,9 @@ def map_segment(
     try:
         info = os_facade.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size <= 0:
-            raise CorruptFrameError(f"segment is not a non-empty regular file: path={path!r} size={info.st_size}")
+            raise CorruptFrameError(
+                f"segment is not a non-empty regular file: path={path!r} size={info.st_size}"
+            )
         mapping = os_facade.mmap(fd, info.st_size)
         if unlink:
             try:

@@ -43,6 +43,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from shmring.impl import codec
 from shmring.impl.connector import Connector, FallbackDescriptor, RingDescriptor
 from shmring.impl.errors import BackPressureError, ClosedError, NoSpaceError

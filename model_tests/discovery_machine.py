@@ -46,6 +46,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from shmring.impl import codec
 from shmring.impl.connector import Connector, descriptor_from_dict
 from shmring.impl.discovery import (
@@ -96,7 +97,12 @@ settings.register_profile(
 )
 settings.register_profile(LONG_PROFILE, max_examples=200, stateful_step_count=60, **_COMMON)
 settings.register_profile(
-    RESTART_CI_PROFILE, max_examples=40, stateful_step_count=50, derandomize=True, database=None, **_COMMON
+    RESTART_CI_PROFILE,
+    max_examples=40,
+    stateful_step_count=50,
+    derandomize=True,
+    database=None,
+    **_COMMON,
 )
 settings.register_profile(RESTART_LONG_PROFILE, max_examples=150, stateful_step_count=60, **_COMMON)
 
@@ -186,7 +192,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             return  # with someone publishing already, start more rarely
         STEPS["start_producer"] += 1
         dep = self._model()
-        slot = data.draw(st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot]))
+        slot = data.draw(
+            st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot])
+        )
         worker = Worker(
             self.scope, {"ring_capacity": RING_CAPACITY, "fallback_budget": FALLBACK_BUDGET}
         )
@@ -328,7 +336,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         scans_before = self.seams[receiver].calls["scandir"]
         expected = discovery_spec.process_get(dep, receiver, edge, key)
         got = self.receivers[receiver].get(edge, key)
-        note(f"{receiver}.get({edge}, {key!r}) -> {got.status.value}, model {expected.status.value}")
+        note(
+            f"{receiver}.get({edge}, {key!r}) -> {got.status.value}, model {expected.status.value}"
+        )
         self._compare(expected, got)
         if dep.directory.stamp != stamp_before:
             _label("stale marker pruned")
@@ -340,7 +350,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             _label("dead producer's key not delivered")
 
     @rule(receiver=st.sampled_from(RECEIVERS), entry=published)
-    def get_with_descriptor(self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]) -> None:
+    def get_with_descriptor(
+        self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]
+    ) -> None:
         STEPS["get_with_descriptor"] += 1
         dep = self._model()
         model_descriptor, data, route = entry
@@ -362,8 +374,12 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         if expected.status is not DeploymentGetStatus.DELIVERED:
             return
         tag = payload_tag(got.value)
-        assert tag == expected.payload, f"payload: model tag {expected.payload}, implementation {tag}"
-        assert got.route is expected.route, f"route: model {expected.route}, implementation {got.route}"
+        assert tag == expected.payload, (
+            f"payload: model tag {expected.payload}, implementation {tag}"
+        )
+        assert got.route is expected.route, (
+            f"route: model {expected.route}, implementation {got.route}"
+        )
         assert got.producer == expected.producer, (
             f"producer: model {expected.producer}, implementation {got.producer}"
         )

@@ -141,7 +141,9 @@ def history_reader(
         tag = payload_tag(value)
         if value != tagged_payload(tag, len(value)):
             corrupt.append(key)
-        deliveries.append(Delivery(name, key, tag, tuple(got.producer), got.route.value, start, end))
+        deliveries.append(
+            Delivery(name, key, tag, tuple(got.producer), got.route.value, start, end)
+        )
 
     with Connector(scope) as connector:
         conn.send(("ready", None))
@@ -195,7 +197,9 @@ def check_histories(
     for delivery in deliveries:
         put = by_tag.get(delivery.tag)
         assert put is not None, f"delivered tag {delivery.tag} was never accepted: {delivery}"
-        assert delivery.tag not in seen, f"tag {delivery.tag} delivered twice: {seen[delivery.tag]}, {delivery}"
+        assert delivery.tag not in seen, (
+            f"tag {delivery.tag} delivered twice: {seen[delivery.tag]}, {delivery}"
+        )
         seen[delivery.tag] = delivery
         assert (put.key, put.producer) == (delivery.key, delivery.producer), (
             f"misattributed delivery {delivery} of {put}"

@@ -154,7 +154,9 @@ class DriverMachine(RuleBasedStateMachine):
         note(f"host_register(slot={slot}, pages={pages})")
         expected = spec.process_host_register(self.model, address, length)
         got = driver_outcome(lambda: self.driver.host_register(address, length))
-        assert got == expected, f"register slot={slot} pages={pages}: driver {got}, model {expected}"
+        assert got == expected, (
+            f"register slot={slot} pages={pages}: driver {got}, model {expected}"
+        )
 
     @rule(data=st.data())
     def unregister(self, data: st.DataObject) -> None:
@@ -182,7 +184,9 @@ class DriverMachine(RuleBasedStateMachine):
         if got == spec.CUDA_SUCCESS:
             expected_sync = spec.process_synchronize(self.model)
             got_sync = driver_outcome(self.driver.synchronize)
-            assert got_sync == expected_sync, f"synchronize: driver {got_sync}, model {expected_sync}"
+            assert got_sync == expected_sync, (
+                f"synchronize: driver {got_sync}, model {expected_sync}"
+            )
             if got_sync == spec.CUDA_SUCCESS:
                 assert torch.equal(dst, src.cpu()), "copy did not land"
 
@@ -278,7 +282,9 @@ class RegistryMachine(RuleBasedStateMachine):
         return source_tensor(length, self.seed, self.device)
 
     @staticmethod
-    def step_outcome(call: Callable[[], object], poisoned: StepStatus) -> tuple[StepStatus, str | None]:
+    def step_outcome(
+        call: Callable[[], object], poisoned: StepStatus
+    ) -> tuple[StepStatus, str | None]:
         """Run an implementation step and classify it as the model answers.
 
         RegistryPoisonedError means REFUSED for a step that starts a
@@ -341,7 +347,9 @@ class RegistryMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(ids), label="segment")
         note(f"unregister(segment={sid})")
         expected = spec.process_unregister(self.model, sid)
-        got = self.step_outcome(lambda: self.registry.unregister(self.impl(sid)), StepStatus.RETAINED)
+        got = self.step_outcome(
+            lambda: self.registry.unregister(self.impl(sid)), StepStatus.RETAINED
+        )
         assert got == (expected.status, expected.error), f"unregister: impl {got}, model {expected}"
 
     @precondition(lambda self: bool(self.ids_in(spec.SEGMENT_ALLOCATED, spec.SEGMENT_UNREGISTERED)))
@@ -354,19 +362,27 @@ class RegistryMachine(RuleBasedStateMachine):
         self.registry.remove(self.impl(sid))
 
     def publishable(self) -> list[int]:
-        return [sid for sid in self.ids_in(spec.SEGMENT_UNREGISTERED) if self.model.segments[sid].copied]
+        return [
+            sid for sid in self.ids_in(spec.SEGMENT_UNREGISTERED) if self.model.segments[sid].copied
+        ]
 
     @precondition(lambda self: bool(self.publishable()))
     @rule(data=st.data())
     def publish(self, data: st.DataObject) -> None:
-        ids = data.draw(st.lists(st.sampled_from(self.publishable()), min_size=1, unique=True), label="segments")
+        ids = data.draw(
+            st.lists(st.sampled_from(self.publishable()), min_size=1, unique=True), label="segments"
+        )
         note(f"publish(segments={ids})")
         spec.process_publish(self.model, ids)
         published = self.registry.publish([self.impl(sid) for sid in ids])
         assert [p.name for p in published] == [self.impl(sid).name for sid in ids]
 
     def receivable(self) -> list[int]:
-        return [s.segment_id for s in self.model.segments.values() if s.state == spec.SEGMENT_PUBLISHED and s.linked]
+        return [
+            s.segment_id
+            for s in self.model.segments.values()
+            if s.state == spec.SEGMENT_PUBLISHED and s.linked
+        ]
 
     @precondition(lambda self: bool(self.receivable()))
     @rule(data=st.data())
@@ -395,7 +411,9 @@ class RegistryMachine(RuleBasedStateMachine):
     @rule(
         lengths=st.lists(st.integers(1, 2 * PAGE), min_size=1, max_size=3),
         fault=st.none()
-        | st.tuples(st.integers(0, 2), st.sampled_from(ALLOCATION_SITES), st.sampled_from(OS_ERRORS)),
+        | st.tuples(
+            st.integers(0, 2), st.sampled_from(ALLOCATION_SITES), st.sampled_from(OS_ERRORS)
+        ),
     )
     def transfer(self, lengths: list[int], fault: tuple[int, str, int] | None) -> None:
         note(f"transfer(lengths={lengths}, os fault={fault})")
@@ -482,8 +500,14 @@ class RegistryMachine(RuleBasedStateMachine):
         if isinstance(self.driver, SimulatedCudaDriver):
             # Only mapped segments: an unmapped one's address may belong to a newer mapping.
             mapped = [sid for sid, s in self.model.segments.items() if s.mapped]
-            held = {sid for sid in mapped if spec.is_driver_holding(self.model.driver, self.model.segments[sid].address)}
-            impl_held = {sid for sid in mapped if self.impl(sid).address in self.driver.registered_ranges()}
+            held = {
+                sid
+                for sid in mapped
+                if spec.is_driver_holding(self.model.driver, self.model.segments[sid].address)
+            }
+            impl_held = {
+                sid for sid in mapped if self.impl(sid).address in self.driver.registered_ranges()
+            }
             assert held == impl_held, f"driver holds segments {impl_held}, model {held}"
 
     def teardown(self) -> None:

@@ -36,6 +36,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from shmring.impl.channel import Lease, ReceiveStatus, RingChannel, RingReader
 from shmring.impl.naming import (
     current_producer_identity,

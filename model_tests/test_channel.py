@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.errors import (
     ClosedError,

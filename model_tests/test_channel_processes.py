@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shmring.impl.channel import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,

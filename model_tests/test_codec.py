@@ -25,6 +25,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.msgpack import Ext
+
 from shmring.impl import codec
 from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError
 

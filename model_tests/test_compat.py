@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from shmring import SharedMemoryConnector
 from shmring.impl.compat import scope_from_config
 from shmring.impl.errors import ConfigurationError
@@ -17,7 +18,9 @@ from shmring.model_tests.connector_support import payload_tag, tagged_payload
 @pytest.fixture
 def stages(scope: str) -> Iterator[tuple[SharedMemoryConnector, SharedMemoryConnector]]:
     """Stage 0 (sender) and stage 1 (receiver) of one deployment."""
-    sender = SharedMemoryConnector({"stage_id": 0, "extra": {"wakeup_scope": scope, "host_ring_bytes": 4096}})
+    sender = SharedMemoryConnector(
+        {"stage_id": 0, "extra": {"wakeup_scope": scope, "host_ring_bytes": 4096}}
+    )
     receiver = SharedMemoryConnector({"stage_id": 1, "wakeup_scope": scope})
     try:
         yield sender, receiver
@@ -29,7 +32,9 @@ def stages(scope: str) -> Iterator[tuple[SharedMemoryConnector, SharedMemoryConn
 
 def test_config_is_read_at_the_top_level_and_under_extra(scope: str) -> None:
     top = SharedMemoryConnector({"stage_id": 3, "wakeup_scope": scope, "host_ring_bytes": 8192})
-    nested = SharedMemoryConnector({"extra": {"stage_id": 4, "wakeup_scope": scope, "host_ring_bytes": 0}})
+    nested = SharedMemoryConnector(
+        {"extra": {"stage_id": 4, "wakeup_scope": scope, "host_ring_bytes": 0}}
+    )
     both = SharedMemoryConnector(
         {"host_ring_bytes": 4096, "wakeup_scope": scope, "extra": {"host_ring_bytes": 0}}
     )
@@ -51,20 +56,30 @@ def test_a_bad_ring_size_is_a_configuration_error_naming_it(scope: str, ring_byt
 def test_scopes_that_cannot_name_a_directory_are_digested() -> None:
     assert scope_from_config({"wakeup_scope": "run-7"}) == "run-7"
     odd = scope_from_config({"extra": {"wakeup_scope": "tenant/a b"}})
-    assert odd.startswith("h") and "/" not in odd and odd == scope_from_config({"wakeup_scope": "tenant/a b"})
+    assert (
+        odd.startswith("h")
+        and "/" not in odd
+        and odd == scope_from_config({"wakeup_scope": "tenant/a b"})
+    )
     assert scope_from_config({}) == f"ppid{os.getppid()}"
 
 
-def test_put_answers_ok_size_and_ring_metadata(stages: tuple[SharedMemoryConnector, SharedMemoryConnector]) -> None:
+def test_put_answers_ok_size_and_ring_metadata(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+) -> None:
     sender, receiver = stages
     ok, size, metadata = sender.put(0, 1, "req_1", {"tokens": [1, 2, 3]})
     assert ok and size > 0
-    assert metadata is not None and set(metadata) == {"host_ring", "size"} and metadata["size"] == size
+    assert (
+        metadata is not None and set(metadata) == {"host_ring", "size"} and metadata["size"] == size
+    )
     assert receiver.get(0, 1, "req_1", metadata) == ({"tokens": [1, 2, 3]}, size)
     assert receiver.get(0, 1, "req_1", metadata) is None  # claimed once
 
 
-def test_large_payloads_answer_shm_metadata(stages: tuple[SharedMemoryConnector, SharedMemoryConnector]) -> None:
+def test_large_payloads_answer_shm_metadata(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+) -> None:
     sender, receiver = stages
     payload = tagged_payload(7, 50_000)
     ok, size, metadata = sender.put(0, 1, "req_2", payload)
@@ -73,7 +88,9 @@ def test_large_payloads_answer_shm_metadata(stages: tuple[SharedMemoryConnector,
     assert got is not None and got[0] == payload and got[1] == size
 
 
-def test_metadata_may_be_keyed_by_the_get_key(stages: tuple[SharedMemoryConnector, SharedMemoryConnector]) -> None:
+def test_metadata_may_be_keyed_by_the_get_key(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+) -> None:
     sender, receiver = stages
     _, size, metadata = sender.put(0, 1, "req_3", b"abc")
     assert receiver.get(0, 1, "req_3", {"req_3": metadata}) == (b"abc", size)
@@ -81,7 +98,12 @@ def test_metadata_may_be_keyed_by_the_get_key(stages: tuple[SharedMemoryConnecto
 
 @pytest.mark.parametrize(
     "metadata",
-    [None, {}, {"shm": {"name": "req_4", "size": 3}}, {"source_host": "10.0.0.1", "source_port": 1}],
+    [
+        None,
+        {},
+        {"shm": {"name": "req_4", "size": 3}},
+        {"source_host": "10.0.0.1", "source_port": 1},
+    ],
     ids=["none", "empty", "foreign-shm", "remote"],
 )
 def test_missing_or_foreign_metadata_falls_back_to_the_key(
@@ -92,7 +114,9 @@ def test_missing_or_foreign_metadata_falls_back_to_the_key(
     assert receiver.get(0, 1, "req_4", metadata) == (b"abc", size)
 
 
-def test_stale_metadata_returns_none(stages: tuple[SharedMemoryConnector, SharedMemoryConnector]) -> None:
+def test_stale_metadata_returns_none(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+) -> None:
     sender, receiver = stages
     _, _, old = sender.put(0, 1, "req_5", b"old")
     _, size, new = sender.put(0, 1, "req_5", b"new")
@@ -133,7 +157,9 @@ def test_health_counts_puts_gets_bytes_and_routes(
     _, large, _ = sender.put(0, 1, "b", tagged_payload(3, 50_000))
     assert receiver.get(0, 1, "a") and receiver.get(0, 1, "b")
     sent = sender.health()
-    assert {k: sent[k] for k in ("puts", "bytes_transferred", "host_ring_puts", "host_ring_fallbacks")} == {
+    assert {
+        k: sent[k] for k in ("puts", "bytes_transferred", "host_ring_puts", "host_ring_fallbacks")
+    } == {
         "puts": 2,
         "bytes_transferred": small + large,
         "host_ring_puts": 1,
@@ -145,7 +171,9 @@ def test_health_counts_puts_gets_bytes_and_routes(
 
 
 def test_a_refused_put_answers_false_as_vllm_omni_does(scope: str) -> None:
-    sender = SharedMemoryConnector({"wakeup_scope": scope, "host_ring_bytes": 0, "fallback_budget_bytes": 100})
+    sender = SharedMemoryConnector(
+        {"wakeup_scope": scope, "host_ring_bytes": 0, "fallback_budget_bytes": 100}
+    )
     try:
         assert sender.put(0, 1, "big", b"x" * 1000) == (False, 0, None)
         assert sender.put(0, 1, "obj", object()) == (False, 0, None)  # never pickled
@@ -175,7 +203,9 @@ def test_close_is_idempotent_and_a_closed_connector_refuses_puts(scope: str) -> 
     assert sender.health()["status"] == "closed"
 
 
-def test_the_small_tensor_tree_round_trips(stages: tuple[SharedMemoryConnector, SharedMemoryConnector]) -> None:
+def test_the_small_tensor_tree_round_trips(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+) -> None:
     torch = pytest.importorskip("torch")
     sender, receiver = stages
     tree = {"codes": {"audio": torch.arange(28)}, "meta": {"finished": torch.tensor(False)}}

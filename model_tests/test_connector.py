@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from shmring.impl import codec
 from shmring.impl.connector import (
     Connector,
@@ -166,7 +167,9 @@ def test_descriptors_survive_a_round_trip_through_plain_dicts(
     producer, receiver = pair
     for size in (100, 5000):
         descriptor = producer.put(EDGE, f"k{size}", tagged_payload(size, size))
-        again = descriptor_from_dict(descriptor.route, codec.decode(codec.encode(descriptor.to_dict())))
+        again = descriptor_from_dict(
+            descriptor.route, codec.decode(codec.encode(descriptor.to_dict()))
+        )
         assert again == descriptor
         assert payload_tag(receiver.get(EDGE, f"k{size}", descriptor=again).value) == size
 
@@ -252,9 +255,10 @@ def test_real_enospc_on_a_tiny_tmpfs_disables_the_ring_and_the_fallback_carries(
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
     try:
-        with Connector(scope, shm_root=str(root)) as producer, Connector(
-            scope, shm_root=str(root)
-        ) as receiver:
+        with (
+            Connector(scope, shm_root=str(root)) as producer,
+            Connector(scope, shm_root=str(root)) as receiver,
+        ):
             descriptor = producer.put(EDGE, "k", tagged_payload(1, 100))  # a 4 MiB ring cannot fit
             assert descriptor.route is Route.FALLBACK
             assert isinstance(producer.failed_edges()[EDGE], NoSpaceError)
@@ -280,16 +284,21 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
     scope: str, fault: tuple[str, int]
 ) -> None:
     seam = FaultyOs()
-    with Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer, Connector(
-        scope
-    ) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope) as receiver,
+    ):
         seam.fail_open(*fault)
         first = producer.put(EDGE, "k0", tagged_payload(0, 100))
         assert seam.fired[f"open {fault[0]}"] == 1
         assert first.route is Route.FALLBACK
-        assert not [n for n in _files(producer) if parse_ring_file_name(n) or parse_marker_file_name(n)]
+        assert not [
+            n for n in _files(producer) if parse_ring_file_name(n) or parse_marker_file_name(n)
+        ]
         for index in range(1, 4):  # the edge is not retried
-            assert producer.put(EDGE, f"k{index}", tagged_payload(index, 100)).route is Route.FALLBACK
+            assert (
+                producer.put(EDGE, f"k{index}", tagged_payload(index, 100)).route is Route.FALLBACK
+            )
         assert [n for n in seam.opened if n.startswith(fault[0])] == []
         for index in range(4):
             assert payload_tag(receiver.get(EDGE, f"k{index}").value) == index
@@ -299,23 +308,27 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
 
 def test_discovery_stamp_failure_leaves_the_connector_working_on_the_fallback(scope: str) -> None:
     seam = FaultyOs()
-    with Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer, Connector(
-        scope
-    ) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope) as receiver,
+    ):
         producer.get(EDGE, "join")  # joined: the next lock is the stamp's, at registration
         seam.fail_next(SITE_FLOCK, errno.ENOLCK)
         assert producer.put(EDGE, "k", tagged_payload(1, 100)).route is Route.FALLBACK
         assert seam.fired[SITE_FLOCK] == 1
-        assert not [n for n in _files(producer) if parse_ring_file_name(n) or parse_marker_file_name(n)]
+        assert not [
+            n for n in _files(producer) if parse_ring_file_name(n) or parse_marker_file_name(n)
+        ]
         assert payload_tag(receiver.get(EDGE, "k").value) == 1
 
 
 def test_an_unopenable_stamp_leaves_the_connector_working_on_the_fallback(scope: str) -> None:
     seam = FaultyOs()
     seam.fail_open(STAMP_FILE_NAME, errno.ENOSPC)
-    with Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer, Connector(
-        scope
-    ) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope) as receiver,
+    ):
         assert producer.put(EDGE, "k", tagged_payload(1, 100)).route is Route.FALLBACK
         assert EDGE in producer.failed_edges()
         assert payload_tag(receiver.get(EDGE, "k").value) == 1
@@ -326,9 +339,10 @@ def test_an_unopenable_stamp_leaves_the_connector_working_on_the_fallback(scope:
 
 def test_empty_polls_take_no_lock_and_scan_nothing(scope: str) -> None:
     seam = CountingOs()
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(
-        scope, os_facade=seam
-    ) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, os_facade=seam) as receiver,
+    ):
         producer.put(EDGE, "k", tagged_payload(1, 100))
         assert receiver.get(EDGE, "k").delivered  # first get: one scan, one claim
         scans, locks = seam.calls[SITE_SCANDIR], seam.calls[SITE_FLOCK]
@@ -410,7 +424,9 @@ def test_get_with_deadline_sleeps_until_a_late_put_arrives(scope: str) -> None:
         receiver.get(EDGE, "late")
         worker = Worker(scope, {"ring_capacity": CAPACITY})
         try:
-            assert receiver.get_with_deadline(EDGE, "late", timeout=0.05).status is GetStatus.NOT_FOUND
+            assert (
+                receiver.get_with_deadline(EDGE, "late", timeout=0.05).status is GetStatus.NOT_FOUND
+            )
             worker.send("put", *EDGE, "late", 42, 100)  # runs while we wait
             got = receiver.get_with_deadline(EDGE, "late", timeout=30)
             assert got.delivered and payload_tag(got.value) == 42
@@ -575,8 +591,22 @@ def test_a_corrupted_segment_gives_a_typed_error_and_the_reader_keeps_working(
         {},
         {"producer": [1], "source": "a", "destination": "b", "key": "k", "position": 0, "size": 1},
         {"producer": [1, 2], "source": "a", "destination": "b", "key": 7, "position": 0, "size": 1},
-        {"producer": [1, 2], "source": "a", "destination": "b", "key": "k", "position": -1, "size": 1},
-        {"producer": [True, 2], "source": "a", "destination": "b", "key": "k", "position": 0, "size": 1},
+        {
+            "producer": [1, 2],
+            "source": "a",
+            "destination": "b",
+            "key": "k",
+            "position": -1,
+            "size": 1,
+        },
+        {
+            "producer": [True, 2],
+            "source": "a",
+            "destination": "b",
+            "key": "k",
+            "position": 0,
+            "size": 1,
+        },
     ],
 )
 def test_a_malformed_descriptor_is_a_typed_error(data: dict[str, Any]) -> None:
@@ -587,7 +617,9 @@ def test_a_malformed_descriptor_is_a_typed_error(data: dict[str, Any]) -> None:
         descriptor_from_dict(Route.RING, data)
 
 
-def test_bool_stage_ids_are_refused_even_after_an_int_one(pair: tuple[Connector, Connector]) -> None:
+def test_bool_stage_ids_are_refused_even_after_an_int_one(
+    pair: tuple[Connector, Connector],
+) -> None:
     producer, _ = pair
     producer.put(1, 2, "k", b"x")
     with pytest.raises(InvalidKeyError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from shmring.model_tests import connector_machine
 from shmring.model_tests.connector_machine import (
     CI_PROFILE,

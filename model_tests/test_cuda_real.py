@@ -31,7 +31,10 @@ from shmring.spec import registration as spec
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA device (torch.cuda.is_available() is False)",
+    ),
 ]
 
 
@@ -100,7 +103,9 @@ def test_out_of_band_unregister_retains_mapping_and_poisons_registry(registry: R
     with pytest.raises(RegistryPoisonedError) as raised:
         registry.unregister(segment)
     assert raised.value.cuda_error == spec.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-    assert segment.state == spec.SEGMENT_RETAINED and segment.mapped and os.path.exists(segment.path)
+    assert (
+        segment.state == spec.SEGMENT_RETAINED and segment.mapped and os.path.exists(segment.path)
+    )
     with pytest.raises(RegistryPoisonedError):
         registry.transfer([torch.ones(4, device="cuda", dtype=torch.uint8)])
 
@@ -124,7 +129,9 @@ def test_arena_unregister_failure_poisons_sender(scope: str) -> None:
 
 
 def test_gpu_fields_arrive_through_arena_and_segments(scope: str) -> None:
-    options = TransferOptions(enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=1 << 20)
+    options = TransferOptions(
+        enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=1 << 20
+    )
     fields = {
         "small": torch.arange(1000, device="cuda", dtype=torch.int32),
         "large": torch.randn(512, 1024, device="cuda"),  # 2 MiB: more than a quarter of the arena

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
 from shmring.model_tests import discovery_machine
 from shmring.model_tests.connector_support import watchdog
 from shmring.model_tests.discovery_machine import (
@@ -51,7 +52,10 @@ def _run(machine: type[RuleBasedStateMachine], profile: str) -> MachineRun:
         error = raised
     seconds = time.perf_counter() - started
     return MachineRun(
-        Counter(discovery_machine.EVENTS_SEEN), sum(discovery_machine.STEPS.values()), seconds, error
+        Counter(discovery_machine.EVENTS_SEEN),
+        sum(discovery_machine.STEPS.values()),
+        seconds,
+        error,
     )
 
 

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import pytest
+
 from shmring.impl.discovery import collect_orphans
 from shmring.impl.naming import deployment_directory
 from shmring.impl.os_seam import DEFAULT_OS
@@ -120,11 +121,17 @@ def _run_histories(scope: str, ring_capacity: int, keys_per_slot: int) -> dict[s
     for delivery in deliveries:
         if delivery.producer == identities["p1"]:
             assert delivery.tag in p1_tags, f"unknown tag from the killed producer: {delivery}"
-            puts.append(PutRecord(delivery.producer, p1_tags[delivery.tag], delivery.tag, delivery.route, 0, 0))
+            puts.append(
+                PutRecord(
+                    delivery.producer, p1_tags[delivery.tag], delivery.tag, delivery.route, 0, 0
+                )
+            )
     counts = check_histories(
         puts, cleanups, deliveries, killed, {identities["p0"], identities["p1-restarted"]}
     )
-    assert not os.path.exists(deployment_directory(scope)), "the deployment directory was left behind"
+    assert not os.path.exists(deployment_directory(scope)), (
+        "the deployment directory was left behind"
+    )
     return counts
 
 

@@ -99,7 +99,9 @@ def test_failed_unregister_retains_mapping_and_poisons_registry(
     assert registry.statistics().poisoned and registry.statistics().segments_retained == 1
 
 
-def test_retry_of_failed_unregister_succeeds_without_poison(registry: Registry, driver: SimulatedCudaDriver) -> None:
+def test_retry_of_failed_unregister_succeeds_without_poison(
+    registry: Registry, driver: SimulatedCudaDriver
+) -> None:
     driver.fail_first(spec.CALL_HOST_UNREGISTER)
     (published,) = registry.transfer([torch.arange(10, dtype=torch.uint8)])
     assert not registry.poisoned
@@ -109,8 +111,12 @@ def test_retry_of_failed_unregister_succeeds_without_poison(registry: Registry, 
     assert data.tolist() == list(range(10))
 
 
-@pytest.mark.parametrize("call", [spec.CALL_HOST_REGISTER, spec.CALL_COPY_TO_HOST, spec.CALL_SYNCHRONIZE])
-def test_register_or_copy_failure_removes_segment(registry: Registry, driver: SimulatedCudaDriver, call: str) -> None:
+@pytest.mark.parametrize(
+    "call", [spec.CALL_HOST_REGISTER, spec.CALL_COPY_TO_HOST, spec.CALL_SYNCHRONIZE]
+)
+def test_register_or_copy_failure_removes_segment(
+    registry: Registry, driver: SimulatedCudaDriver, call: str
+) -> None:
     driver.fail_first(call, "cudaErrorMemoryAllocation")
     with pytest.raises(RegistrationError) as raised:
         registry.transfer([torch.ones(64, dtype=torch.uint8)])
@@ -121,7 +127,9 @@ def test_register_or_copy_failure_removes_segment(registry: Registry, driver: Si
     assert os.listdir(registry.directory) == []
 
 
-def test_multi_field_transfer_publishes_all_or_none(registry: Registry, driver: SimulatedCudaDriver) -> None:
+def test_multi_field_transfer_publishes_all_or_none(
+    registry: Registry, driver: SimulatedCudaDriver
+) -> None:
     driver.fail(spec.CALL_COPY_TO_HOST, "cudaErrorUnknown", nth=3)
     fields = [torch.full((32,), i, dtype=torch.uint8) for i in range(3)]
     with pytest.raises(RegistrationError):
@@ -129,7 +137,11 @@ def test_multi_field_transfer_publishes_all_or_none(registry: Registry, driver: 
     assert os.listdir(registry.directory) == []  # the first two fields were removed too
     assert registry.statistics().segments_published == 0
     published = registry.transfer(fields)
-    assert [copy_segment(registry.directory, p.name, "uint8", (32,))[0] for p in published] == [0, 1, 2]
+    assert [copy_segment(registry.directory, p.name, "uint8", (32,))[0] for p in published] == [
+        0,
+        1,
+        2,
+    ]
 
 
 def test_out_of_band_unregister_makes_own_unregister_fail_and_poison(
@@ -180,10 +192,15 @@ def test_runtime_driver_without_a_device_fails_clearly() -> None:
     anchor = ctypes.c_char.from_buffer(buffer)
     address = ctypes.addressof(anchor)
     try:
-        for call in (lambda: driver.host_register(address, mmap.PAGESIZE), lambda: driver.host_unregister(address)):
+        for call in (
+            lambda: driver.host_register(address, mmap.PAGESIZE),
+            lambda: driver.host_unregister(address),
+        ):
             with pytest.raises(RegistrationError) as raised:
                 call()
-            assert raised.value.cuda_error is not None and raised.value.cuda_error.startswith("cudaError")
+            assert raised.value.cuda_error is not None and raised.value.cuda_error.startswith(
+                "cudaError"
+            )
             assert raised.value.cuda_error != "cudaErrorUnknown"
     finally:
         del anchor

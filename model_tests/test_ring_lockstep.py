@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from shmring.model_tests import ring_machine
 from shmring.model_tests.ring_machine import CI_PROFILE, EVENT_LABELS, RingLockstepMachine
 

@@ -27,7 +27,9 @@ from shmring.impl.transfer import (
 )
 from shmring.impl.views import lease_owner_of
 
-REGISTERED = TransferOptions(enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384)
+REGISTERED = TransferOptions(
+    enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384
+)
 
 
 @pytest.fixture
@@ -36,7 +38,9 @@ def driver() -> SimulatedCudaDriver:
 
 
 @pytest.fixture
-def pair(scope: str, driver: SimulatedCudaDriver) -> Iterator[tuple[TransferSender, TransferReceiver]]:
+def pair(
+    scope: str, driver: SimulatedCudaDriver
+) -> Iterator[tuple[TransferSender, TransferReceiver]]:
     sender = TransferSender(scope, REGISTERED, driver=driver)
     receiver = TransferReceiver(scope, REGISTERED)
     yield sender, receiver
@@ -84,19 +88,29 @@ def test_cpu_tensors_without_a_host_capable_driver_take_the_plain_path(scope: st
         TransferReceiver(scope).receive(descriptor)
 
 
-def test_bf16_travels_as_uint16_bits(pair: tuple[TransferSender, TransferReceiver], driver: SimulatedCudaDriver) -> None:
+def test_bf16_travels_as_uint16_bits(
+    pair: tuple[TransferSender, TransferReceiver], driver: SimulatedCudaDriver
+) -> None:
     sender, receiver = pair
-    special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40, -3.5], dtype=torch.bfloat16)
+    special = torch.tensor(
+        [0.0, -0.0, float("inf"), float("nan"), 1e-40, -3.5], dtype=torch.bfloat16
+    )
     source = torch.cat([special, torch.randn(250).to(torch.bfloat16)]).reshape(4, 64)
     descriptor = sender.send({"x": source})
     field = descriptor.fields[0]
-    assert (field.dtype, field.wire_dtype, field.nbytes) == ("bfloat16", "uint16", source.numel() * 2)
+    assert (field.dtype, field.wire_dtype, field.nbytes) == (
+        "bfloat16",
+        "uint16",
+        source.numel() * 2,
+    )
     bits = receiver.receive(descriptor)["x"]
     assert bits.dtype == np.uint16 and bits.shape == (4, 64)
     assert np.array_equal(bits, source.view(torch.int16).numpy().view(np.uint16))
     restored = restore_tensor(bits, field.dtype)
     assert restored.dtype == torch.bfloat16
-    assert torch.equal(restored.view(torch.int16), source.view(torch.int16))  # bit-exact, NaN included
+    assert torch.equal(
+        restored.view(torch.int16), source.view(torch.int16)
+    )  # bit-exact, NaN included
     assert restored.data_ptr() == bits.ctypes.data  # a view, not a widened copy
 
 
@@ -112,7 +126,10 @@ def test_every_dtype_round_trips_on_both_paths(scope: str, driver: SimulatedCuda
         "empty": torch.zeros(0, 3),
     }
     for options in (TransferOptions(), REGISTERED):
-        with TransferSender(scope, options, driver=driver) as sender, TransferReceiver(scope, options) as receiver:
+        with (
+            TransferSender(scope, options, driver=driver) as sender,
+            TransferReceiver(scope, options) as receiver,
+        ):
             received = receiver.receive_tensors(sender.send(fields))
             for name, tensor in fields.items():
                 got = received[name]
@@ -121,7 +138,9 @@ def test_every_dtype_round_trips_on_both_paths(scope: str, driver: SimulatedCuda
             del received
 
 
-def test_large_or_late_fields_take_segments_and_all_arrive(pair: tuple[TransferSender, TransferReceiver]) -> None:
+def test_large_or_late_fields_take_segments_and_all_arrive(
+    pair: tuple[TransferSender, TransferReceiver],
+) -> None:
     sender, receiver = pair
     small = torch.full((1000,), 1, dtype=torch.uint8)
     large = torch.full((8000,), 2, dtype=torch.uint8)  # more than a quarter of the arena
@@ -139,7 +158,9 @@ def test_large_or_late_fields_take_segments_and_all_arrive(pair: tuple[TransferS
     assert sender.send({"x": small}).fields[0].carrier == CARRIER_ARENA  # frames came back
 
 
-def test_multi_field_failure_publishes_none(pair: tuple[TransferSender, TransferReceiver], driver: SimulatedCudaDriver) -> None:
+def test_multi_field_failure_publishes_none(
+    pair: tuple[TransferSender, TransferReceiver], driver: SimulatedCudaDriver
+) -> None:
     sender, _ = pair
     arena_field = torch.ones(100, dtype=torch.uint8)
     segment_field = torch.ones(9000, dtype=torch.uint8)
@@ -154,7 +175,9 @@ def test_multi_field_failure_publishes_none(pair: tuple[TransferSender, Transfer
     assert arena.head > 0 and len(descriptor.fields) == 2
 
 
-def test_descriptor_round_trips_as_plain_data_and_is_validated(pair: tuple[TransferSender, TransferReceiver]) -> None:
+def test_descriptor_round_trips_as_plain_data_and_is_validated(
+    pair: tuple[TransferSender, TransferReceiver],
+) -> None:
     sender, receiver = pair
     descriptor = sender.send({"x": torch.arange(4, dtype=torch.int16)})
     wire = descriptor.to_wire()

@@ -71,7 +71,9 @@ def test_padded_rows_are_borrowed_and_encode_the_same() -> None:
     "make",
     [
         lambda f: f[:, :, ::-1],  # negative column stride
-        lambda f: np.ascontiguousarray(f.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1),  # planar memory
+        lambda f: np.ascontiguousarray(f.transpose(0, 3, 1, 2)).transpose(
+            0, 2, 3, 1
+        ),  # planar memory
         lambda f: f[..., ::-1],  # BGR view of the channels
     ],
     ids=["reversed-columns", "channel-planar", "reversed-channels"],

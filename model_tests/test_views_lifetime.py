@@ -64,7 +64,11 @@ def test_dropping_last_view_returns_the_frame(registry: Registry) -> None:
         assert not isinstance(frame, PutStatus)
         receiver = TransferReceiver(registry.scope, TransferOptions(enable_borrowed_frames=True))
         view = receiver._reader(frame.arena).borrow(frame, "uint8", (4, 4, 3))
-        derived = [view[1:], torch.from_numpy(view), av.VideoFrame.from_numpy_buffer(view, format="rgb24")]
+        derived = [
+            view[1:],
+            torch.from_numpy(view),
+            av.VideoFrame.from_numpy_buffer(view, format="rgb24"),
+        ]
         del view
         while derived:
             assert arena.frame_state(frame.position) == FRAME_STATE_CLAIMED
@@ -175,7 +179,10 @@ def test_receiver_killed_after_mapping_leaves_no_name(scope: str) -> None:
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, repr(descriptor.to_wire())], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, repr(descriptor.to_wire())],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.stdout.strip() == "mapped", result.stderr
     assert result.returncode == -9
@@ -184,7 +191,9 @@ def test_receiver_killed_after_mapping_leaves_no_name(scope: str) -> None:
     assert not os.path.exists(sender.directory)
 
 
-def test_arena_frame_claimed_by_killed_receiver_is_reused_once_its_death_is_detected(scope: str) -> None:
+def test_arena_frame_claimed_by_killed_receiver_is_reused_once_its_death_is_detected(
+    scope: str,
+) -> None:
     """A receiver that dies holding a frame leaves it CLAIMED with its pid; reclaim sees the death.
 
     Until then (the receiver alive) the producer never overwrites the frame.

@@ -122,7 +122,9 @@ def check_connector_routes(conn: ConnectorState) -> None:
     both = sorted(set(conn.rings) & conn.failed_edges)
     _require(not both, f"edges both failed and set up: {both}")
     for (edge, key), segment in conn.fallback.items():
-        _require((segment.edge, segment.key) == (edge, key), f"segment filed under the wrong key={key}")
+        _require(
+            (segment.edge, segment.key) == (edge, key), f"segment filed under the wrong key={key}"
+        )
         ring = conn.rings.get(edge)
         if ring is not None:
             live = [f for f in ring.frames if f.key == key and is_deliverable(f)]
@@ -132,7 +134,10 @@ def check_connector_routes(conn: ConnectorState) -> None:
 def check_connector_budget(conn: ConnectorState) -> None:
     """fallback_bytes is the sum of live segments and never exceeds the budget."""
     total = sum(segment.length for segment in conn.fallback.values())
-    _require(conn.fallback_bytes == total, f"fallback_bytes={conn.fallback_bytes} but segments sum to {total}")
+    _require(
+        conn.fallback_bytes == total,
+        f"fallback_bytes={conn.fallback_bytes} but segments sum to {total}",
+    )
     _require(
         conn.fallback_bytes <= conn.fallback_budget,
         f"fallback over budget: bytes={conn.fallback_bytes} budget={conn.fallback_budget}",
@@ -149,7 +154,10 @@ def check_connector_budget(conn: ConnectorState) -> None:
 def check_connector_health(conn: ConnectorState) -> None:
     """Every accepted put went one way; ring gets are gets."""
     h = conn.health
-    _require(h.puts == h.ring_puts + h.fallbacks, f"puts={h.puts} != ring {h.ring_puts} + fallback {h.fallbacks}")
+    _require(
+        h.puts == h.ring_puts + h.fallbacks,
+        f"puts={h.puts} != ring {h.ring_puts} + fallback {h.fallbacks}",
+    )
     _require(0 <= h.ring_gets <= h.gets, f"ring_gets={h.ring_gets} gets={h.gets}")
     _require(h.gets <= h.puts, f"more gets={h.gets} than puts={h.puts}")
 
@@ -180,7 +188,10 @@ def check_markers_follow_rings(dep: DeploymentState) -> None:
         _require(producer is not None, f"marker of unknown producer={identity}")
         assert producer is not None
         _require(not producer.closed, f"closed producer={identity} still has a marker")
-        _require(edge in producer.connector.rings, f"marker before ring ready: producer={identity} edge={edge}")
+        _require(
+            edge in producer.connector.rings,
+            f"marker before ring ready: producer={identity} edge={edge}",
+        )
 
 
 def check_receivers_behind_stamp(dep: DeploymentState) -> None:
@@ -191,7 +202,10 @@ def check_receivers_behind_stamp(dep: DeploymentState) -> None:
                 receiver.seen_stamp <= dep.directory.stamp,
                 f"receiver={name} seen_stamp={receiver.seen_stamp} ahead of stamp={dep.directory.stamp}",
             )
-        _require(receiver.scans <= dep.directory.stamp + 1, f"receiver={name} scanned more than the stamp moved")
+        _require(
+            receiver.scans <= dep.directory.stamp + 1,
+            f"receiver={name} scanned more than the stamp moved",
+        )
 
 
 def check_dead_producers_undeliverable(dep: DeploymentState) -> None:
@@ -199,12 +213,20 @@ def check_dead_producers_undeliverable(dep: DeploymentState) -> None:
     dead: list[ProducerId] = [p for p, s in dep.producers.items() if not is_delivering(s)]
     for identity in dead:
         connector = dep.producers[identity].connector
-        keys = [(edge, f.key) for edge, ring in connector.rings.items() for f in ring.frames if is_deliverable(f)]
+        keys = [
+            (edge, f.key)
+            for edge, ring in connector.rings.items()
+            for f in ring.frames
+            if is_deliverable(f)
+        ]
         keys += list(connector.fallback)
         for name, receiver in dep.receivers.items():
             for edge, key in keys:
                 served = [p for p, _ in get_candidates(dep, receiver, edge, key)]
-                _require(identity not in served, f"receiver={name} could be served dead producer={identity} key={key!r}")
+                _require(
+                    identity not in served,
+                    f"receiver={name} could be served dead producer={identity} key={key!r}",
+                )
 
 
 def check_stamp_step(before: DirectoryState, after: DirectoryState) -> None:
@@ -252,9 +274,14 @@ def check_registration_driver(driver: DriverState) -> None:
             f"overlapping registered ranges: {start_a:#x}+{length_a} and {start_b:#x}+{length_b}",
         )
     for fault in driver.faults:
-        _require(fault.call is None or fault.call in DRIVER_CALLS, f"fault on unknown call={fault.call}")
+        _require(
+            fault.call is None or fault.call in DRIVER_CALLS, f"fault on unknown call={fault.call}"
+        )
         _require(fault.error != CUDA_SUCCESS, "a fault that answers cudaSuccess")
-        _require(fault.nth >= 0 and fault.seen >= 0, f"fault counters negative: nth={fault.nth} seen={fault.seen}")
+        _require(
+            fault.nth >= 0 and fault.seen >= 0,
+            f"fault counters negative: nth={fault.nth} seen={fault.seen}",
+        )
 
 
 def check_registration_segments(registry: RegistryState) -> None:
@@ -320,10 +347,14 @@ def check_registration(registry: RegistryState) -> None:
 def check_leases_views(table: LeaseTable) -> None:
     """Every live view holds a live lease that counts it; a lease ends with its last view."""
     for view_id, view in table.views.items():
-        _require(view.lease_id in table.leases, f"view={view_id} holds unknown lease={view.lease_id}")
+        _require(
+            view.lease_id in table.leases, f"view={view_id} holds unknown lease={view.lease_id}"
+        )
         lease = table.leases[view.lease_id]
         _require(not lease.released, f"view={view_id} alive but lease={lease.lease_id} released")
-        _require(view_id in lease.live_views, f"lease={lease.lease_id} does not count view={view_id}")
+        _require(
+            view_id in lease.live_views, f"lease={lease.lease_id} does not count view={view_id}"
+        )
     for lease in table.leases.values():
         for view_id in lease.live_views:
             _require(view_id in table.views, f"lease={lease.lease_id} counts dead view={view_id}")
@@ -338,7 +369,9 @@ def check_leases_released_once(table: LeaseTable) -> None:
     order = table.released_order
     _require(len(order) == len(set(order)), f"a lease released twice: order={order}")
     released = {lease.lease_id for lease in table.leases.values() if lease.released}
-    _require(set(order) == released, f"release order={order} differs from released={sorted(released)}")
+    _require(
+        set(order) == released, f"release order={order} differs from released={sorted(released)}"
+    )
 
 
 def check_leases_one_per_frame(table: LeaseTable) -> None:

@@ -148,9 +148,7 @@ def process_borrow(
     assert source in SOURCES
     assert (position is not None) == (source == SOURCE_ARENA_FRAME)
     # Verify no live lease holds the same arena frame
-    assert position is None or all(
-        lease.position != position for lease in get_live_leases(table)
-    )
+    assert position is None or all(lease.position != position for lease in get_live_leases(table))
     lease_id = table.next_lease_id
     table.next_lease_id += 1
     lease = Lease(lease_id=lease_id, source=source, position=position, holder=holder)

@@ -51,7 +51,12 @@ CALL_HOST_REGISTER: Final = "host_register"
 CALL_HOST_UNREGISTER: Final = "host_unregister"
 CALL_COPY_TO_HOST: Final = "copy_to_host"
 CALL_SYNCHRONIZE: Final = "synchronize"
-DRIVER_CALLS: Final = (CALL_HOST_REGISTER, CALL_HOST_UNREGISTER, CALL_COPY_TO_HOST, CALL_SYNCHRONIZE)
+DRIVER_CALLS: Final = (
+    CALL_HOST_REGISTER,
+    CALL_HOST_UNREGISTER,
+    CALL_COPY_TO_HOST,
+    CALL_SYNCHRONIZE,
+)
 
 # CUDA runtime error names (cudaError_t member names), as the real driver answers them.
 CUDA_SUCCESS: Final = "cudaSuccess"
@@ -173,7 +178,9 @@ class TransferResult:
     status: TransferStatus
     segment_ids: tuple[int, ...] = ()  # every segment this transfer allocated, in field order
     error: str | None = None  # the first failure's error name
-    step: str | None = None  # the step that failed first: "allocate", "register", "copy", "unregister"
+    step: str | None = (
+        None  # the step that failed first: "allocate", "register", "copy", "unregister"
+    )
 
 
 # -- predicates --------------------------------------------------------------
@@ -317,7 +324,9 @@ def initialize_registry(driver: DriverState | None = None) -> RegistryState:
     return RegistryState(driver=driver if driver is not None else DriverState())
 
 
-def process_allocate(registry: RegistryState, length: int, os_error: str | None = None) -> StepResult:
+def process_allocate(
+    registry: RegistryState, length: int, os_error: str | None = None
+) -> StepResult:
     """Create, size and map a new segment. `os_error` is the OS's answer when it fails.
 
     A failed allocation leaves nothing behind (no name, no mapping).
