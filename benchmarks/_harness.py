@@ -125,7 +125,7 @@ class _Worker:
         for seq in range(start, start + warm):
             transport.send(seq, payload)
             self._check(transport.recv(seq, self._deadline()), seq)
-        half_round_trips = []
+        half_round_trips: list[int] = []
         record = half_round_trips.append
         clock = time.perf_counter_ns
         gc.collect()
@@ -145,9 +145,9 @@ class _Worker:
         return half_round_trips
 
     def consume(self, control: Connection, start: int, count: int) -> int:
-        transport = self.transport
-        assert transport is not None
-        size = self.spec.size if self.spec else 0
+        transport, spec = self.transport, self.spec
+        assert transport is not None and spec is not None
+        size = spec.size
         control.send(("armed", None))
         value = None
         gc.collect()
@@ -155,7 +155,7 @@ class _Worker:
         try:
             for seq in range(start, start + count):
                 value = transport.recv(seq, self._deadline())
-                if self.spec.kind != TREE and len(value) != size:
+                if spec.kind != TREE and len(value) != size:
                     raise AssertionError(f"message {seq}: {len(value)} bytes, sent {size}")
             finished = time.perf_counter_ns()
         finally:
@@ -200,13 +200,14 @@ def worker_main(me: str, control: Connection, shared: dict[str, Any], cpu: int |
         command, args = control.recv()
         if command == "exit":
             break
+        answer: Any = None
         try:
             if command == "setup":
                 answer = worker.setup(*args)
             elif command == "connect":
-                answer = worker.connect(*args)
+                worker.connect(*args)
             elif command == "echo":
-                answer = worker.echo(control, *args)
+                worker.echo(control, *args)
             elif command == "ping":
                 answer = worker.ping(*args)
             elif command == "consume":

@@ -30,8 +30,9 @@ import os
 import pickle
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from shmring.impl import codec
 
@@ -82,6 +83,11 @@ def tree_equal(a: Any, b: Any) -> bool:
     )
 
 
+def _writer(plan: codec.EncodePlan) -> Callable[[memoryview], None]:
+    """`plan.write_into` as the ring's writer (its byte count is not needed)."""
+    return cast("Callable[[memoryview], None]", plan.write_into)
+
+
 def _spin_deadline_check(count: int, deadline: float, what: str) -> None:
     """Look at the clock only every 1024 polls, so spinning costs no syscall."""
     if count & 1023 == 0 and time.monotonic() > deadline:
@@ -128,8 +134,8 @@ class RingRaw(Transport):
     """`RingChannel` / `RingReader`: codec straight into the frame, decode straight out."""
 
     name = "ring"
-    _out = None
-    _in = None
+    _out: Any = None
+    _in: Any = None
     _directory: str | None = None
 
     def setup(self) -> dict[str, Any]:
@@ -161,12 +167,12 @@ class RingRaw(Transport):
         key = str(seq)
         if self.spec.kind == TREE:
             plan = codec.prepare(obj)
-            outcome = out.put_with_writer(key, plan.nbytes, plan.write_into)
+            outcome = out.put_with_writer(key, plan.nbytes, _writer(plan))
         else:
             outcome = out.put(key, obj)
         while outcome.status is PutStatus.FULL:  # the reader has not caught up: retry
             if self.spec.kind == TREE:
-                outcome = out.put_with_writer(key, plan.nbytes, plan.write_into)
+                outcome = out.put_with_writer(key, plan.nbytes, _writer(plan))
             else:
                 outcome = out.put(key, obj)
         if outcome.status is not PutStatus.PUBLISHED:
@@ -208,7 +214,7 @@ class ConnectorTransport(Transport):
     """`Connector.put` / `get_with_deadline`: routing, discovery and codec included."""
 
     name = "connector"
-    _connector = None
+    _connector: Any = None
 
     def setup(self) -> dict[str, Any]:
         from shmring.impl.connector import Connector
@@ -276,8 +282,10 @@ class ShmPerKey(Transport):
         segment = shared_memory.SharedMemory(
             name=self._name(self.me, seq), create=True, size=_COMMIT.size + length
         )
-        resource_tracker.unregister(segment._name, "shared_memory")  # the reader unlinks it
+        # The reader unlinks it. (`_name` is the "/"-prefixed name the tracker was given.)
+        resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
         buf = segment.buf
+        assert buf is not None
         buf[_COMMIT.size : _COMMIT.size + length] = data
         _COMMIT.pack_into(buf, 0, length + 1)
         del buf
@@ -461,8 +469,8 @@ class ZmqPair(Transport):
     """
 
     name = "zmq-ipc"
-    _context = None
-    _socket = None
+    _context: Any = None
+    _socket: Any = None
     _path: str | None = None
 
     def setup(self) -> dict[str, Any]:
@@ -536,9 +544,9 @@ class Iceoryx2(Transport):
     """
 
     name = "iceoryx2"
-    _node = None
-    _subscriber = None
-    _publisher = None
+    _node: Any = None
+    _subscriber: Any = None
+    _publisher: Any = None
     _services: tuple[Any, ...] = ()
 
     def _service(self, source: str, destination: str) -> Any:

@@ -223,8 +223,8 @@ def run_latency(
 def _batch(pair: Pair, start: int, count: int) -> int:
     pair.send("b", "consume", start, count)
     pair.wait("b", "armed")
-    began = pair.ask("a", "produce", start, count)
-    finished = pair.wait("b")
+    began: int = pair.ask("a", "produce", start, count)
+    finished: int = pair.wait("b")
     return finished - began
 
 
