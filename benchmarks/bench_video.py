@@ -62,11 +62,46 @@ def variants() -> dict[str, Variant]:
     from shmring.impl.video import FRAME_INPUT_BORROWED, FRAME_INPUT_PLANAR
 
     return {
-        "A": Variant("A", registered=False, borrowed=False, frame_input=FRAME_INPUT_PLANAR, arena=False, staging=True),
-        "B": Variant("B", registered=True, borrowed=False, frame_input=FRAME_INPUT_PLANAR, arena=False, staging=False),
-        "C": Variant("C", registered=True, borrowed=True, frame_input=FRAME_INPUT_PLANAR, arena=False, staging=False),
-        "D": Variant("D", registered=True, borrowed=True, frame_input=FRAME_INPUT_BORROWED, arena=False, staging=False),
-        "E": Variant("E", registered=True, borrowed=True, frame_input=FRAME_INPUT_BORROWED, arena=True, staging=False),
+        "A": Variant(
+            "A",
+            registered=False,
+            borrowed=False,
+            frame_input=FRAME_INPUT_PLANAR,
+            arena=False,
+            staging=True,
+        ),
+        "B": Variant(
+            "B",
+            registered=True,
+            borrowed=False,
+            frame_input=FRAME_INPUT_PLANAR,
+            arena=False,
+            staging=False,
+        ),
+        "C": Variant(
+            "C",
+            registered=True,
+            borrowed=True,
+            frame_input=FRAME_INPUT_PLANAR,
+            arena=False,
+            staging=False,
+        ),
+        "D": Variant(
+            "D",
+            registered=True,
+            borrowed=True,
+            frame_input=FRAME_INPUT_BORROWED,
+            arena=False,
+            staging=False,
+        ),
+        "E": Variant(
+            "E",
+            registered=True,
+            borrowed=True,
+            frame_input=FRAME_INPUT_BORROWED,
+            arena=True,
+            staging=False,
+        ),
     }
 
 
@@ -100,7 +135,15 @@ def consume(conn: Connection, scope: str) -> None:
         encoded = time.perf_counter()
         del frames  # releases the lease: arena frame done, segment unmapped
         released = time.perf_counter()
-        conn.send((len(data), zlib.crc32(data), received - started, encoded - received, released - encoded))
+        conn.send(
+            (
+                len(data),
+                zlib.crc32(data),
+                received - started,
+                encoded - received,
+                released - encoded,
+            )
+        )
     for receiver in receivers.values():
         receiver.close()
     conn.send("closed")
@@ -135,7 +178,9 @@ class Producer:
         if variant.staging:
             staging = self.staging.get(tuple(frames.shape))
             if staging is None:
-                staging = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=self.device == "cuda")
+                staging = torch.empty(
+                    frames.shape, dtype=frames.dtype, pin_memory=self.device == "cuda"
+                )
                 self.staging[tuple(frames.shape)] = staging
             staging.copy_(frames, non_blocking=True)
             if self.device == "cuda":
@@ -160,7 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     producer = Producer(scope, device, args.arena_mib * 1024 * 1024)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     names = [v for v in VARIANTS if v in args.variants]
-    samples: dict[str, dict[str, list[tuple[float, float]]]] = {s: {v: [] for v in names} for s in args.shapes.split(",")}
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {
+        s: {v: [] for v in names} for s in args.shapes.split(",")
+    }
     digests: dict[str, dict[str, int]] = {s: {} for s in samples}
 
     def one(shape_key: str, frames: torch.Tensor, name: str) -> tuple[float, float]:
@@ -182,7 +229,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         generator = torch.Generator().manual_seed(0)
         for key, (width, height, count) in zip(samples, shapes, strict=True):
-            frames = torch.randint(0, 256, (count, height, width, 3), dtype=torch.uint8, generator=generator)
+            frames = torch.randint(
+                0, 256, (count, height, width, 3), dtype=torch.uint8, generator=generator
+            )
             # Smooth content so the encoder does realistic work, not noise.
             frames = (frames // 64 * 64).to(device)
             for name in names:
@@ -205,7 +254,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         producer.close()
     return {
         "device": device,
-        "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name()
+        if device == "cuda"
+        else platform.processor() or platform.machine(),
         "cpu_count": multiprocessing.cpu_count(),
         "torch": torch.__version__,
         "repeats": args.repeats,
@@ -235,14 +286,20 @@ def table(result: dict[str, Any]) -> str:
         "ratio = variant/A (E/D last)",
         "",
         "| W x H x T | A total ms | " + " | ".join(f"{n}/A" for n in names if n != "A") + " | E/D "
-        "| A transfer ms | " + " | ".join(f"{n}/A xfer" for n in names if n != "A") + " | E/D xfer |",
+        "| A transfer ms | "
+        + " | ".join(f"{n}/A xfer" for n in names if n != "A")
+        + " | E/D xfer |",
         "|---" * (2 + 2 * (len(names) - 1) + 3) + "|",
     ]
     for shape, by_variant in medians.items():
         a_total = by_variant["A"]["total_ms"]
         a_transfer = by_variant["A"]["transfer_ms"]
         ratios = [by_variant[n]["total_ms"] / a_total for n in names if n != "A"]
-        e_d = by_variant["E"]["total_ms"] / by_variant["D"]["total_ms"] if {"D", "E"} <= set(by_variant) else float("nan")
+        e_d = (
+            by_variant["E"]["total_ms"] / by_variant["D"]["total_ms"]
+            if {"D", "E"} <= set(by_variant)
+            else float("nan")
+        )
         transfer = [by_variant[n]["transfer_ms"] / a_transfer for n in names if n != "A"]
         e_d_transfer = (
             by_variant["E"]["transfer_ms"] / by_variant["D"]["transfer_ms"]
@@ -260,9 +317,13 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="W x H x T list, comma separated")
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help="W x H x T list, comma separated"
+    )
     parser.add_argument("--variants", default="".join(VARIANTS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
