@@ -13,14 +13,35 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_ring.py"
 TIMEOUT_S = 300  # a watchdog against a hung worker, not a performance bound
+ICEORYX2_CONFIG_DIR = Path("/tmp/iceoryx2")
 
 
+@pytest.fixture
+def iceoryx2_leaves_nothing() -> Iterator[None]:
+    """iceoryx2 keeps a global management file in /dev/shm and folders in /tmp;
+    remove the ones this test's run created, so the suite leaves both as it found them."""
+    shm = Path("/dev/shm")
+    before = {p.name for p in shm.glob("iox2_*")}
+    had_config_dir = ICEORYX2_CONFIG_DIR.exists()
+    yield
+    for path in shm.glob("iox2_*"):
+        if path.name not in before:
+            path.unlink(missing_ok=True)
+    if not had_config_dir:
+        shutil.rmtree(ICEORYX2_CONFIG_DIR, ignore_errors=True)
+
+
+@pytest.mark.usefixtures("iceoryx2_leaves_nothing")
 def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     completed = subprocess.run(
