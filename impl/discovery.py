@@ -59,6 +59,7 @@ from typing import Final
 
 from shmring.impl.errors import BrokenError, ShmringError
 from shmring.impl.naming import (
+    NAME_SEPARATOR,
     ProducerIdentity,
     parse_ring_file_name,
     parse_start_time,
@@ -79,7 +80,6 @@ STAMP_FILE_NAME: Final = "stamp"
 MEMBERS_FILE_NAME: Final = "members"
 MARKER_FILE_PREFIX: Final = "marker"
 LIVE_FILE_PREFIX: Final = "live"
-NAME_SEPARATOR: Final = "."
 
 # The stamp file: one u64 counter at offset 0, in a file one cache line long.
 STAMP_OFFSET: Final = 0

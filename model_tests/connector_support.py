@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from shmring.impl.os_seam import FILE_MODE, SITE_FLOCK, OsFacade
+from shmring.model_tests.workers import watchdog
 
 # -- seams -----------------------------------------------------------------------
 
@@ -289,25 +290,6 @@ def lock_holder(path: str, timeout: float = 30.0) -> Iterator[multiprocessing.pr
             process.kill()
             process.join(10)
         parent.close()
-
-
-@contextlib.contextmanager
-def watchdog(seconds: float) -> Iterator[None]:
-    """Raise TimeoutError in the main thread if the block runs longer than `seconds`.
-
-    A guard against hangs, not a timing assertion.
-    """
-
-    def fire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"watchdog: still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.005) -> bool:

@@ -1,0 +1,59 @@
+"""Running a lockstep machine once and keeping what it reached.
+
+Each lockstep test module runs its machine once per profile (a module-scoped
+fixture) and asks two things of the run: did model and implementation ever
+disagree, and was every labelled state reached. The machines count their own
+steps (`STEPS`) and labels (`EVENTS_SEEN`); this module resets and reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from types import ModuleType
+
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from shmring.model_tests.workers import watchdog
+
+
+@dataclass(frozen=True)
+class MachineRun:
+    events: Counter[str]  # labelled states reached, with counts
+    steps: int  # rules run
+    seconds: float  # wall time of the run
+    error: BaseException | None  # what the run raised, if anything
+
+
+def run_machine(
+    module: ModuleType,
+    machine: type[RuleBasedStateMachine],
+    profile: str,
+    watchdog_seconds: float | None = None,
+) -> MachineRun:
+    """Run `machine` under the named settings profile; never raises (the run records it)."""
+    module.EVENTS_SEEN.clear()
+    module.STEPS.clear()
+    guard = watchdog(watchdog_seconds) if watchdog_seconds else contextlib.nullcontext()
+    started = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        with guard:
+            run_state_machine_as_test(machine, settings=settings.get_profile(profile))
+    except BaseException as raised:  # reported by the caller's tests
+        error = raised
+    seconds = time.perf_counter() - started
+    return MachineRun(Counter(module.EVENTS_SEEN), sum(module.STEPS.values()), seconds, error)
+
+
+def report(name: str, run: MachineRun) -> None:
+    """Re-raise the run's failure, else print its step rate and events (-s shows them)."""
+    if run.error is not None:
+        raise run.error
+    print(
+        f"\n{name}: {run.steps} steps in {run.seconds:.1f} s "
+        f"({run.steps / run.seconds:.0f} steps/s); events {dict(run.events)}"
+    )
