@@ -104,6 +104,9 @@ DEFAULT_FALLBACK_BUDGET: Final = 16 * 1024 * 1024 * 1024
 DEFAULT_SPIN_SECONDS: Final = 0.0002  # get_with_deadline polls without sleeping this long
 DEFAULT_MAX_SLEEP_SECONDS: Final = 0.001  # then sleeps, backing off up to this between polls
 _MIN_SLEEP_SECONDS: Final = 0.00005
+# The longest a blocked receive sleeps on the doorbell before it looks again
+# for what rings no bell (a producer that died).
+_MAX_DOORBELL_WAIT_SECONDS: Final = 0.05
 
 
 # -- descriptors -----------------------------------------------------------------
@@ -515,6 +518,7 @@ class Connector:
                     self._puts += 1
                     self._ring_puts += 1
                     self._bytes += size
+                    self._ring_doorbell()
                     return RingDescriptor(identity, edge, key, outcome.position, size)
             cancel: Callable[[], object] | None = (lambda: ring.cancel(key)) if ring else None
             try:
@@ -525,6 +529,7 @@ class Connector:
             self._puts += 1
             self._fallbacks += 1
             self._bytes += size
+            self._ring_doorbell()
             return FallbackDescriptor(identity, edge, key, record.generation, size)
 
     # -- get -------------------------------------------------------------------------------
@@ -709,11 +714,16 @@ class Connector:
     ) -> Delivery:
         """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
 
-        Polls without sleeping for a short spin, then sleeps between polls,
-        backing off up to `max_sleep_seconds` and starting over whenever the
-        ring wake-up sequences or the discovery stamp move. Answers the first
-        final result (delivered, stale, producer gone) or the last one when
-        time runs out (NOT_FOUND or BUSY).
+        Polls without sleeping for a short spin, then sleeps on the
+        deployment's doorbell (a futex every connector rings when it
+        publishes, retires or registers), so an idle wait costs no CPU and
+        wakes as soon as something may have arrived. Each sleep is bounded
+        by `_MAX_DOORBELL_WAIT_SECONDS`, so what rings no bell (a producer
+        dying) is still seen promptly. While another process holds a lock
+        (BUSY), or without futexes, it sleeps in short steps instead,
+        backing off up to `max_sleep_seconds`. Answers the first final
+        result (delivered, stale, producer gone) or the last one when time
+        runs out (NOT_FOUND or BUSY).
         """
         if deadline is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
@@ -722,6 +732,7 @@ class Connector:
         sleep = _MIN_SLEEP_SECONDS
         signature = None
         while True:
+            bell = self._doorbell()
             got = self.get(edge, key, descriptor=descriptor)
             if got.status in _FINAL_STATUSES:
                 return got
@@ -730,12 +741,32 @@ class Connector:
                 return got
             if now - start < self._spin:
                 continue
+            stamp = self._stamp
+            if bell is not None and stamp is not None and got.status is not GetStatus.BUSY:
+                stamp.wait(bell, min(deadline - now, _MAX_DOORBELL_WAIT_SECONDS))
+                continue
             seen = self._wake_signature(edge)
             if seen != signature:
                 signature = seen
                 sleep = _MIN_SLEEP_SECONDS
             time.sleep(min(sleep, deadline - now))
             sleep = min(sleep * 2, max(self._max_sleep, _MIN_SLEEP_SECONDS))
+
+    def _doorbell(self) -> int | None:
+        """The deployment doorbell's value, or None when there is none to wait on."""
+        stamp = self._stamp
+        if stamp is None:
+            return None
+        try:
+            return stamp.doorbell()
+        except ValueError:  # closed under us
+            return None
+
+    def _ring_doorbell(self) -> None:
+        """Wake receivers blocked in `get_with_deadline` (after a publish or retire)."""
+        stamp = self._stamp
+        if stamp is not None:
+            stamp.ring()
 
     def _wake_signature(self, edge: Edge) -> tuple[int, ...]:
         """Shared-memory counters that move when something may have arrived on `edge`."""
@@ -757,6 +788,8 @@ class Connector:
             retired = sum(ring.cancel(key) for _, ring in sorted(self._rings.items()))
             if self._fallback is not None:
                 retired += self._fallback.retire_key(key)
+            if retired:
+                self._ring_doorbell()
             return retired
 
     def cleanup_prefix(self, prefix: str) -> int:
@@ -767,6 +800,8 @@ class Connector:
             retired = sum(ring.cancel_prefix(prefix) for _, ring in sorted(self._rings.items()))
             if self._fallback is not None:
                 retired += self._fallback.retire_prefix(prefix)
+            if retired:
+                self._ring_doorbell()
             return retired
 
     # -- close -------------------------------------------------------------------------------
@@ -810,6 +845,9 @@ class Connector:
                 self._release_live_file()
             for key in list(self._readers):
                 self._readers.pop(key).close()
+            if retired:
+                with contextlib.suppress(OSError, ValueError):
+                    self._ring_doorbell()
             if not failures:
                 self._leave()
             if failures:

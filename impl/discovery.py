@@ -57,7 +57,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from shmring.impl import futex
 from shmring.impl.errors import BrokenError, ShmringError
+from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
     ProducerIdentity,
@@ -81,8 +83,10 @@ MEMBERS_FILE_NAME: Final = "members"
 MARKER_FILE_PREFIX: Final = "marker"
 LIVE_FILE_PREFIX: Final = "live"
 
-# The stamp file: one u64 counter at offset 0, in a file one cache line long.
+# The stamp file, one cache line long: the u64 stamp at offset 0, then the
+# u32 doorbell every connector rings when it publishes (see `Stamp.ring`).
 STAMP_OFFSET: Final = 0
+DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
 STAMP_FILE_LENGTH: Final = 64
 _U64: Final = struct.Struct("<Q")
 
@@ -267,11 +271,18 @@ class Stamp:
     `load` is one shared-memory load. `bump` and `prune_and_bump` take the
     stamp file's exclusive lock; `bump` waits for it (producers), the
     receiver's `prune_and_bump` does not.
+
+    The same file holds the deployment's *doorbell*: a futex word every
+    connector rings after it publishes (ring frame, fallback segment, retire,
+    new producer), so a blocked receive sleeps in the kernel instead of
+    polling and wakes as soon as anything may have arrived (`doorbell`,
+    `wait`, `ring`).
     """
 
     _fd: int = -1
     _mapping: mmap.mmap | None = None
     _buf: memoryview | None = None
+    _doorbell: FutexWord | None = None
 
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         self.path = path
@@ -290,6 +301,8 @@ class Stamp:
                 os_facade.ftruncate(stamp._fd, STAMP_FILE_LENGTH)
             stamp._mapping = os_facade.mmap(stamp._fd, STAMP_FILE_LENGTH)
             stamp._buf = memoryview(stamp._mapping)
+            if futex.AVAILABLE:
+                stamp._doorbell = FutexWord(stamp._mapping, DOORBELL_OFFSET)
         except BaseException:
             stamp.close()
             raise
@@ -314,7 +327,31 @@ class Stamp:
             _U64.pack_into(buf, STAMP_OFFSET, value)
         finally:
             self._os.flock(self._fd, fcntl.LOCK_UN)
+        self.ring()
         return value
+
+    def doorbell(self) -> int | None:
+        """The doorbell's value (None without futexes); read it *before* looking for work."""
+        doorbell = self._doorbell
+        return doorbell.load() if doorbell is not None else None
+
+    def ring(self) -> None:
+        """Wake every receiver blocked in `wait` on this deployment."""
+        doorbell = self._doorbell
+        if doorbell is not None:
+            doorbell.bump_and_wake()
+
+    def wait(self, seen: int | None, timeout: float) -> None:
+        """Sleep until the doorbell moves past `seen`, or `timeout` seconds.
+
+        Without futexes (`seen` is None), sleeps `timeout`; callers keep the
+        timeout short then.
+        """
+        doorbell = self._doorbell
+        if doorbell is None or seen is None:
+            time.sleep(max(timeout, 0.0))
+            return
+        doorbell.wait(seen, timeout)
 
     def prune_and_bump(self, directory: str, names: Iterable[str], scanned_at: int) -> int | None:
         """Unlink stale marker `names` and bump once, without waiting for the lock.
@@ -341,10 +378,14 @@ class Stamp:
             _U64.pack_into(buf, STAMP_OFFSET, value)
         finally:
             self._os.flock(self._fd, fcntl.LOCK_UN)
+        self.ring()
         return value if before == scanned_at else scanned_at
 
     def close(self) -> None:
         """Unmap and close. Idempotent; never unlinks (see `Membership.leave`)."""
+        doorbell, self._doorbell = self._doorbell, None
+        if doorbell is not None:
+            doorbell.close()
         buf, self._buf = self._buf, None
         if buf is not None:
             buf.release()
