@@ -177,10 +177,15 @@ class OsFacade:
         return os.pidfd_open(pid)
 
     def pidfd_alive(self, pidfd: int) -> bool:
-        """A pidfd becomes readable when its process exits."""
+        """A pidfd becomes readable when its process exits.
+
+        `poll`, not `select`: select cannot watch a descriptor numbered 1024
+        or more, which a process with many open files reaches.
+        """
         self._enter(SITE_PIDFD)
-        readable, _, _ = select.select([pidfd], [], [], 0)
-        return not readable
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return not poller.poll(0)
 
 
 #: The facade production code uses when none is given.
