@@ -126,12 +126,8 @@ class RingDescriptor:
     def to_dict(self) -> dict[str, Any]:
         """A msgpack/JSON-friendly form (what the compat facade's metadata carries)."""
         return {
-            "producer": list(self.producer),
-            "source": self.edge[0],
-            "destination": self.edge[1],
-            "key": self.key,
+            **_common_fields(self.producer, self.edge, self.key, self.size),
             "position": self.position,
-            "size": self.size,
         }
 
 
@@ -148,17 +144,24 @@ class FallbackDescriptor:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "producer": list(self.producer),
-            "source": self.edge[0],
-            "destination": self.edge[1],
-            "key": self.key,
+            **_common_fields(self.producer, self.edge, self.key, self.size),
             "generation": self.generation,
-            "size": self.size,
             "name": segment_file_name(self.edge, self.key),
         }
 
 
 Descriptor = RingDescriptor | FallbackDescriptor
+
+
+def _common_fields(producer: ProducerIdentity, edge: Edge, key: str, size: int) -> dict[str, Any]:
+    """The fields every descriptor's `to_dict` carries (read back by `descriptor_from_dict`)."""
+    return {
+        "producer": list(producer),
+        "source": edge[0],
+        "destination": edge[1],
+        "key": key,
+        "size": size,
+    }
 
 
 def descriptor_from_dict(route: Route, data: Mapping[str, Any]) -> Descriptor:
