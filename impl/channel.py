@@ -161,6 +161,8 @@ from shmring.spec.ring import (
 Buffer = bytes | bytearray | memoryview  # what put copies from (any C-contiguous buffer)
 # (length, type, state, key length, payload length, position, checksum) of a frame header
 FrameFields = tuple[int, int, int, int, int, int, int]
+# A reader's index entry: (position, mapping offset, payload start, payload end, checksum).
+_IndexEntry = tuple[int, int, int, int, int]
 
 _PAGE_SIZE: Final = mmap.PAGESIZE
 _LOCK: Final = fcntl.LOCK_EX
@@ -211,6 +213,8 @@ class Received(NamedTuple):
     payload: Any = None  # copy-out: the decoded, independently owned value; lease: a `Lease`
 
 
+_DELIVERED: Final = ReceiveStatus.DELIVERED
+_PUT_CLOSED: Final = PutOutcome(PutStatus.CLOSED)
 _NOT_FOUND: Final = Received(ReceiveStatus.NOT_FOUND)
 _STALE: Final = Received(ReceiveStatus.STALE)
 _BUSY: Final = Received(ReceiveStatus.BUSY)
@@ -240,9 +244,39 @@ class RingStatistics:
 # -- shared pieces -------------------------------------------------------------
 
 
+# Builds a NamedTuple from all its fields without its Python-level __new__ (hot paths).
+_new_outcome: Final = tuple.__new__
+
+
 def _data_offset(position: int, capacity: int) -> int:
     """Offset in the mapping of the byte at logical `position`."""
     return RING_HEADER_LENGTH + position % capacity
+
+
+class _FrameShapes(dict[tuple[int, int], int]):
+    """(key length, payload length) -> frame length when this ring admits it, else minus it.
+
+    The numbers come from the model's helpers (`compute_frame_length`,
+    `is_admitted`) on the first sight of a shape; afterwards a lookup is one
+    dict probe, which is what the per-message paths pay. Bounded: forgotten
+    wholesale past `_LIMIT` shapes.
+    """
+
+    __slots__ = ("capacity",)
+    _LIMIT: Final = 4096
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def __missing__(self, shape: tuple[int, int]) -> int:
+        key_length, payload_length = shape
+        frame_length = compute_frame_length(key_length, payload_length)
+        value = frame_length if is_admitted(self.capacity, key_length, frame_length) else -frame_length
+        if len(self) >= self._LIMIT:
+            self.clear()
+        self[shape] = value
+        return value
 
 
 def _corrupt(message: str) -> CorruptFrameError:
@@ -326,6 +360,7 @@ class _RingFile:
     _buf: memoryview | None = None  # writable view of the whole mapping
     _capacity: int = 0
     _locks: int = 0
+    _shapes: _FrameShapes = _FrameShapes(0)  # replaced once the capacity is known
 
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         self.path = path
@@ -390,6 +425,7 @@ class RingChannel(_RingFile):
         self._frames: deque[tuple[int, int, str | None]] = deque()
         # key -> position of the key's newest frame that may still be PUBLISHED.
         self._published: dict[str, int] = {}
+        self._shapes = _FrameShapes(capacity)
         self._puts = 0
         self._refused_not_admitted = 0
         self._refused_full = 0
@@ -488,15 +524,16 @@ class RingChannel(_RingFile):
         writer: Callable[[memoryview], None] | None,
     ) -> PutOutcome:
         if self._closed:
-            return PutOutcome(PutStatus.CLOSED)
+            return _PUT_CLOSED
         capacity = self._capacity
         key_bytes = key.encode("utf-8")
         key_length = len(key_bytes)
-        frame_length = compute_frame_length(key_length, payload_length)
-        if not is_admitted(capacity, key_length, frame_length):
+        frame_length = self._shapes[key_length, payload_length]
+        if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
-            return PutOutcome(PutStatus.NOT_ADMITTED, None, frame_length)
-        self._reclaim()
+            return PutOutcome(PutStatus.NOT_ADMITTED, None, -frame_length)
+        if self._frames:
+            self._reclaim()
         head = self._head
         if not compute_has_space(capacity, head, self._tail, frame_length):
             self._refused_full += 1
@@ -508,7 +545,7 @@ class RingChannel(_RingFile):
         hook = self._publish_hook
 
         # 1. Body: the slot reads "unpublished" first, then key, payload, zero fill.
-        offset = _data_offset(position, capacity)
+        offset = RING_HEADER_LENGTH + position % capacity
         store_frame_length_release(buf, offset, 0)
         if hook is not None:
             hook(HOOK_RESERVED)
@@ -545,12 +582,13 @@ class RingChannel(_RingFile):
 
         # 2. Padding before it, if the frame did not fit before the end.
         if padding:
-            padding_offset = _data_offset(head, capacity)
+            padding_offset = RING_HEADER_LENGTH + head % capacity
             write_padding_frame_fields(buf, padding_offset, FRAME_STATE_DONE)
             store_frame_length_release(buf, padding_offset, padding)
 
         # 3. Retire the older version (before the new one becomes visible).
-        retired = self._retire_key(key)
+        published = self._published
+        retired = self._retire_key(key) if key in published else 0
 
         # 4. Header fields, then length, then head, then the wake-up sequence.
         write_data_frame_fields(
@@ -572,12 +610,13 @@ class RingChannel(_RingFile):
         bump_wakeup_sequence_release(buf)
 
         self._head = new_head
+        frames = self._frames
         if padding:
-            self._frames.append((head, padding, None))
-        self._frames.append((position, frame_length, key))
-        self._published[key] = position
+            frames.append((head, padding, None))
+        frames.append((position, frame_length, key))
+        published[key] = position
         self._puts += 1
-        return PutOutcome(PutStatus.PUBLISHED, position, frame_length, padding, retired)
+        return _new_outcome(PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired))
 
     def _reclaim(self) -> None:
         """Advance the tail over DONE, RETIRED and padding frames; see `process_reclaim`."""
@@ -770,8 +809,11 @@ class RingReader(_RingFile):
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
         self._seen_head = 0  # head at the last scan
         self._scanned_to = 0  # a frame boundary; frames below it are in the index (if published)
-        # key bytes -> position of the frame seen PUBLISHED at the last scan.
-        self._index: dict[bytes, int] = {}
+        # key bytes -> the frame seen PUBLISHED at the last scan, its header
+        # already validated: (position, offset, payload start, payload end, checksum).
+        # Those fields never change while the frame is unreclaimed, so a claim
+        # re-reads only the state and the tail.
+        self._index: dict[bytes, _IndexEntry] = {}
         # (position, key bytes) in scan order, to prune index entries the tail passed.
         self._index_order: deque[tuple[int, bytes]] = deque()
         self._gets = 0
@@ -836,6 +878,7 @@ class RingReader(_RingFile):
         if header.state != RING_STATE_OPEN:
             raise CorruptFrameError(f"bad ring state: state={header.state} path={path!r}")
         self._capacity = capacity
+        self._shapes = _FrameShapes(capacity)
         self.producer = (header.producer_pid, header.producer_start_time)
         bytes(buf[::_PAGE_SIZE])  # fault every page in once, not on the receive path
         tail, _head = self._load_positions()
@@ -899,13 +942,11 @@ class RingReader(_RingFile):
             return f"bad frame state={state}"
         if frame_position != position:
             return f"frame position field={frame_position}"
-        if compute_frame_length(key_length, payload_length) != length or not is_admitted(
-            capacity, key_length, length
-        ):
+        if self._shapes[key_length, payload_length] != length:
             return f"bad lengths: length={length} key_length={key_length} payload_length={payload_length}"
         return None
 
-    def _scan(self, head: int) -> None:
+    def _scan(self) -> None:
         """Index the frames published since the last scan, without the lock."""
         buf = self._require_buf()
         capacity = self._capacity
@@ -914,15 +955,28 @@ class RingReader(_RingFile):
         order = self._index_order
         while order and order[0][0] < tail:
             old_position, old_key = order.popleft()
-            if index.get(old_key) == old_position:
+            entry = index.get(old_key)
+            if entry is not None and entry[0] == old_position:
                 del index[old_key]
+        shapes = self._shapes
+        region_end = RING_HEADER_LENGTH + capacity
         position = max(self._scanned_to, tail)
         retries = 0
         while position < head:
-            offset = _data_offset(position, capacity)
+            offset = RING_HEADER_LENGTH + position % capacity
             fields = self._load_fields(buf, offset)
-            length, frame_type, state, key_length, payload_length, _, _checksum = fields
-            problem = self._check_frame(position, head, fields)
+            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
+            if (
+                frame_type == DATA_FRAME_TYPE
+                and length == shapes[key_length, payload_length]
+                and frame_position == position
+                and offset + length <= region_end
+                and position + length <= head
+                and state in _KNOWN_STATES
+            ):
+                problem = None  # the common case of _check_frame, without the call
+            else:
+                problem = self._check_frame(position, head, fields)
             key = b""
             if problem is None and frame_type == DATA_FRAME_TYPE:
                 key_start = offset + FRAME_KEY_OFFSET
@@ -943,10 +997,19 @@ class RingReader(_RingFile):
             if frame_type == DATA_FRAME_TYPE:
                 if state == FRAME_STATE_PUBLISHED:
                     index.pop(key, None)  # keep dict order = position order
-                    index[key] = position
+                    payload_start = offset + FRAME_KEY_OFFSET + key_length
+                    index[key] = (
+                        position,
+                        offset,
+                        payload_start,
+                        payload_start + payload_length,
+                        checksum,
+                    )
                     order.append((position, key))
-                elif index.get(key, position) < position:
-                    del index[key]  # an older entry cannot be deliverable once a newer frame exists
+                else:
+                    entry = index.get(key)
+                    if entry is not None and entry[0] < position:
+                        del index[key]  # an older entry cannot be deliverable once a newer frame exists
             position += length
         self._scanned_to = position
         self._seen_head = head
@@ -983,17 +1046,16 @@ class RingReader(_RingFile):
         buf = self._buf
         if buf is None:
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
-        head = load_head_acquire(buf)
-        if head != self._seen_head:
-            self._scan(head)
+        if load_head_acquire(buf) != self._seen_head:
+            self._scan()
         key_bytes = key.encode("utf-8")
-        found = self._index.get(key_bytes)
+        entry = self._index.get(key_bytes)
         if position is None:
-            if found is None:
+            if entry is None:
                 return _NOT_FOUND
             miss = _NOT_FOUND
         else:
-            if found != position:
+            if entry is None or entry[0] != position:
                 return _STALE
             miss = _STALE
         ring_state = load_ring_state_acquire(buf)
@@ -1001,17 +1063,18 @@ class RingReader(_RingFile):
             if ring_state == RING_STATE_CLOSED:
                 return miss  # a closed ring delivers nothing; its producer retires the rest
             raise _corrupt(f"bad ring state: state={ring_state} path={self.path!r}")
-        return self._claim(key_bytes, found, mode, decode, miss)
+        return self._claim(buf, key_bytes, entry, mode, decode, miss)
 
     def _claim(
         self,
+        buf: memoryview,
         key_bytes: bytes,
-        position: int,
+        entry: _IndexEntry,
         mode: ConsumeMode,
         decode: Callable[[memoryview], Any] | None,
         miss: Received,
     ) -> Received:
-        buf = self._require_buf()
+        position, offset, payload_start, payload_end, checksum = entry
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
@@ -1019,32 +1082,25 @@ class RingReader(_RingFile):
             return _BUSY
         self._locks += 1
         try:
-            # `position` came from the index, so it lies below the scanned head;
-            # whether the tail passed it is checked after the header is read.
-            offset = RING_HEADER_LENGTH + position % self._capacity
-            fields = self._load_fields(buf, offset)
-            _, frame_type, state, key_length, payload_length, _, checksum = fields
-            key_start = offset + FRAME_KEY_OFFSET
-            payload_start = key_start + key_length
-            problem = self._check_frame(position, self._seen_head, fields)
-            if problem is None and frame_type != DATA_FRAME_TYPE:
-                problem = "a descriptor names a padding frame"
-            if problem is None and buf[key_start:payload_start] != key_bytes:
-                problem = "key bytes differ from the indexed key"
+            # The scan validated this frame's header; while the frame is not
+            # reclaimed only its state can change, so the state is all there is
+            # to re-read, then the tail (a frame the tail passed may be rewritten).
+            state = load_frame_state_acquire(buf, offset)
             if load_tail_acquire(buf) > position:
                 self._forget(key_bytes, position)  # reclaimed (and maybe rewritten) under us
                 return miss
-            if problem is not None:
-                raise _corrupt(
-                    f"corrupted frame at position={position}: {problem}; path={self.path!r}"
-                )
             if state != FRAME_STATE_PUBLISHED:
+                if state not in _KNOWN_STATES:
+                    raise _corrupt(
+                        f"corrupted frame at position={position}: bad frame state={state}; "
+                        f"path={self.path!r}"
+                    )
                 self._forget(key_bytes, position)
                 return miss
             # From here the frame is ours to claim: PUBLISHED frames are not
             # reclaimed, and only lock holders move a frame out of PUBLISHED.
-            payload_end = payload_start + payload_length
-            if compute_checksum(key_bytes, buf[payload_start:payload_end]) != checksum:
+            payload = buf[payload_start:payload_end]
+            if compute_checksum(key_bytes, payload) != checksum:
                 store_frame_state_release(buf, offset, FRAME_STATE_RETIRED)
                 self._forget(key_bytes, position)
                 raise _corrupt(
@@ -1052,33 +1108,34 @@ class RingReader(_RingFile):
                     f"frame retired; path={self.path!r}"
                 )
             if mode is ConsumeMode.LEASE:
-                exporter = (ctypes.c_char * payload_length).from_buffer(
+                exporter = (ctypes.c_char * (payload_end - payload_start)).from_buffer(
                     self._mapping,  # type: ignore[arg-type]
                     payload_start,
                 )
                 lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
                 store_frame_state_release(buf, offset, FRAME_STATE_CLAIMED)
                 value: Any = lease
+            elif decode is None:
+                value = payload.tobytes()
+                store_frame_state_release(buf, offset, FRAME_STATE_DONE)
             else:
-                value = self._copy_out(buf, offset, payload_start, payload_end, decode, position)
+                value = self._decode_in_place(buf, offset, payload_start, payload_end, decode, position)
                 store_frame_state_release(buf, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)
-        self._forget(key_bytes, position)
+        del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
         self._gets += 1
-        return Received(ReceiveStatus.DELIVERED, position, value)
+        return _new_outcome(Received, (_DELIVERED, position, value))
 
-    def _copy_out(
+    def _decode_in_place(
         self,
         buf: memoryview,
         offset: int,
         payload_start: int,
         payload_end: int,
-        decode: Callable[[memoryview], Any] | None,
+        decode: Callable[[memoryview], Any],
         position: int,
     ) -> Any:
-        if decode is None:
-            return buf[payload_start:payload_end].tobytes()
         # A fresh export of the mapping, so that every view derived from what
         # decode gets holds one more reference to the mapping while it lives.
         mapping = self._mapping
@@ -1105,7 +1162,8 @@ class RingReader(_RingFile):
         return value
 
     def _forget(self, key_bytes: bytes, position: int) -> None:
-        if self._index.get(key_bytes) == position:
+        entry = self._index.get(key_bytes)
+        if entry is not None and entry[0] == position:
             del self._index[key_bytes]
 
     def release(self, position: int) -> None:
