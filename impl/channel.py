@@ -1099,8 +1099,16 @@ class RingReader(_RingFile):
                 return miss
             # From here the frame is ours to claim: PUBLISHED frames are not
             # reclaimed, and only lock holders move a frame out of PUBLISHED.
-            payload = buf[payload_start:payload_end]
-            if compute_checksum(key_bytes, payload) != checksum:
+            if decode is None and mode is ConsumeMode.COPY_OUT:
+                # Copy first, then check the private copy: one pass over memory
+                # another core wrote instead of two. Same bytes: under the lock a
+                # PUBLISHED frame does not change (anything else is corruption,
+                # which the check then reports).
+                value: Any = buf[payload_start:payload_end].tobytes()
+                checked: bytes | memoryview = value
+            else:
+                checked = buf[payload_start:payload_end]
+            if compute_checksum(key_bytes, checked) != checksum:
                 store_frame_state_release(buf, offset, FRAME_STATE_RETIRED)
                 self._forget(key_bytes, position)
                 raise _corrupt(
@@ -1114,9 +1122,8 @@ class RingReader(_RingFile):
                 )
                 lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
                 store_frame_state_release(buf, offset, FRAME_STATE_CLAIMED)
-                value: Any = lease
+                value = lease
             elif decode is None:
-                value = payload.tobytes()
                 store_frame_state_release(buf, offset, FRAME_STATE_DONE)
             else:
                 value = self._decode_in_place(buf, offset, payload_start, payload_end, decode, position)
