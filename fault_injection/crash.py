@@ -35,10 +35,12 @@ After the child is dead the campaign checks, as the survivors see it:
   and its reused keys deliver only its own payloads;
 * once the survivors close, nothing of the deployment is left in /dev/shm.
 
+* a ring frame leased by a killed reader is freed (once) when a later put
+  finds the ring full: the claim records the holder's pid.
+
 Not covered by the cells: reclaiming the arena frames a killed lease
-holder kept (the claim records the holder's pid; `test_crash.py` checks it
-with a process of its own). A host ring's lease does not record its holder
-yet (see docs/faults.md, 'Not yet kept').
+holder kept (also recorded by pid; `test_crash.py` checks it with a process
+of its own).
 """
 
 from __future__ import annotations
@@ -443,13 +445,22 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
                 other.delivered and other.value == value,
                 f"{key!r} after the reader crash: {other.status}",
             )
-        # The producer keeps serving (a pinned lease makes it fall back when full).
-        for index in range(6):
+        # The producer keeps serving; a frame leased by the killed reader is
+        # freed once a put finds the ring full (its holder is dead), so the
+        # ring goes on past it instead of pinning there.
+        routes = []
+        for index in range(12):
             sent = tagged(300 + index, 700)
-            producer.put(EDGE, f"after{index}", sent)
+            routes.append(producer.put(EDGE, f"after{index}", sent).route)
             got = receiver.get(EDGE, f"after{index}")
             _require(
                 got.delivered and got.value == sent, f"put after the reader crash: {got.status}"
+            )
+        if cell.point == "reader lease":
+            freed = ring.statistics().reclaimed_from_dead_holders
+            _require(freed == 1, f"the killed holder's frame was freed {freed} times, not once")
+            _require(
+                routes[-1] is Route.RING, f"the ring stayed pinned by a dead holder: {routes}"
             )
     finally:
         producer.close()

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from shmring.impl import frame_io
-from shmring.impl.discovery import read_process_status
+from shmring.impl.discovery import is_holder_alive
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -97,40 +97,6 @@ ARENA_PAYLOAD_OFFSET: Final = FRAME_HEADER_LENGTH + ARENA_KEY_LENGTH
 # Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
 DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024
 _RECLAIMABLE_STATES: Final = (FRAME_STATE_DONE, FRAME_STATE_RETIRED)
-_DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
-
-
-def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
-    """Whether the lease holder `pid` may still run; False only when it surely does not.
-
-    A pidfd answers first (ProcessLookupError: no such process; readable: it
-    exited, a zombie included), /proc when pidfds are unavailable. The pid is
-    all a frame records, so a reused pid makes a dead holder look alive: the
-    frame's reclaim waits for that process too, which is late but never
-    unsafe. An unknown holder (0) and any OS error answer alive for the same
-    reason: a wrong "dead" would hand a live view's bytes to the producer.
-    """
-    if pid == FRAME_HOLDER_NONE or pid == os.getpid():
-        return True
-    try:
-        pidfd = os_facade.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except OSError:  # ENOSYS, EMFILE, ...: /proc answers
-        pidfd = -1
-    if pidfd >= 0:
-        try:
-            return os_facade.pidfd_alive(pidfd)
-        except OSError:
-            return True
-        finally:
-            with contextlib.suppress(OSError):
-                os_facade.close(pidfd)
-    try:
-        status = read_process_status(pid, os_facade)
-    except OSError:
-        return True
-    return status is not None and status[1] not in _DEAD_PROCESS_STATES
 
 
 def arena_key(sequence: int) -> str:

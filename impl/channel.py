@@ -92,6 +92,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from shmring.impl.discovery import is_holder_alive
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -103,6 +104,7 @@ from shmring.impl.frame_io import (
     bump_wakeup_sequence_release,
     compute_checksum,
     load_frame_header_fields,
+    load_frame_holder_pid,
     load_frame_prefix,
     load_frame_state_acquire,
     load_head_acquire,
@@ -110,6 +112,7 @@ from shmring.impl.frame_io import (
     load_tail_acquire,
     load_wakeup_sequence_acquire,
     read_ring_header,
+    store_frame_holder_pid,
     store_frame_length_release,
     store_frame_state_release,
     store_head_release,
@@ -239,6 +242,9 @@ class RingStatistics:
     gets: int  # frames this object claimed (reader; 0 for a producer)
     busy: int  # gets answered BUSY because another process held the lock (reader)
     locks: int  # ring locks this object took
+    reclaimed_from_dead_holders: int = (
+        0  # claimed frames freed because their lease holder died (producer)
+    )
 
 
 # -- shared pieces -------------------------------------------------------------
@@ -272,7 +278,9 @@ class _FrameShapes(dict[tuple[int, int], int]):
     def __missing__(self, shape: tuple[int, int]) -> int:
         key_length, payload_length = shape
         frame_length = compute_frame_length(key_length, payload_length)
-        value = frame_length if is_admitted(self.capacity, key_length, frame_length) else -frame_length
+        value = (
+            frame_length if is_admitted(self.capacity, key_length, frame_length) else -frame_length
+        )
         if len(self) >= self._LIMIT:
             self.clear()
         self[shape] = value
@@ -430,6 +438,7 @@ class RingChannel(_RingFile):
         self._refused_not_admitted = 0
         self._refused_full = 0
         self._retired = 0
+        self._reclaimed_from_dead_holders = 0
 
     # -- setup -----------------------------------------------------------------
 
@@ -535,7 +544,10 @@ class RingChannel(_RingFile):
         if self._frames:
             self._reclaim()
         head = self._head
-        if not compute_has_space(capacity, head, self._tail, frame_length):
+        if not compute_has_space(capacity, head, self._tail, frame_length) and (
+            not self._free_dead_holders()
+            or not compute_has_space(capacity, head, self._tail, frame_length)
+        ):
             self._refused_full += 1
             return PutOutcome(PutStatus.FULL, None, frame_length)
         padding = compute_padding(capacity, head, frame_length)
@@ -616,7 +628,9 @@ class RingChannel(_RingFile):
         frames.append((position, frame_length, key))
         published[key] = position
         self._puts += 1
-        return _new_outcome(PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired))
+        return _new_outcome(
+            PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired)
+        )
 
     def _reclaim(self) -> None:
         """Advance the tail over DONE, RETIRED and padding frames; see `process_reclaim`."""
@@ -641,6 +655,38 @@ class RingChannel(_RingFile):
         if tail != self._tail:
             self._tail = tail
             store_tail_release(buf, tail)  # before any byte of the freed space is rewritten
+
+    def _free_dead_holders(self) -> bool:
+        """Free the frames at the tail that lease holders claimed and then died with.
+
+        A lease holder stores its pid before it stores CLAIMED; a holder that
+        is surely dead (`discovery.is_holder_alive`) had its views die with
+        it, so its frame is marked DONE, as `spec.leases.process_holder_exit`
+        releases a dead holder's leases. Only the frames blocking the tail are
+        looked at, and only when a put found no space, so a live holder costs
+        no system call on puts that fit. Answers whether the tail moved.
+        """
+        buf = self._buf
+        assert buf is not None
+        capacity = self._capacity
+        freed = False
+        for position, _length, key in self._frames:
+            if key is None:
+                continue  # padding
+            offset = RING_HEADER_LENGTH + position % capacity
+            state = load_frame_state_acquire(buf, offset)
+            if state in (FRAME_STATE_DONE, FRAME_STATE_RETIRED):
+                continue
+            if state != FRAME_STATE_CLAIMED or is_holder_alive(
+                load_frame_holder_pid(buf, offset), self._os
+            ):
+                break
+            store_frame_state_release(buf, offset, FRAME_STATE_DONE)
+            self._reclaimed_from_dead_holders += 1
+            freed = True
+        if freed:
+            self._reclaim()
+        return freed
 
     # -- retire ----------------------------------------------------------------
 
@@ -782,6 +828,7 @@ class RingChannel(_RingFile):
             refused_not_admitted=self._refused_not_admitted,
             refused_full=self._refused_full,
             retired=self._retired,
+            reclaimed_from_dead_holders=self._reclaimed_from_dead_holders,
             gets=0,
             busy=0,
             locks=self._locks,
@@ -1009,7 +1056,9 @@ class RingReader(_RingFile):
                 else:
                     entry = index.get(key)
                     if entry is not None and entry[0] < position:
-                        del index[key]  # an older entry cannot be deliverable once a newer frame exists
+                        del index[
+                            key
+                        ]  # an older entry cannot be deliverable once a newer frame exists
             position += length
         self._scanned_to = position
         self._seen_head = head
@@ -1121,12 +1170,17 @@ class RingReader(_RingFile):
                     payload_start,
                 )
                 lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
+                # The holder first, then CLAIMED (release): a producer that loads
+                # CLAIMED reads this process as the holder (`_free_dead_holders`).
+                store_frame_holder_pid(buf, offset, os.getpid())
                 store_frame_state_release(buf, offset, FRAME_STATE_CLAIMED)
                 value = lease
             elif decode is None:
                 store_frame_state_release(buf, offset, FRAME_STATE_DONE)
             else:
-                value = self._decode_in_place(buf, offset, payload_start, payload_end, decode, position)
+                value = self._decode_in_place(
+                    buf, offset, payload_start, payload_end, decode, position
+                )
                 store_frame_state_release(buf, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)

@@ -75,6 +75,7 @@ from shmring.impl.os_seam import (
     OPEN_FLAGS_READONLY,
     OsFacade,
 )
+from shmring.spec.layout import FRAME_HOLDER_NONE
 
 Edge = tuple[str, str]  # (source stage, destination stage)
 
@@ -157,6 +158,39 @@ def read_process_status(pid: int, os_facade: OsFacade) -> tuple[int, bytes] | No
         return None
     state = line[close + 2 : close + 3]
     return parse_start_time(line), state
+
+
+def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
+    """Whether the lease holder `pid` may still run; False only when it surely does not.
+
+    A pidfd answers first (ProcessLookupError: no such process; readable: it
+    exited, a zombie included), /proc when pidfds are unavailable. The pid is
+    all a frame records, so a reused pid makes a dead holder look alive: the
+    frame's reclaim waits for that process too, which is late but never
+    unsafe. An unknown holder (0) and any OS error answer alive for the same
+    reason: a wrong "dead" would hand a live view's bytes to the producer.
+    """
+    if pid == FRAME_HOLDER_NONE or pid == os.getpid():
+        return True
+    try:
+        pidfd = os_facade.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except OSError:  # ENOSYS, EMFILE, ...: /proc answers
+        pidfd = -1
+    if pidfd >= 0:
+        try:
+            return os_facade.pidfd_alive(pidfd)
+        except OSError:
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os_facade.close(pidfd)
+    try:
+        status = read_process_status(pid, os_facade)
+    except OSError:
+        return True
+    return status is not None and status[1] not in _DEAD_PROCESS_STATES
 
 
 class Liveness:
@@ -743,5 +777,6 @@ __all__ = [
     "marker_file_name",
     "parse_live_file_name",
     "parse_marker_file_name",
+    "is_holder_alive",
     "read_process_status",
 ]

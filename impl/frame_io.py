@@ -25,6 +25,7 @@ from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_CHECKSUM_OFFSET,
     FRAME_HEADER_LENGTH,
+    FRAME_HOLDER_NONE,
     FRAME_HOLDER_PID_OFFSET,
     FRAME_KEY_LENGTH_OFFSET,
     FRAME_LENGTH_OFFSET,
@@ -52,9 +53,10 @@ _U16: Final = struct.Struct("<H")
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
 
-# The data-frame header fields after `length`, packed in one store each way.
-_FRAME_FIELDS: Final = struct.Struct("<HHIIQI")
-assert _FRAME_FIELDS.size == FRAME_CHECKSUM_OFFSET + 4 - FRAME_TYPE_OFFSET
+# The data-frame header fields after `length` (holder pid included), packed in one store.
+_FRAME_FIELDS: Final = struct.Struct("<HHIIQII")
+assert _FRAME_FIELDS.size == FRAME_HOLDER_PID_OFFSET + 4 - FRAME_TYPE_OFFSET
+assert FRAME_HOLDER_PID_OFFSET == FRAME_CHECKSUM_OFFSET + 4
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def write_data_frame_fields(
     position: int,
     checksum: int,
 ) -> None:
-    """Write every header field of a data frame except `length`."""
+    """Write every header field of a data frame except `length`; no lease holder yet."""
     _FRAME_FIELDS.pack_into(
         buf,
         offset + FRAME_TYPE_OFFSET,
@@ -186,6 +188,7 @@ def write_data_frame_fields(
         payload_length,
         position,
         checksum,
+        FRAME_HOLDER_NONE,
     )
 
 
