@@ -459,9 +459,7 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
         if cell.point == "reader lease":
             freed = ring.statistics().reclaimed_from_dead_holders
             _require(freed == 1, f"the killed holder's frame was freed {freed} times, not once")
-            _require(
-                routes[-1] is Route.RING, f"the ring stayed pinned by a dead holder: {routes}"
-            )
+            _require(routes[-1] is Route.RING, f"the ring stayed pinned by a dead holder: {routes}")
     finally:
         producer.close()
         receiver.close()

@@ -193,11 +193,15 @@ class Deployment:
         fallback_budget: int,
         ledger: Ledger,
         armed: Callable[[], bool],
+        *,
+        keep_fallback_files: bool = False,
     ) -> None:
         self.scope = scope
         self.os = os_facade
         self.capacity = ring_capacity
         self.budget = fallback_budget
+        # Producers keep every fallback file for reuse (readers hand them back).
+        self.keep_fallback_files = keep_fallback_files
         self.ledger = ledger
         self.armed = armed  # whether faults may still fire (errors are allowed only then)
         self.model = discovery_spec.initialize_deployment(ring_capacity, fallback_budget)
@@ -221,6 +225,8 @@ class Deployment:
             identity=identity,
             spin_seconds=0.0,
             max_sleep_seconds=0.0,
+            fallback_spare_bytes=1 << 20 if self.keep_fallback_files else 0,
+            fallback_spare_min_bytes=0,
         )
         self.directory = connector.directory
         self.producers[identity] = connector

@@ -22,6 +22,7 @@ AssertionError) naming the broken promise.
 
 Scenarios, in `SCENARIOS` order: ring traffic with wraparound; fallback
 traffic (too large, full ring, budget refusals, re-puts across routes);
+fallback files kept for reuse (hand-back, reuse, replacement, close);
 discovery with several producers (one of them dead); close; restart (a
 closed and a dead producer's keys reused by a new one); registered transfer
 (per-transfer segments, CUDA driver); registered arena with leases.
@@ -125,9 +126,18 @@ def _run_deployment(
     body: Callable[[Deployment], None],
     *,
     drain: bool = True,
+    keep_fallback_files: bool = False,
 ) -> Outcome:
     ledger = Ledger()
-    deployment = Deployment(env.scope, env.os, capacity, budget, ledger, env.armed)
+    deployment = Deployment(
+        env.scope,
+        env.os,
+        capacity,
+        budget,
+        ledger,
+        env.armed,
+        keep_fallback_files=keep_fallback_files,
+    )
     try:
         body(deployment)
         env.disarm()
@@ -192,6 +202,28 @@ def fallback_traffic(env: Env) -> Outcome:
         d.put(a, OTHER_EDGE, "big0", tagged(17, 1200))
 
     return _run_deployment("fallback_traffic", env, SMALL_CAPACITY, 3300, body)
+
+
+def fallback_reuse(env: Env) -> Outcome:
+    """Fallback files kept for reuse: handed back at a claim, reused, replaced, left at close."""
+
+    def body(d: Deployment) -> None:
+        a = env.identities.live_a
+        d.start_producer(a)
+        d.start_receiver("r")
+        first = d.put(a, EDGE, "s0", tagged(30, 1500))  # a kept file
+        d.get("r", EDGE, "s0", first)  # claimed: handed back to the producer
+        d.put(a, EDGE, "s1", tagged(31, 1500))  # written into s0's file
+        d.put(a, EDGE, "s1", tagged(32, 1500))  # re-put: replaces the kept file
+        d.get("r", EDGE, "s1")
+        d.put(a, EDGE, "s2", tagged(33, 1500))  # reuse again
+        d.put(a, EDGE, "s3", tagged(34, 1700))  # another size: a new file
+        d.get("r", EDGE, "s3")  # handed back; still a spare at close
+        d.get("r", EDGE, "s2")
+
+    return _run_deployment(
+        "fallback_reuse", env, SMALL_CAPACITY, 6000, body, keep_fallback_files=True
+    )
 
 
 def discovery(env: Env) -> Outcome:
@@ -556,6 +588,7 @@ Scenario = Callable[[Env], Outcome]
 SCENARIOS: Final[dict[str, Scenario]] = {
     "ring_wrap": ring_wrap,
     "fallback_traffic": fallback_traffic,
+    "fallback_reuse": fallback_reuse,
     "discovery": discovery,
     "close": close,
     "restart": restart,

@@ -75,6 +75,8 @@ from shmring.impl.errors import (
     ShmringError,
 )
 from shmring.impl.fallback import (
+    DEFAULT_SPARE_BYTES,
+    SPARE_MIN_FILE_LENGTH,
     ClaimStatus,
     FallbackWriter,
     claim_segment,
@@ -258,6 +260,9 @@ class ConnectorHealth:
     failed_edges: int  # edges whose ring setup failed (the fallback carries them)
     scans: int  # discovery directory scans (only when the stamp moved)
     closed: bool  # close() was called
+    fallback_spares: int = 0  # segment files kept for reuse (published or handed back)
+    fallback_spare_bytes: int = 0  # their file bytes (at most `fallback_spare_bytes`)
+    fallback_reused: int = 0  # fallback puts that wrote into a handed-back file
 
 
 # -- in-process bookkeeping of the "live" file ------------------------------------
@@ -277,7 +282,12 @@ class Connector:
     `scope` names the deployment (every endpoint of an edge uses the same
     one). `ring_capacity` is each ring's data bytes: 0 disables rings, else
     4 KiB..64 MiB in multiples of 16. `fallback_budget` bounds the live
-    bytes of this process's fallback segments. `os_facade` is the seam fault
+    bytes of this process's fallback segments. `fallback_spare_bytes` bounds
+    the segment files kept for reuse (0: none): a segment file of at least
+    `fallback_spare_min_bytes` is kept mapped after it is published, a
+    reader hands it back when it claims it, and a later put of the same
+    file size writes into it instead of allocating, mapping and faulting a
+    new one (`shmring.impl.fallback`). `os_facade` is the seam fault
     plans use; production leaves it None. `identity` (tests only) makes the
     connector publish as another live or dead process (pid, start time);
     `publish_hook` (tests only) is handed to every ring it creates (crash
@@ -294,6 +304,8 @@ class Connector:
         *,
         ring_capacity: int = DEFAULT_RING_CAPACITY,
         fallback_budget: int = DEFAULT_FALLBACK_BUDGET,
+        fallback_spare_bytes: int = DEFAULT_SPARE_BYTES,
+        fallback_spare_min_bytes: int = SPARE_MIN_FILE_LENGTH,
         os_facade: OsFacade | None = None,
         shm_root: str = DEFAULT_SHM_ROOT,
         spin_seconds: float = DEFAULT_SPIN_SECONDS,
@@ -315,6 +327,12 @@ class Connector:
             raise ConfigurationError(
                 f"fallback budget must be an int >= 0 bytes: fallback_budget={fallback_budget!r}"
             )
+        for name, count in (
+            ("fallback_spare_bytes", fallback_spare_bytes),
+            ("fallback_spare_min_bytes", fallback_spare_min_bytes),
+        ):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ConfigurationError(f"{name} must be an int >= 0 bytes: {name}={count!r}")
         for name, value in (
             ("spin_seconds", spin_seconds),
             ("max_sleep_seconds", max_sleep_seconds),
@@ -324,6 +342,8 @@ class Connector:
         self.scope = scope
         self.ring_capacity = ring_capacity
         self.fallback_budget = fallback_budget
+        self.fallback_spare_bytes = fallback_spare_bytes
+        self.fallback_spare_min_bytes = fallback_spare_min_bytes
         self.shm_root = shm_root
         self.directory = deployment_directory(scope, shm_root)
         self._os = os_facade if os_facade is not None else DEFAULT_OS
@@ -391,7 +411,14 @@ class Connector:
             liveness = Liveness(os_facade, identity)
             self._discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
             self._registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
-            fallback = FallbackWriter(directory, identity, self.fallback_budget, os_facade)
+            fallback = FallbackWriter(
+                directory,
+                identity,
+                self.fallback_budget,
+                os_facade,
+                spare_bytes=self.fallback_spare_bytes,
+                spare_min=self.fallback_spare_min_bytes,
+            )
         except BaseException:
             membership.leave()
             raise
@@ -905,6 +932,9 @@ class Connector:
                 failed_edges=len(self._failed_edges),
                 scans=self._discovery.scans if self._discovery is not None else 0,
                 closed=self._closed,
+                fallback_spares=fallback.spares if fallback else 0,
+                fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
+                fallback_reused=fallback.reused if fallback else 0,
             )
 
 

@@ -680,8 +680,9 @@ class DiscoveryCache:
 def file_owner(name: str) -> ProducerIdentity | None:
     """The producer a deployment file belongs to, read from its name.
 
-    Rings, markers, live files and fallback temporaries carry their owner in
-    the name; fallback segments carry it in their header (None here).
+    Rings, markers, live files, fallback temporaries and handed-back spares
+    carry their owner in the name; fallback segments carry it in their header
+    (None here).
     """
     from shmring.impl import fallback  # fallback imports this module
 
@@ -694,6 +695,7 @@ def file_owner(name: str) -> ProducerIdentity | None:
     return (
         parse_live_file_name(name)
         or fallback.parse_temp_file_name(name)
+        or fallback.parse_spare_file_name(name)
         or parse_transfer_file_owner(name)
     )
 

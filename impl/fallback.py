@@ -71,6 +71,7 @@ import fcntl
 import functools
 import hashlib
 import itertools
+import mmap
 import os
 import re
 import time
@@ -98,6 +99,7 @@ from shmring.spec.layout import (
     RING_HEADER_LENGTH,
     RING_MAGIC,
     RING_STATE_OPEN,
+    RING_STATE_SPARE_WANTED,
     RING_VERSION,
     compute_frame_length,
     compute_ring_file_length,
@@ -108,11 +110,19 @@ Edge = tuple[str, str]  # (source stage, destination stage)
 
 SEGMENT_FILE_PREFIX: Final = "fb"
 TEMP_FILE_PREFIX: Final = "fbtmp"
+SPARE_FILE_PREFIX: Final = "fbspare"
+# Segments of at least this many bytes are kept for reuse (below it a fresh
+# file costs less than the bookkeeping), up to the writer's spare budget.
+SPARE_MIN_FILE_LENGTH: Final = 1024 * 1024
+DEFAULT_SPARE_BYTES: Final = 256 * 1024 * 1024
+# The most files kept for reuse at once (each holds a descriptor and a mapping).
+_MAX_SPARES: Final = 16
 NAME_SEPARATOR: Final = "."
 KEY_DIGEST_SIZE: Final = 16  # bytes of blake2b in a segment name
 
 _SEGMENT_PATTERN: Final = re.compile(r"fb\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[0-9a-f]{32}")
 _TEMP_PATTERN: Final = re.compile(r"fbtmp\.([0-9]+)\.([0-9]+)\.([0-9]+)")
+_SPARE_PATTERN: Final = re.compile(r"fbspare\.([0-9]+)\.([0-9]+)\.([0-9]+)")
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
 # Bounded retries of an open+lock that found the file replaced under it.
@@ -168,6 +178,20 @@ def parse_temp_file_name(name: str) -> ProducerIdentity | None:
     return int(match.group(1)), int(match.group(2))
 
 
+def spare_file_name(producer: ProducerIdentity, generation: int) -> str:
+    """Where a reader hands back the producer's segment of `generation` for reuse."""
+    pid, start_time = producer
+    return NAME_SEPARATOR.join((SPARE_FILE_PREFIX, str(pid), str(start_time), str(generation)))
+
+
+def parse_spare_file_name(name: str) -> ProducerIdentity | None:
+    """The producer a handed-back segment `name` belongs to, or None when it is not one."""
+    match = _SPARE_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
 # -- the lock rule -------------------------------------------------------------
 
 
@@ -217,13 +241,24 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
                             f"waited={_LOCK_WAIT_LIMIT}s"
                         ) from None
                     time.sleep(_LOCK_RETRY_SLEEP)
-            if os_facade.fstat(fd).st_nlink > 0:
+            if _is_at(path, os_facade.fstat(fd), os_facade):
                 return fd
         except BaseException:
             os_facade.close(fd)
             raise
         os_facade.close(fd)  # unlinked or replaced under us: look again
     return _BUSY
+
+
+def _is_at(path: str, info: os.stat_result, os_facade: OsFacade) -> bool:
+    """Whether the file `info` describes is the one linked at `path` now."""
+    if info.st_nlink == 0:
+        return False
+    try:
+        here = os_facade.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (info.st_dev, info.st_ino)
 
 
 def _no_space(error: OSError, what: str) -> NoSpaceError:
@@ -248,6 +283,22 @@ class SegmentRecord:
     inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
 
 
+class _Spare:
+    """A segment file the producer keeps mapped for reuse once a reader hands it back."""
+
+    __slots__ = ("fd", "file_length", "generation", "inode", "mapping", "path")
+
+    def __init__(
+        self, fd: int, mapping: mmap.mmap, file_length: int, inode: tuple[int, int]
+    ) -> None:
+        self.fd = fd
+        self.mapping = mapping
+        self.file_length = file_length
+        self.inode = inode
+        self.generation = 0  # of the segment it carries now
+        self.path = ""  # its spare name for that generation
+
+
 @dataclass(frozen=True)
 class FallbackStatistics:
     """One producer's fallback, as of its last look."""
@@ -260,6 +311,9 @@ class FallbackStatistics:
     no_space: int  # puts refused with NoSpaceError
     retired: int  # unclaimed segments this producer removed (re-put, cleanup, close)
     claimed: int  # segments found claimed by readers at refresh or retire
+    spares: int = 0  # files kept for reuse (published, or handed back by a reader)
+    spare_bytes: int = 0  # their file bytes; never above the writer's spare budget
+    reused: int = 0  # puts that wrote into a handed-back file instead of a new one
 
 
 class FallbackWriter:
@@ -272,12 +326,23 @@ class FallbackWriter:
     _closed: bool = False
 
     def __init__(
-        self, directory: str, producer: ProducerIdentity, budget: int, os_facade: OsFacade
+        self,
+        directory: str,
+        producer: ProducerIdentity,
+        budget: int,
+        os_facade: OsFacade,
+        spare_bytes: int = DEFAULT_SPARE_BYTES,
+        spare_min: int = SPARE_MIN_FILE_LENGTH,
     ) -> None:
         self.directory = directory
         self.producer = producer
         self.budget = budget
+        self.spare_budget = spare_bytes  # the most file bytes kept for reuse
+        self.spare_min = spare_min  # smaller files are not kept
         self._os = os_facade
+        self._spares: dict[int, _Spare] = {}  # generation -> file kept for reuse
+        self._spare_bytes = 0  # == sum of their file lengths
+        self._reused = 0
         self._segments: dict[tuple[Edge, str], SegmentRecord] = {}
         self._used = 0  # == sum of record lengths; may include segments readers already claimed
         self._leftovers: set[str] = set()  # temporaries whose unlink failed; retried at close
@@ -351,32 +416,141 @@ class FallbackWriter:
             )
         generation = next(_generations)
         temp = os.path.join(self.directory, temp_file_name(self.producer, generation))
-        inode = self._write_temp(temp, key, plan, length, generation)
+        file_length = compute_ring_file_length(length)
+        spare = self._take_spare(file_length, temp)
+        keep = spare is not None
+        if spare is None:
+            spare = self._create_temp(temp, key, file_length)
+            keep = self._may_keep(file_length)
+        try:
+            self._fill(spare.mapping, key, plan, length, generation, keep)
+            if not keep:
+                self._discard(spare)
+        except BaseException:
+            self._discard(spare)
+            self._remove_temp(temp)
+            raise
         try:
             if before_publish is not None:
                 before_publish()
-            self._publish(temp, path)
+            replaced = self._publish(temp, path)
         except BaseException:
+            if keep:
+                self._discard(spare)
             self._remove_temp(temp)
             raise
-        record = SegmentRecord(edge, key, generation, length, payload_length, path, inode)
+        if keep:
+            spare.generation = generation
+            spare.path = os.path.join(self.directory, spare_file_name(self.producer, generation))
+            self._spares[generation] = spare
+            self._spare_bytes += spare.file_length
+        record = SegmentRecord(edge, key, generation, length, payload_length, path, spare.inode)
         old = self._segments.pop((edge, key), None)
         if old is not None:
             self._used -= old.length
             self._retired += 1
+            if replaced == old.inode:  # our rename unlinked it: nobody hands it back
+                self._forget_spare(old.generation)
         self._segments[(edge, key)] = record
         self._used += length
         self._puts += 1
         return record
 
-    def _write_temp(
-        self, temp: str, key: str, plan: PayloadPlan, length: int, generation: int
-    ) -> tuple[int, int]:
-        """Create and fill the temporary file; on failure remove it. Answers its inode."""
+    # -- files ---------------------------------------------------------------------
+
+    def _may_keep(self, file_length: int) -> bool:
+        """Whether a new file of `file_length` bytes is kept for reuse (within the spare budget)."""
+        return (
+            file_length >= self.spare_min
+            and len(self._spares) < _MAX_SPARES
+            and self._spare_bytes + file_length <= self.spare_budget
+        )
+
+    def _take_spare(self, file_length: int, temp: str) -> _Spare | None:
+        """A kept file of `file_length` bytes that a reader handed back, now linked at `temp`.
+
+        A reader hands a claimed segment back by renaming it to its spare
+        name; renaming it from there to `temp` takes it back (one process
+        wins). Not handed back yet: skipped. Claimed and unlinked instead (a
+        reader that could not rename): forgotten.
+        """
+        for generation, spare in list(self._spares.items()):
+            if spare.file_length != file_length:
+                continue
+            try:
+                self._take_back(spare, temp)
+            except FileNotFoundError:
+                continue  # still published, or claimed and unlinked (then forgotten)
+            except OSError:
+                continue  # try again at a later put
+            del self._spares[generation]
+            self._spare_bytes -= spare.file_length
+            try:
+                here = self._os.stat(temp)
+                ours = (here.st_dev, here.st_ino) == spare.inode
+            except OSError:
+                ours = False
+            if not ours:  # something else was at the spare name: never write into it
+                self._discard(spare)
+                self._remove_temp(temp)
+                continue
+            self._reused += 1
+            return spare
+        return None
+
+    def _take_back(self, spare: _Spare, temp: str) -> None:
+        """Rename the spare's handed-back file to `temp`; FileNotFoundError when it is not there.
+
+        A reader's commit is one rename or one unlink, so once the segment
+        name is gone the spare name either exists already or never will: one
+        more try after seeing the segment gone settles it, and a file
+        claimed and unlinked is forgotten.
+        """
+        try:
+            self._os.rename(spare.path, temp)
+            return
+        except FileNotFoundError:
+            if self._still_out(spare):
+                raise
+        try:
+            self._os.rename(spare.path, temp)
+        except FileNotFoundError:
+            self._forget_spare(spare.generation)
+            raise
+
+    def _still_out(self, spare: _Spare) -> bool:
+        """Whether the spare's segment is still published (not yet claimed)."""
+        for record in self._segments.values():
+            if record.generation == spare.generation:
+                try:
+                    info = self._os.stat(record.path)
+                except FileNotFoundError:
+                    return False
+                except OSError:
+                    return True  # cannot tell: keep it rather than orphan a handed-back file
+                return (info.st_dev, info.st_ino) == spare.inode
+        return False
+
+    def _forget_spare(self, generation: int) -> None:
+        """Stop keeping the file of `generation` (its segment is gone for good)."""
+        spare = self._spares.pop(generation, None)
+        if spare is not None:
+            self._spare_bytes -= spare.file_length
+            self._discard(spare)
+
+    def _discard(self, spare: _Spare) -> None:
+        """Unmap and close a file we stop keeping (its names are the caller's business)."""
+        mapping, fd = spare.mapping, spare.fd
+        spare.fd = -1
+        if not mapping.closed:
+            mapping.close()
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                self._os.close(fd)
+
+    def _create_temp(self, temp: str, key: str, file_length: int) -> _Spare:
+        """Create, size and map the temporary file; on failure remove it and raise."""
         os_facade = self._os
-        key_bytes = key.encode("utf-8")
-        payload_length = plan.nbytes
-        file_length = compute_ring_file_length(length)
         try:
             fd = os_facade.open(temp, OPEN_FLAGS_CREATE, FILE_MODE)
         except OSError as error:
@@ -396,38 +570,56 @@ class FallbackWriter:
                 raise
             mapping = os_facade.mmap(fd, file_length)
             try:
-                with memoryview(mapping) as buf:
-                    frame = RING_HEADER_LENGTH
-                    key_start = frame + FRAME_KEY_OFFSET
-                    payload_start = key_start + len(key_bytes)
-                    payload_end = payload_start + payload_length
-                    buf[key_start:payload_start] = key_bytes
-                    with buf[payload_start:payload_end] as payload:
-                        plan.write_into(payload)
-                        checksum = compute_checksum(key_bytes, payload)
-                    write_ring_header(
-                        buf, length, self.producer[0], self.producer[1], RING_STATE_OPEN
-                    )
-                    write_data_frame_fields(
-                        buf,
-                        frame,
-                        state=FRAME_STATE_PUBLISHED,
-                        key_length=len(key_bytes),
-                        payload_length=payload_length,
-                        position=generation,
-                        checksum=checksum,
-                    )
-                    store_frame_length_release(buf, frame, length)
-            finally:
+                info = os_facade.fstat(fd)
+            except BaseException:
                 mapping.close()
-            info = os_facade.fstat(fd)
+                raise
         except BaseException:
             with contextlib.suppress(OSError):
                 os_facade.close(fd)
             self._remove_temp(temp)
             raise
-        os_facade.close(fd)
-        return info.st_dev, info.st_ino
+        return _Spare(fd, mapping, file_length, (info.st_dev, info.st_ino))
+
+    def _fill(
+        self,
+        mapping: mmap.mmap,
+        key: str,
+        plan: PayloadPlan,
+        length: int,
+        generation: int,
+        keep: bool,
+    ) -> None:
+        """Write the segment: header, key, payload, frame fields, the frame length last."""
+        key_bytes = key.encode("utf-8")
+        payload_length = plan.nbytes
+        with memoryview(mapping) as buf:
+            frame = RING_HEADER_LENGTH
+            key_start = frame + FRAME_KEY_OFFSET
+            payload_start = key_start + len(key_bytes)
+            payload_end = payload_start + payload_length
+            store_frame_length_release(buf, frame, 0)  # a reused file reads "unpublished" first
+            buf[key_start:payload_start] = key_bytes
+            with buf[payload_start:payload_end] as payload:
+                plan.write_into(payload)
+                checksum = compute_checksum(key_bytes, payload)
+            write_ring_header(
+                buf,
+                length,
+                self.producer[0],
+                self.producer[1],
+                RING_STATE_SPARE_WANTED if keep else RING_STATE_OPEN,
+            )
+            write_data_frame_fields(
+                buf,
+                frame,
+                state=FRAME_STATE_PUBLISHED,
+                key_length=len(key_bytes),
+                payload_length=payload_length,
+                position=generation,
+                checksum=checksum,
+            )
+            store_frame_length_release(buf, frame, length)
 
     def _held(self, path: str) -> int | None:
         """The locked file at `path` (None: nothing there), waiting for readers."""
@@ -436,11 +628,19 @@ class FallbackWriter:
             raise BrokenError(f"fallback segment keeps changing under its producer: path={path!r}")
         return held
 
-    def _publish(self, temp: str, path: str) -> None:
-        """Rename `temp` onto `path`, under the lock of whatever file is there."""
+    def _publish(self, temp: str, path: str) -> tuple[int, int] | None:
+        """Rename `temp` onto `path`, under the lock of whatever file is there.
+
+        Answers the (st_dev, st_ino) of the file the rename replaced, if any.
+        """
         held = self._held(path)
         try:
+            replaced = None
+            if held is not None:
+                info = self._os.fstat(held)
+                replaced = (info.st_dev, info.st_ino)
             self._os.rename(temp, path)
+            return replaced
         finally:
             if held is not None:
                 self._os.close(held)
@@ -468,6 +668,7 @@ class FallbackWriter:
                 if (info.st_dev, info.st_ino) == record.inode:
                     self._os.unlink(record.path)  # a failure keeps the record: retried later
                     retired = 1
+                    self._forget_spare(record.generation)
             finally:
                 self._os.close(held)
         del self._segments[slot]
@@ -500,6 +701,10 @@ class FallbackWriter:
         retired = 0
         for slot in sorted(self._segments):
             retired += self._retire(slot)
+        for generation in sorted(self._spares):
+            spare = self._spares[generation]
+            self._forget_spare(generation)
+            self._remove_temp(spare.path)  # handed back: remove it (a failure is retried below)
         for temp in sorted(self._leftovers):
             with contextlib.suppress(FileNotFoundError):
                 self._os.unlink(temp)
@@ -517,6 +722,9 @@ class FallbackWriter:
             no_space=self._no_space,
             retired=self._retired,
             claimed=self._claimed,
+            spares=len(self._spares),
+            spare_bytes=self._spare_bytes,
+            reused=self._reused,
         )
 
 
@@ -596,7 +804,7 @@ def _claim_locked(
     try:
         with memoryview(mapping) as buf:
             key_bytes = key.encode("utf-8")
-            problem, producer, frame_generation, payload_length, checksum = _check_segment(
+            problem, producer, frame_generation, payload_length, checksum, state = _check_segment(
                 buf, size, key_bytes
             )
             if problem is not None:
@@ -624,24 +832,52 @@ def _claim_locked(
                 except CorruptFrameError:
                     os_facade.unlink(path)
                     raise
-            os_facade.unlink(path)  # the commit: from here the segment is ours alone
+            _commit(path, state, producer, frame_generation, os_facade)
     finally:
         mapping.close()
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
 
 
+def _commit(
+    path: str, state: int, producer: ProducerIdentity, generation: int, os_facade: OsFacade
+) -> None:
+    """Take the segment name away: from here the claimed segment is this reader's alone.
+
+    A segment whose producer keeps it (RING_STATE_SPARE_WANTED) is handed
+    back by renaming it to the producer's spare name; any other, or one
+    whose rename fails, is unlinked. Either is one atomic step, done after
+    the payload was copied out, so a reader killed before it leaves the
+    segment claimable by the next one.
+    """
+    if state == RING_STATE_SPARE_WANTED:
+        spare = os.path.join(os.path.dirname(path), spare_file_name(producer, generation))
+        try:
+            os_facade.rename(path, spare)
+            return
+        except OSError:
+            pass  # unlinked below instead; the producer forgets the file
+    os_facade.unlink(path)
+
+
 def _check_segment(
     buf: memoryview, size: int, key_bytes: bytes
-) -> tuple[str | None, ProducerIdentity, int, int, int]:
-    """(problem or None, owner, generation, payload length, checksum) of a mapped segment."""
+) -> tuple[str | None, ProducerIdentity, int, int, int, int]:
+    """(problem or None, owner, generation, payload length, checksum, ring state) of a segment."""
     header = read_ring_header(buf)
     owner = (header.producer_pid, header.producer_start_time)
     if header.magic != RING_MAGIC:
-        return f"bad magic={header.magic:#x}", owner, 0, 0, 0
+        return f"bad magic={header.magic:#x}", owner, 0, 0, 0, 0
     if header.version != RING_VERSION or header.header_length != RING_HEADER_LENGTH:
-        return f"bad version={header.version} header_length={header.header_length}", owner, 0, 0, 0
+        return (
+            f"bad version={header.version} header_length={header.header_length}",
+            owner,
+            0,
+            0,
+            0,
+            0,
+        )
     if compute_ring_file_length(header.capacity) != size:
-        return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0
+        return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0, 0
     frame = read_frame_header(buf, RING_HEADER_LENGTH)
     if frame.length != header.capacity:
         return (
@@ -650,14 +886,16 @@ def _check_segment(
             0,
             0,
             0,
+            0,
         )
     if frame.frame_type != DATA_FRAME_TYPE or frame.state != FRAME_STATE_PUBLISHED:
-        return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0
+        return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0, 0
     if compute_frame_length(frame.key_length, frame.payload_length) != frame.length:
         return (
             f"lengths disagree: length={frame.length} key_length={frame.key_length} "
             f"payload_length={frame.payload_length}",
             owner,
+            0,
             0,
             0,
             0,
@@ -667,8 +905,8 @@ def _check_segment(
         frame.key_length != len(key_bytes)
         or buf[key_start : key_start + frame.key_length] != key_bytes
     ):
-        return "the segment holds another key", owner, 0, 0, 0
-    return None, owner, frame.position, frame.payload_length, frame.checksum
+        return "the segment holds another key", owner, 0, 0, 0, 0
+    return None, owner, frame.position, frame.payload_length, frame.checksum, header.state
 
 
 def remove_if_orphaned(
@@ -699,7 +937,9 @@ def charged_length(key: str, payload_length: int) -> int:
 
 
 __all__ = [
+    "DEFAULT_SPARE_BYTES",
     "SEGMENT_FILE_PREFIX",
+    "SPARE_FILE_PREFIX",
     "TEMP_FILE_PREFIX",
     "Claim",
     "ClaimStatus",
@@ -710,9 +950,11 @@ __all__ = [
     "charged_length",
     "claim_segment",
     "is_segment_file_name",
+    "parse_spare_file_name",
     "parse_temp_file_name",
     "remove_if_orphaned",
     "segment_file_name",
     "segment_path",
+    "spare_file_name",
     "temp_file_name",
 ]

@@ -82,6 +82,7 @@ EVENT_LABELS = (
     "fallback",
     "fallback: not admitted",
     "fallback: full",
+    "fallback file reused",
     "back-pressure",
     "stale descriptor",
     "re-put across routes",
@@ -139,12 +140,24 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
 
     # -- setup ------------------------------------------------------------------------
 
-    @initialize(capacity=st.sampled_from(CAPACITIES), budget=st.sampled_from(BUDGETS))
-    def setup(self, capacity: int, budget: int) -> None:
-        note(f"connector(capacity={capacity}, budget={budget})")
+    @initialize(
+        capacity=st.sampled_from(CAPACITIES),
+        budget=st.sampled_from(BUDGETS),
+        spares=st.booleans(),
+    )
+    def setup(self, capacity: int, budget: int, spares: bool) -> None:
+        # spares: every fallback file is kept for reuse (the default keeps only
+        # files of 1 MiB and more, which these payloads never reach), so
+        # hand-back and reuse meet every rule below.
+        note(f"connector(capacity={capacity}, budget={budget}, spares={spares})")
         scope = f"t{uuid.uuid4().hex[:12]}"
         self.connector = Connector(
-            scope, ring_capacity=capacity, fallback_budget=budget, os_facade=self.os
+            scope,
+            ring_capacity=capacity,
+            fallback_budget=budget,
+            os_facade=self.os,
+            fallback_spare_bytes=1 << 20 if spares else 0,
+            fallback_spare_min_bytes=0,
         )
         self.model = connector_spec.initialize_connector(capacity, budget)
         # Join the deployment now, so a planned lock fault hits the stamp, not the join.
@@ -235,6 +248,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             model, edge, key, payload_length, tag, ring_setup_ok=not planned
         )
         fired_before = sum(self.os.fired.values())
+        reused_before = connector.health().fallback_reused
         if planned:
             assert fault is not None
             self._arm(fault)
@@ -272,6 +286,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             )
         else:
             _label("fallback")
+            if connector.health().fallback_reused > reused_before:
+                _label("fallback file reused")
             if expected.ring_status is PutStatus.NOT_ADMITTED:
                 _label("fallback: not admitted")
             elif expected.ring_status is PutStatus.FULL:
@@ -299,15 +315,25 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         ):
             return
         note(f"put_without_space({edge}, {key!r}, payload_length={payload_length})")
+        reused_before = connector.health().fallback_reused
         self.os.fail_next("fallocate", errno.ENOSPC)
+        got: Any = None
         try:
-            connector.put(edge, key, payload)
+            got = connector.put(edge, key, payload)
         except NoSpaceError as error:
             assert error.errno == errno.ENOSPC
-        else:
-            raise AssertionError("a fallback put without space did not raise NoSpaceError")
         finally:
             self.os.disarm()
+        if got is not None:
+            # Only a put that wrote into a handed-back file allocates nothing.
+            assert connector.health().fallback_reused == reused_before + 1, (
+                "a fallback put without space did not raise NoSpaceError"
+            )
+            assert got.route is Route.FALLBACK, f"put without space took {got.route}"
+            accepted = connector_spec.process_put(model, edge, key, payload_length, tag)
+            assert accepted == expected, f"model {accepted}, rehearsed {expected}"
+            _label("fallback file reused")
+            return
         _label("no space")
         # The model is not stepped, except that the ring's put reclaimed before
         # it answered FULL or NOT_ADMITTED (a step the model allows any time).

@@ -116,7 +116,7 @@ def history_producer(
                 start = time.monotonic_ns()
                 retired = connector.cleanup(key)
                 cleanups.append(CleanupRecord(identity, key, retired, start, time.monotonic_ns()))
-        conn.send(("done", (puts, cleanups)))
+        conn.send(("done", (puts, cleanups, connector.health().fallback_reused)))
         # Stay up (and keep everything published) until told to close.
         with contextlib.suppress(EOFError):
             conn.recv()

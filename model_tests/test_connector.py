@@ -624,3 +624,46 @@ def test_bool_stage_ids_are_refused_even_after_an_int_one(
     producer.put(1, 2, "k", b"x")
     with pytest.raises(InvalidKeyError):
         producer.put(True, 2, "k", b"x")
+
+
+def test_large_fallback_files_are_handed_back_and_reused_and_nothing_is_left(scope: str) -> None:
+    """Files of 1 MiB and more are kept by default: the next put of that size reuses one."""
+    big = tagged_payload(1, 3 * 1024 * 1024)
+    other = tagged_payload(2, 2 * 1024 * 1024)
+    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+        producer.put(EDGE, "a", big)
+        assert producer.health().fallback_spares == 1
+        assert receiver.get(EDGE, "a").value == big  # claimed: handed back, not unlinked
+        assert any(name.startswith("fbspare.") for name in _files(producer))
+        again = tagged_payload(3, 3 * 1024 * 1024)
+        producer.put(EDGE, "b", again)  # same file size: written into the handed-back file
+        assert producer.health().fallback_reused == 1
+        assert not any(name.startswith("fbspare.") for name in _files(producer))
+        assert receiver.get(EDGE, "b").value == again
+        producer.put(EDGE, "c", other)  # another size: a file of its own
+        assert producer.health().fallback_reused == 1
+        assert receiver.get(EDGE, "c").value == other
+        health = producer.health()
+        assert health.fallback_spares == 2
+        assert health.fallback_spare_bytes >= 5 * 1024 * 1024
+        directory = producer.directory
+    assert not os.path.exists(directory), "close left handed-back files behind"
+
+
+def test_keeping_no_fallback_files_unlinks_every_claimed_segment(scope: str) -> None:
+    big = tagged_payload(1, 2 * 1024 * 1024)
+    with (
+        Connector(scope, ring_capacity=CAPACITY, fallback_spare_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
+        producer.put(EDGE, "a", big)
+        assert receiver.get(EDGE, "a").value == big
+        assert not [n for n in _files(producer) if n.startswith(("fb.", "fbspare."))]
+        assert producer.health().fallback_spares == 0
+
+
+@pytest.mark.parametrize("name", ["fallback_spare_bytes", "fallback_spare_min_bytes"])
+@pytest.mark.parametrize("value", [-1, 1.5, True, "1"])
+def test_spare_settings_are_validated(scope: str, name: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        Connector(scope, **{name: value})

@@ -70,8 +70,12 @@ class _Process:
         self.conn.close()
 
 
-def _run_histories(scope: str, ring_capacity: int, keys_per_slot: int) -> dict[str, int]:
-    options = {"ring_capacity": ring_capacity}
+def _run_histories(
+    scope: str, ring_capacity: int, keys_per_slot: int, *, keep_fallback_files: bool = False
+) -> dict[str, int]:
+    options: dict[str, Any] = {"ring_capacity": ring_capacity}
+    if keep_fallback_files:  # every fallback file is kept, handed back and reused
+        options.update(fallback_spare_bytes=1 << 20, fallback_spare_min_bytes=0)
     plans = {
         "p0": make_plan(1, 0, 1_000_000, keys_per_slot),
         "p1": make_plan(2, 1, 2_000_000, keys_per_slot),
@@ -96,11 +100,13 @@ def _run_histories(scope: str, ring_capacity: int, keys_per_slot: int) -> dict[s
         identities["p1-restarted"] = restarted.expect("identity")
         puts: list[Any] = []
         cleanups: list[Any] = []
+        reused = 0
         for producer in (p0, restarted):
             producer.expect("half")
-            got_puts, got_cleanups = producer.expect("done")
+            got_puts, got_cleanups, got_reused = producer.expect("done")
             puts += got_puts
             cleanups += got_cleanups
+            reused += got_reused
         done.set()
         deliveries: list[Any] = []
         for reader in readers:
@@ -132,16 +138,27 @@ def _run_histories(scope: str, ring_capacity: int, keys_per_slot: int) -> dict[s
     assert not os.path.exists(deployment_directory(scope)), (
         "the deployment directory was left behind"
     )
+    counts["fallback files reused"] = reused
     return counts
 
 
-@pytest.mark.parametrize("ring_capacity", [8192, 0], ids=["ring", "fallback-only"])
-def test_free_running_histories_keep_the_models_promises(scope: str, ring_capacity: int) -> None:
+@pytest.mark.parametrize(
+    ("ring_capacity", "keep_fallback_files"),
+    [(8192, False), (0, False), (0, True)],
+    ids=["ring", "fallback-only", "fallback-only, files reused"],
+)
+def test_free_running_histories_keep_the_models_promises(
+    scope: str, ring_capacity: int, keep_fallback_files: bool
+) -> None:
     with watchdog(300):
-        counts = _run_histories(scope, ring_capacity, keys_per_slot=40)
+        counts = _run_histories(
+            scope, ring_capacity, keys_per_slot=40, keep_fallback_files=keep_fallback_files
+        )
     assert counts["required"] > 0 and counts["readers"] == 2
     if ring_capacity:
         assert counts["ring deliveries"] > 0 and counts["fallback deliveries"] > 0
+    if keep_fallback_files:
+        assert counts["fallback files reused"] > 0
     print(f"\nhistories (ring_capacity={ring_capacity}): {counts}")
 
 

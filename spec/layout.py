@@ -70,6 +70,10 @@ RING_HEADER_LENGTH: Final = RING_WAKEUP_SEQUENCE_OFFSET + CACHE_LINE_LENGTH
 
 RING_STATE_OPEN: Final = 1
 RING_STATE_CLOSED: Final = 2
+# Only in a fallback segment's header: its producer keeps the file for reuse,
+# so the reader that claims it hands it back (renames it to the producer's
+# spare name) instead of unlinking it. Otherwise the segment reads OPEN.
+RING_STATE_SPARE_WANTED: Final = 3
 
 # -- capacity --------------------------------------------------------------
 
