@@ -231,15 +231,23 @@ class Worker:
             raise RuntimeError(f"worker {reply[1]}: {reply[2]}")
         return reply[1]
 
+    exitcode: int | None = None  # once reaped
+    _reaped = False
+
     def kill(self) -> None:
-        """SIGKILL the worker and reap it."""
+        """SIGKILL the worker and reap it. Idempotent."""
+        if self._reaped:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGKILL)  # type: ignore[arg-type]
         self.process.join(10)
         self._conn.close()
+        self._release()
 
     def stop(self) -> None:
-        """Ask the worker to close its connector and exit; kill it if it does not."""
+        """Ask the worker to close its connector and exit; kill it if it does not. Idempotent."""
+        if self._reaped:
+            return
         if self.process.exitcode is None:
             with contextlib.suppress(Exception):
                 self.call("stop")
@@ -248,6 +256,19 @@ class Worker:
             self.kill()
         with contextlib.suppress(OSError):
             self._conn.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Keep the exit code and free the Process's descriptors (its sentinel pipe) now.
+
+        Without this each stopped worker held a pipe until garbage collection,
+        and long campaigns climbed past descriptor 1024.
+        """
+        if self._reaped or self.process.exitcode is None:
+            return  # still running after the kill's join: leave it to the watchdog
+        self.exitcode = self.process.exitcode
+        self.process.close()
+        self._reaped = True
 
 
 def stop_worker(worker: Worker | None) -> None:

@@ -667,3 +667,29 @@ def test_keeping_no_fallback_files_unlinks_every_claimed_segment(scope: str) -> 
 def test_spare_settings_are_validated(scope: str, name: str, value: Any) -> None:
     with pytest.raises(ConfigurationError, match=name):
         Connector(scope, **{name: value})
+
+
+def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
+    """The harness itself must not leak: long restart campaigns reached descriptor 1024 once."""
+    import gc
+
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    Worker(scope, {"ring_capacity": CAPACITY}).stop()  # starts the forkserver (kept for good)
+    gc.collect()
+    gc.disable()  # a Process that is merely unreachable would hide the leak until collected
+    try:
+        before = open_descriptors()
+        workers = [Worker(scope, {"ring_capacity": CAPACITY}) for _ in range(4)]
+        workers[0].kill()
+        workers[1].kill()
+        for worker in workers:
+            worker.stop()
+            worker.stop()  # idempotent
+        after = open_descriptors()
+    finally:
+        gc.enable()
+    assert after <= before, f"{after - before} descriptors left by 4 workers"
+    assert [w.exitcode for w in workers[:2]] == [-9, -9]
+    assert [w.exitcode for w in workers[2:]] == [0, 0]

@@ -68,6 +68,8 @@ class _Process:
             self.process.kill()
             self.process.join(30)
         self.conn.close()
+        if self.process.exitcode is not None:
+            self.process.close()  # its sentinel pipe now, not at garbage collection
 
 
 def _run_histories(
