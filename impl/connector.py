@@ -79,6 +79,7 @@ from shmring.impl.fallback import (
     SPARE_MIN_FILE_LENGTH,
     ClaimStatus,
     FallbackWriter,
+    SegmentMappings,
     claim_segment,
     segment_file_name,
 )
@@ -263,6 +264,7 @@ class ConnectorHealth:
     fallback_spares: int = 0  # segment files kept for reuse (published or handed back)
     fallback_spare_bytes: int = 0  # their file bytes (at most `fallback_spare_bytes`)
     fallback_reused: int = 0  # fallback puts that wrote into a handed-back file
+    fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
 
 
 # -- in-process bookkeeping of the "live" file ------------------------------------
@@ -359,6 +361,8 @@ class Connector:
         self._failed_edges: dict[Edge, BaseException] = {}
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         self._readers: dict[tuple[Edge, ProducerIdentity], RingReader] = {}
+        # Mappings of handed-back fallback files, kept between this reader's claims.
+        self._segment_mappings = SegmentMappings()
         self._membership: Membership | None = None
         self._stamp: Stamp | None = None
         self._liveness: Liveness | None = None
@@ -665,6 +669,7 @@ class Connector:
             decode=codec.decode,
             owner=descriptor.producer if descriptor else None,
             generation=descriptor.generation if descriptor else None,
+            mappings=self._segment_mappings,
         )
         status = claim.status
         if status is ClaimStatus.DELIVERED:
@@ -875,6 +880,7 @@ class Connector:
                 self._release_live_file()
             for key in list(self._readers):
                 self._readers.pop(key).close()
+            self._segment_mappings.close()
             if retired:
                 with contextlib.suppress(OSError, ValueError):
                     self._ring_doorbell()
@@ -935,6 +941,7 @@ class Connector:
                 fallback_spares=fallback.spares if fallback else 0,
                 fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
                 fallback_reused=fallback.reused if fallback else 0,
+                fallback_mapping_hits=self._segment_mappings.hits,
             )
 
 

@@ -640,6 +640,7 @@ def test_large_fallback_files_are_handed_back_and_reused_and_nothing_is_left(sco
         assert producer.health().fallback_reused == 1
         assert not any(name.startswith("fbspare.") for name in _files(producer))
         assert receiver.get(EDGE, "b").value == again
+        assert receiver.health().fallback_mapping_hits == 1  # the same file, still mapped
         producer.put(EDGE, "c", other)  # another size: a file of its own
         assert producer.health().fallback_reused == 1
         assert receiver.get(EDGE, "c").value == other
