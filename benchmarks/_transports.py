@@ -239,6 +239,8 @@ class ConnectorTransport(Transport):
             "ring_puts": health.ring_puts,
             "fallbacks": health.fallbacks,
             "ring_gets": health.ring_gets,
+            "fallback_reused": health.fallback_reused,
+            "fallback_mapping_hits": health.fallback_mapping_hits,
         }
 
     def close(self) -> None:

@@ -779,13 +779,14 @@ class SegmentMappings:
     1 ms per 16 MiB here) and unmapping it costs half that. While this
     object holds a mapping its inode cannot be freed, so (st_dev, st_ino,
     size) names the same file for as long as the entry lives; contents are
-    validated under the lock at every claim as usual. Bounded: at most
-    `limit` mappings and `limit_bytes` bytes, least recently used evicted.
-    Mappings pin memory of files their producer may since have dropped,
-    until evicted or `close()` (the connector's close). Not thread-safe.
+    validated under the lock at every claim as usual. Bounded like a
+    producer's spares (16 mappings, 256 MiB by default), least recently used
+    evicted: they map the same pages as the producer's kept files, but pin
+    those of files the producer has since dropped until evicted or
+    `close()` (the connector's close). Not thread-safe.
     """
 
-    def __init__(self, limit: int = 4, limit_bytes: int = 128 * 1024 * 1024) -> None:
+    def __init__(self, limit: int = _MAX_SPARES, limit_bytes: int = DEFAULT_SPARE_BYTES) -> None:
         self.limit = limit
         self.limit_bytes = limit_bytes
         self._entries: dict[MappingKey, mmap.mmap] = {}  # in use order, oldest first
