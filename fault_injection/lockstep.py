@@ -44,7 +44,12 @@ from shmring.impl.connector import (
 )
 from shmring.impl.errors import BackPressureError, ShmringError
 from shmring.impl.fallback import segment_path
-from shmring.impl.frame_io import load_frame_header_fields, load_head_acquire, load_tail_acquire
+from shmring.impl.frame_io import (
+    SharedWords,
+    load_frame_header_fields,
+    load_head_acquire,
+    load_tail_acquire,
+)
 from shmring.impl.naming import ProducerIdentity, ring_path
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
@@ -108,7 +113,9 @@ def _read_ring_keys(path: str) -> dict[str, list[int]]:
             if _U64.unpack_from(buf, 0)[0] != RING_MAGIC:
                 return {}
             capacity = size - RING_HEADER_LENGTH
-            tail, head = load_tail_acquire(buf), load_head_acquire(buf)
+            words = SharedWords(buf)
+            tail, head = load_tail_acquire(words), load_head_acquire(words)
+            words.release()
             position = tail
             while position < head:
                 offset = RING_HEADER_LENGTH + position % capacity

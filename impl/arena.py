@@ -187,6 +187,7 @@ class RegisteredArena:
             raise
         self._file = file
         self._buf = file.memoryview()
+        self._words = frame_io.SharedWords(self._buf)
         self._payload = file.tensor
         self.name = file.name
         self._head = 0
@@ -231,7 +232,7 @@ class RegisteredArena:
 
     def frame_state(self, position: int) -> int:
         """The state stored in the shared header of the frame at `position`."""
-        return frame_io.load_frame_state_acquire(self._buf, self._frame_offset(position))
+        return frame_io.load_frame_state_acquire(self._words, self._frame_offset(position))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -261,10 +262,12 @@ class RegisteredArena:
                 not reclaimable
                 and header.frame_type == DATA_FRAME_TYPE
                 and header.state == FRAME_STATE_CLAIMED
-                and not is_holder_alive(frame_io.load_frame_holder_pid(self._buf, offset), self._os)
+                and not is_holder_alive(
+                    frame_io.load_frame_holder_pid(self._words, offset), self._os
+                )
             ):
                 # The holder died with its lease: its views are gone with it.
-                frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_DONE)
+                frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_DONE)
                 self._reclaimed_from_dead_holders += 1
                 reclaimable = True
             if not reclaimable:
@@ -281,7 +284,7 @@ class RegisteredArena:
             self._tail += header.length
             freed += header.length
         if freed:
-            frame_io.store_tail_release(self._buf, self._tail)
+            frame_io.store_tail_release(self._words, self._tail)
         return freed
 
     def reserve(self, nbytes: int) -> ArenaReservation | PutStatus:
@@ -340,7 +343,9 @@ class RegisteredArena:
             if reservation.padding:
                 padding_offset = self._frame_offset(reservation.position - reservation.padding)
                 frame_io.write_padding_frame_fields(self._buf, padding_offset, FRAME_STATE_DONE)
-                frame_io.store_frame_length_release(self._buf, padding_offset, reservation.padding)
+                frame_io.store_frame_length_release(
+                    self._words, padding_offset, reservation.padding
+                )
             key = reservation.key.encode("ascii")
             offset = reservation.frame_offset
             self._buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET] = key
@@ -353,10 +358,10 @@ class RegisteredArena:
                 position=reservation.position,
                 checksum=frame_io.compute_checksum(key, b""),
             )
-            frame_io.store_frame_holder_pid(self._buf, offset, FRAME_HOLDER_NONE)
-            frame_io.store_frame_length_release(self._buf, offset, reservation.frame_length)
+            frame_io.store_frame_holder_pid(self._words, offset, FRAME_HOLDER_NONE)
+            frame_io.store_frame_length_release(self._words, offset, reservation.frame_length)
             self._head = reservation.position + reservation.frame_length
-            frame_io.store_head_release(self._buf, self._head)
+            frame_io.store_head_release(self._words, self._head)
             self._published += 1
             published.append(
                 ArenaFrameDescriptor(
@@ -365,7 +370,7 @@ class RegisteredArena:
             )
         self._pending = []
         if published:
-            frame_io.bump_wakeup_sequence_release(self._buf)
+            frame_io.bump_wakeup_sequence_release(self._words)
         return published
 
     def abort(self) -> int:
@@ -406,7 +411,7 @@ class RegisteredArena:
         file = self._file
         if file is None:
             return
-        frame_io.store_ring_state_release(self._buf, RING_STATE_CLOSED)
+        frame_io.store_ring_state_release(self._words, RING_STATE_CLOSED)
         if self._range is not None and self._range.registered:
             # Raises RegistryPoisonedError when retained: the mapping stays until
             # a late unregister at registry close succeeds (`_release_file`).
@@ -422,6 +427,7 @@ class RegisteredArena:
         file = self._file
         if file is None:
             return
+        self._words.release()
         self._buf.release()
         self._payload = None
         file.unmap()
@@ -448,6 +454,7 @@ class ArenaReader:
 
     _mapping: Any = None
     _buf: memoryview | None = None
+    _words: Any = None
 
     def __init__(self, directory: str, name: str, os_facade: OsFacade = DEFAULT_OS) -> None:
         validate_transfer_file_name(name)
@@ -477,6 +484,8 @@ class ArenaReader:
                 f"version={header.version} capacity={header.capacity} size={info.st_size}"
             )
         self.capacity = header.capacity
+        with self._buf[: compute_ring_file_length(header.capacity)] as arena:
+            self._words = frame_io.SharedWords(arena)  # whole words: header + aligned capacity
         # Map every page into this process now (one read per page), so a
         # borrow never pays first-touch page faults: the arena is long-lived.
         int(np.frombuffer(self._mapping, dtype=np.uint8)[:: mmap.PAGESIZE].sum())
@@ -517,8 +526,8 @@ class ArenaReader:
             )
         # The holder first, then CLAIMED (release): a producer that loads
         # CLAIMED reads this process as the holder (see `is_holder_alive`).
-        frame_io.store_frame_holder_pid(self._buf, offset, os.getpid())
-        frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_CLAIMED)
+        frame_io.store_frame_holder_pid(self._words, offset, os.getpid())
+        frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
         return offset
 
     def borrow(
@@ -558,18 +567,21 @@ class ArenaReader:
                 .copy()
             )
         finally:
-            frame_io.store_frame_state_release(self._buf, offset, FRAME_STATE_DONE)
+            frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_DONE)
         return copied
 
     def frame_state(self, position: int) -> int:
         if self._buf is None:
             raise ClosedError(f"arena reader is closed: name={self.name!r}")
         return frame_io.load_frame_state_acquire(
-            self._buf, RING_HEADER_LENGTH + position % self.capacity
+            self._words, RING_HEADER_LENGTH + position % self.capacity
         )
 
     def close(self) -> None:
         """Drop the reader's mapping; live leases keep it until they end. Idempotent."""
+        words, self._words = self._words, None
+        if words is not None:
+            words.release()
         buf, self._buf = self._buf, None
         if buf is not None:
             buf.release()
@@ -588,8 +600,12 @@ class ArenaReader:
 
 def _mark_frame_done(keep: np.ndarray) -> None:
     """Lease release of an arena frame: DONE in its shared header (`keep` starts at the frame)."""
-    with keep.data as frame:
-        frame_io.store_frame_state_release(frame, 0, FRAME_STATE_DONE)
+    with keep.data as frame, frame.cast("B")[:FRAME_HEADER_LENGTH] as header:
+        words = frame_io.SharedWords(header)
+        try:
+            frame_io.store_frame_state_release(words, 0, FRAME_STATE_DONE)
+        finally:
+            words.release()
 
 
 __all__ = [

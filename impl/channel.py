@@ -101,6 +101,7 @@ from shmring.impl.errors import (
     ProducerGoneError,
 )
 from shmring.impl.frame_io import (
+    SharedWords,
     bump_wakeup_sequence_release,
     compute_checksum,
     load_frame_header_fields,
@@ -345,7 +346,9 @@ class Lease:
             )
         self._exporter = None
         del exporter
-        store_frame_state_release(self._header, 0, FRAME_STATE_DONE)
+        words = SharedWords(self._header)
+        store_frame_state_release(words, 0, FRAME_STATE_DONE)
+        words.release()
         self._header.release()
 
     def __enter__(self) -> Lease:
@@ -366,6 +369,7 @@ class _RingFile:
     _fd: int = -1
     _mapping: mmap.mmap | None = None
     _buf: memoryview | None = None  # writable view of the whole mapping
+    _words: SharedWords | None = None  # the mapping's shared fields (once its size is known good)
     _capacity: int = 0
     _locks: int = 0
     _shapes: _FrameShapes = _FrameShapes(0)  # replaced once the capacity is known
@@ -384,8 +388,17 @@ class _RingFile:
             raise ClosedError(f"ring channel is closed: path={self.path!r}")
         return buf
 
+    def _require_words(self) -> SharedWords:
+        words = self._words
+        if words is None or self._buf is None:
+            raise ClosedError(f"ring channel is closed: path={self.path!r}")
+        return words
+
     def _release_mapping(self) -> None:
         """Unmap and close the descriptor; keep the mapping if views of it still live."""
+        words, self._words = self._words, None
+        if words is not None:
+            words.release()
         buf, self._buf = self._buf, None
         if buf is not None:
             buf.release()
@@ -488,6 +501,7 @@ class RingChannel(_RingFile):
                 raise
             channel._mapping = os_facade.mmap(channel._fd, file_length)
             buf = channel._buf = memoryview(channel._mapping)
+            channel._words = SharedWords(buf)
             # Fault every page in once, here, rather than on the put path.
             buf[::_PAGE_SIZE] = bytes(len(range(0, file_length, _PAGE_SIZE)))
             write_ring_header(buf, capacity, producer[0], producer[1], RING_STATE_OPEN)
@@ -553,12 +567,13 @@ class RingChannel(_RingFile):
         padding = compute_padding(capacity, head, frame_length)
         position = head + padding
         buf = self._buf
+        words = self._words
         assert buf is not None  # open while not closed
         hook = self._publish_hook
 
         # 1. Body: the slot reads "unpublished" first, then key, payload, zero fill.
         offset = RING_HEADER_LENGTH + position % capacity
-        store_frame_length_release(buf, offset, 0)
+        store_frame_length_release(words, offset, 0)
         if hook is not None:
             hook(HOOK_RESERVED)
         key_start = offset + FRAME_KEY_OFFSET
@@ -596,7 +611,7 @@ class RingChannel(_RingFile):
         if padding:
             padding_offset = RING_HEADER_LENGTH + head % capacity
             write_padding_frame_fields(buf, padding_offset, FRAME_STATE_DONE)
-            store_frame_length_release(buf, padding_offset, padding)
+            store_frame_length_release(words, padding_offset, padding)
 
         # 3. Retire the older version (before the new one becomes visible).
         published = self._published
@@ -614,12 +629,12 @@ class RingChannel(_RingFile):
         )
         if hook is not None:
             hook(HOOK_FIELDS_WRITTEN)
-        store_frame_length_release(buf, offset, frame_length)
+        store_frame_length_release(words, offset, frame_length)
         if hook is not None:
             hook(HOOK_LENGTH_STORED)
         new_head = position + frame_length
-        store_head_release(buf, new_head)
-        bump_wakeup_sequence_release(buf)
+        store_head_release(words, new_head)
+        bump_wakeup_sequence_release(words)
 
         self._head = new_head
         frames = self._frames
@@ -638,6 +653,7 @@ class RingChannel(_RingFile):
         if not frames:
             return
         buf = self._buf
+        words = self._words
         assert buf is not None
         capacity = self._capacity
         published = self._published
@@ -645,7 +661,7 @@ class RingChannel(_RingFile):
         while frames:
             position, length, key = frames[0]
             if key is not None:
-                state = load_frame_state_acquire(buf, _data_offset(position, capacity))
+                state = load_frame_state_acquire(words, _data_offset(position, capacity))
                 if state != FRAME_STATE_DONE and state != FRAME_STATE_RETIRED:
                     break
                 if published.get(key) == position:
@@ -654,7 +670,7 @@ class RingChannel(_RingFile):
             tail += length
         if tail != self._tail:
             self._tail = tail
-            store_tail_release(buf, tail)  # before any byte of the freed space is rewritten
+            store_tail_release(words, tail)  # before any byte of the freed space is rewritten
 
     def _free_dead_holders(self) -> bool:
         """Free the frames at the tail that lease holders claimed and then died with.
@@ -667,6 +683,7 @@ class RingChannel(_RingFile):
         no system call on puts that fit. Answers whether the tail moved.
         """
         buf = self._buf
+        words = self._words
         assert buf is not None
         capacity = self._capacity
         freed = False
@@ -674,14 +691,14 @@ class RingChannel(_RingFile):
             if key is None:
                 continue  # padding
             offset = RING_HEADER_LENGTH + position % capacity
-            state = load_frame_state_acquire(buf, offset)
+            state = load_frame_state_acquire(words, offset)
             if state in (FRAME_STATE_DONE, FRAME_STATE_RETIRED):
                 continue
             if state != FRAME_STATE_CLAIMED or is_holder_alive(
-                load_frame_holder_pid(buf, offset), self._os
+                load_frame_holder_pid(words, offset), self._os
             ):
                 break
-            store_frame_state_release(buf, offset, FRAME_STATE_DONE)
+            store_frame_state_release(words, offset, FRAME_STATE_DONE)
             self._reclaimed_from_dead_holders += 1
             freed = True
         if freed:
@@ -703,13 +720,14 @@ class RingChannel(_RingFile):
         first and the lock is taken only when something may need retiring.
         """
         buf = self._buf
+        words = self._words
         assert buf is not None
         capacity = self._capacity
         published = self._published
         live = []
         for key, position in candidates:
             if (
-                load_frame_state_acquire(buf, _data_offset(position, capacity))
+                load_frame_state_acquire(words, _data_offset(position, capacity))
                 == FRAME_STATE_PUBLISHED
             ):
                 live.append((key, position))
@@ -723,8 +741,8 @@ class RingChannel(_RingFile):
         try:
             for key, position in live:
                 offset = _data_offset(position, capacity)
-                if load_frame_state_acquire(buf, offset) == FRAME_STATE_PUBLISHED:
-                    store_frame_state_release(buf, offset, FRAME_STATE_RETIRED)
+                if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
+                    store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
                     retired += 1
                 del published[key]
         finally:
@@ -766,9 +784,10 @@ class RingChannel(_RingFile):
         retired = 0
         try:
             buf = self._buf
+            words = self._words
             if buf is not None:
-                store_ring_state_release(buf, RING_STATE_CLOSED)
-                bump_wakeup_sequence_release(buf)
+                store_ring_state_release(words, RING_STATE_CLOSED)
+                bump_wakeup_sequence_release(words)
                 retired = self._retire_positions(list(self._published.items()))
         finally:
             self._published.clear()
@@ -806,12 +825,13 @@ class RingChannel(_RingFile):
 
     def statistics(self) -> RingStatistics:
         buf = self._buf
+        words = self._words
         published = claimed = 0
         if buf is not None:
             for position, _length, key in self._frames:
                 if key is None:
                     continue
-                state = load_frame_state_acquire(buf, _data_offset(position, self._capacity))
+                state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
                 published += state == FRAME_STATE_PUBLISHED
                 claimed += state == FRAME_STATE_CLAIMED
         used = self._head - self._tail
@@ -924,6 +944,7 @@ class RingReader(_RingFile):
             raise ProducerGoneError(f"ring closed by its producer: path={path!r}")
         if header.state != RING_STATE_OPEN:
             raise CorruptFrameError(f"bad ring state: state={header.state} path={path!r}")
+        self._words = SharedWords(buf)  # the size is a header plus an aligned capacity
         self._capacity = capacity
         self._shapes = _FrameShapes(capacity)
         self.producer = (header.producer_pid, header.producer_start_time)
@@ -936,12 +957,12 @@ class RingReader(_RingFile):
 
     def _load_positions(self) -> tuple[int, int]:
         """(tail, head), consistent with each other, validated."""
-        buf = self._require_buf()
+        words = self._require_words()
         capacity = self._capacity
         for _ in range(_MAX_RACE_RETRIES):
-            tail = load_tail_acquire(buf)
-            head = load_head_acquire(buf)
-            if load_tail_acquire(buf) != tail:
+            tail = load_tail_acquire(words)
+            head = load_head_acquire(words)
+            if load_tail_acquire(words) != tail:
                 continue  # the producer reclaimed meanwhile; head may be past tail + capacity
             if (
                 tail <= head <= tail + capacity
@@ -996,6 +1017,7 @@ class RingReader(_RingFile):
     def _scan(self) -> None:
         """Index the frames published since the last scan, without the lock."""
         buf = self._require_buf()
+        words = self._words
         capacity = self._capacity
         tail, head = self._load_positions()
         index = self._index
@@ -1029,7 +1051,7 @@ class RingReader(_RingFile):
                 key_start = offset + FRAME_KEY_OFFSET
                 key = bytes(buf[key_start : key_start + key_length])
             if problem is not None or frame_type == DATA_FRAME_TYPE:
-                now_tail = load_tail_acquire(buf)
+                now_tail = load_tail_acquire(words)
                 if now_tail > position:  # reclaimed and possibly rewritten under us
                     retries += 1
                     if retries > _MAX_RACE_RETRIES:  # pragma: no cover - lapped endlessly
@@ -1093,9 +1115,10 @@ class RingReader(_RingFile):
         nothing for the key makes no system call and takes no lock.
         """
         buf = self._buf
+        words = self._words
         if buf is None:
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
-        if load_head_acquire(buf) != self._seen_head:
+        if load_head_acquire(words) != self._seen_head:
             self._scan()
         key_bytes = key.encode("utf-8")
         entry = self._index.get(key_bytes)
@@ -1107,7 +1130,7 @@ class RingReader(_RingFile):
             if entry is None or entry[0] != position:
                 return _STALE
             miss = _STALE
-        ring_state = load_ring_state_acquire(buf)
+        ring_state = load_ring_state_acquire(words)
         if ring_state != RING_STATE_OPEN:
             if ring_state == RING_STATE_CLOSED:
                 return miss  # a closed ring delivers nothing; its producer retires the rest
@@ -1124,6 +1147,7 @@ class RingReader(_RingFile):
         miss: Received,
     ) -> Received:
         position, offset, payload_start, payload_end, checksum = entry
+        words = self._words
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
@@ -1134,8 +1158,8 @@ class RingReader(_RingFile):
             # The scan validated this frame's header; while the frame is not
             # reclaimed only its state can change, so the state is all there is
             # to re-read, then the tail (a frame the tail passed may be rewritten).
-            state = load_frame_state_acquire(buf, offset)
-            if load_tail_acquire(buf) > position:
+            state = load_frame_state_acquire(words, offset)
+            if load_tail_acquire(words) > position:
                 self._forget(key_bytes, position)  # reclaimed (and maybe rewritten) under us
                 return miss
             if state != FRAME_STATE_PUBLISHED:
@@ -1158,7 +1182,7 @@ class RingReader(_RingFile):
             else:
                 checked = buf[payload_start:payload_end]
             if compute_checksum(key_bytes, checked) != checksum:
-                store_frame_state_release(buf, offset, FRAME_STATE_RETIRED)
+                store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
                 self._forget(key_bytes, position)
                 raise _corrupt(
                     f"frame checksum mismatch at position={position}: checksum={checksum:#010x}; "
@@ -1172,16 +1196,16 @@ class RingReader(_RingFile):
                 lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
                 # The holder first, then CLAIMED (release): a producer that loads
                 # CLAIMED reads this process as the holder (`_free_dead_holders`).
-                store_frame_holder_pid(buf, offset, os.getpid())
-                store_frame_state_release(buf, offset, FRAME_STATE_CLAIMED)
+                store_frame_holder_pid(words, offset, os.getpid())
+                store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
                 value = lease
             elif decode is None:
-                store_frame_state_release(buf, offset, FRAME_STATE_DONE)
+                store_frame_state_release(words, offset, FRAME_STATE_DONE)
             else:
                 value = self._decode_in_place(
                     buf, offset, payload_start, payload_end, decode, position
                 )
-                store_frame_state_release(buf, offset, FRAME_STATE_DONE)
+                store_frame_state_release(words, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)
         del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
@@ -1215,7 +1239,7 @@ class RingReader(_RingFile):
             if kept:
                 # The decoder kept a view of ring storage: pin the frame (CLAIMED,
                 # never reclaimed) so the ring never rewrites what it shows.
-                store_frame_state_release(buf, offset, FRAME_STATE_CLAIMED)
+                store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
         if kept:
             raise BufferError(
                 f"decode kept a view of ring storage; frame pinned at position={position}"
@@ -1233,6 +1257,7 @@ class RingReader(_RingFile):
         Prefer `Lease.release()`, which also drops the borrowed view.
         """
         buf = self._require_buf()
+        words = self._words
         tail, head = self._load_positions()
         offset = _data_offset(position, self._capacity)
         fields = self._load_fields(buf, offset)
@@ -1243,23 +1268,24 @@ class RingReader(_RingFile):
                 f"no claimed frame to release at position={position}: state={state} "
                 f"problem={problem}; path={self.path!r}"
             )
-        store_frame_state_release(buf, offset, FRAME_STATE_DONE)
+        store_frame_state_release(words, offset, FRAME_STATE_DONE)
 
     # -- inspection --------------------------------------------------------------
 
     @property
     def producer_closed(self) -> bool:
         """The producer closed the ring: nothing on it will be delivered."""
-        return load_ring_state_acquire(self._require_buf()) == RING_STATE_CLOSED
+        return load_ring_state_acquire(self._require_words()) == RING_STATE_CLOSED
 
     @property
     def wakeup_sequence(self) -> int:
         """Bumped by the producer after every publication (and at close)."""
-        return load_wakeup_sequence_acquire(self._require_buf())
+        return load_wakeup_sequence_acquire(self._require_words())
 
     def statistics(self) -> RingStatistics:
         """A lock-free walk of the ring; frames moving meanwhile may be counted in either state."""
         buf = self._require_buf()
+        words = self._words
         capacity = self._capacity
         tail, head = self._load_positions()
         published = claimed = 0
@@ -1269,8 +1295,8 @@ class RingReader(_RingFile):
             fields = self._load_fields(buf, offset)
             length, frame_type, state, key_length, payload_length, _, _ = fields
             problem = self._check_frame(position, head, fields)
-            if load_tail_acquire(buf) > position:
-                position = load_tail_acquire(buf)
+            if load_tail_acquire(words) > position:
+                position = load_tail_acquire(words)
                 continue
             if problem is not None:
                 raise _corrupt(
@@ -1289,7 +1315,7 @@ class RingReader(_RingFile):
             free_bytes=capacity - used,
             published_frames=published,
             claimed_frames=claimed,
-            closed=load_ring_state_acquire(buf) == RING_STATE_CLOSED,
+            closed=load_ring_state_acquire(words) == RING_STATE_CLOSED,
             puts=0,
             refused_not_admitted=0,
             refused_full=0,

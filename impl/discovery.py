@@ -51,7 +51,6 @@ import fcntl
 import mmap
 import os
 import re
-import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ LIVE_FILE_PREFIX: Final = "live"
 STAMP_OFFSET: Final = 0
 DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
 STAMP_FILE_LENGTH: Final = 64
-_U64: Final = struct.Struct("<Q")
+_STAMP_WORD: Final = STAMP_OFFSET // 8  # the stamp's index in the file's u64 words
 
 _MARKER_PATTERN: Final = re.compile(
     r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)"
@@ -334,7 +333,9 @@ class Stamp:
                 # same extends with zeros too, so the counter starts at 0.
                 os_facade.ftruncate(stamp._fd, STAMP_FILE_LENGTH)
             stamp._mapping = os_facade.mmap(stamp._fd, STAMP_FILE_LENGTH)
-            stamp._buf = memoryview(stamp._mapping)
+            with memoryview(stamp._mapping) as raw:
+                # u64 items: one load or store each (struct would zero-fill, then write bytes)
+                stamp._buf = raw.cast("Q")
             if futex.AVAILABLE:
                 stamp._doorbell = FutexWord(stamp._mapping, DOORBELL_OFFSET)
         except BaseException:
@@ -347,7 +348,7 @@ class Stamp:
         buf = self._buf
         if buf is None:
             raise BrokenError(f"stamp is closed: path={self.path!r}")
-        value: int = _U64.unpack_from(buf, STAMP_OFFSET)[0]
+        value: int = buf[_STAMP_WORD]
         return value
 
     def bump(self) -> int:
@@ -357,8 +358,8 @@ class Stamp:
             raise BrokenError(f"stamp is closed: path={self.path!r}")
         self._os.flock(self._fd, fcntl.LOCK_EX)
         try:
-            value: int = _U64.unpack_from(buf, STAMP_OFFSET)[0] + 1
-            _U64.pack_into(buf, STAMP_OFFSET, value)
+            value: int = buf[_STAMP_WORD] + 1
+            buf[_STAMP_WORD] = value
         finally:
             self._os.flock(self._fd, fcntl.LOCK_UN)
         self.ring()
@@ -404,12 +405,12 @@ class Stamp:
         except BlockingIOError:
             return None
         try:
-            before: int = _U64.unpack_from(buf, STAMP_OFFSET)[0]
+            before: int = buf[_STAMP_WORD]
             for name in names:
                 with contextlib.suppress(FileNotFoundError):
                     self._os.unlink(os.path.join(directory, name))
             value = before + 1
-            _U64.pack_into(buf, STAMP_OFFSET, value)
+            buf[_STAMP_WORD] = value
         finally:
             self._os.flock(self._fd, fcntl.LOCK_UN)
         self.ring()

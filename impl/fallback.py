@@ -98,6 +98,7 @@ from typing import Any, Final, Protocol
 
 from shmring.impl.errors import BackPressureError, BrokenError, CorruptFrameError, NoSpaceError
 from shmring.impl.frame_io import (
+    SharedWords,
     compute_checksum,
     read_frame_header,
     read_ring_header,
@@ -611,32 +612,38 @@ class FallbackWriter:
         key_bytes = key.encode("utf-8")
         payload_length = plan.nbytes
         with memoryview(mapping) as buf:
-            frame = RING_HEADER_LENGTH
-            key_start = frame + FRAME_KEY_OFFSET
-            payload_start = key_start + len(key_bytes)
-            payload_end = payload_start + payload_length
-            store_frame_length_release(buf, frame, 0)  # a reused file reads "unpublished" first
-            buf[key_start:payload_start] = key_bytes
-            with buf[payload_start:payload_end] as payload:
-                plan.write_into(payload)
-                checksum = compute_checksum(key_bytes, payload)
-            write_ring_header(
-                buf,
-                length,
-                self.producer[0],
-                self.producer[1],
-                RING_STATE_SPARE_WANTED if keep else RING_STATE_OPEN,
-            )
-            write_data_frame_fields(
-                buf,
-                frame,
-                state=FRAME_STATE_PUBLISHED,
-                key_length=len(key_bytes),
-                payload_length=payload_length,
-                position=generation,
-                checksum=checksum,
-            )
-            store_frame_length_release(buf, frame, length)
+            words = SharedWords(buf)
+            try:
+                frame = RING_HEADER_LENGTH
+                key_start = frame + FRAME_KEY_OFFSET
+                payload_start = key_start + len(key_bytes)
+                payload_end = payload_start + payload_length
+                store_frame_length_release(
+                    words, frame, 0
+                )  # a reused file reads "unpublished" first
+                buf[key_start:payload_start] = key_bytes
+                with buf[payload_start:payload_end] as payload:
+                    plan.write_into(payload)
+                    checksum = compute_checksum(key_bytes, payload)
+                write_ring_header(
+                    buf,
+                    length,
+                    self.producer[0],
+                    self.producer[1],
+                    RING_STATE_SPARE_WANTED if keep else RING_STATE_OPEN,
+                )
+                write_data_frame_fields(
+                    buf,
+                    frame,
+                    state=FRAME_STATE_PUBLISHED,
+                    key_length=len(key_bytes),
+                    payload_length=payload_length,
+                    position=generation,
+                    checksum=checksum,
+                )
+                store_frame_length_release(words, frame, length)
+            finally:
+                words.release()
 
     def _held(self, path: str) -> int | None:
         """The locked file at `path` (None: nothing there), waiting for readers."""

@@ -5,10 +5,15 @@ bytes with no lock on the publication path, so the order of stores is the
 protocol: a frame's body and header fields are written first and its length
 last (`store_frame_length_release`, after Aeron's `frameLengthOrdered`); a
 reader that loads a non-zero length (`load_frame_length_acquire`) may read
-the rest. CPython gives no fences, but each `pack_into` of an aligned u32/u64
-is a single aligned store on the platforms we support (x86-64 TSO, and
-aarch64 where aligned 4/8-byte stores are single-copy atomic and the
-interpreter's own locking orders them), which is what the names promise.
+the rest. CPython gives no fences, but every load and store of a field that
+another process may touch at the same time goes through `SharedWords`: one
+aligned load or store of the field's size (never `struct.pack_into`, which
+zero-fills first and writes byte by byte). On the platforms we support
+(x86-64 TSO, and aarch64 where aligned 2/4/8-byte accesses are single-copy
+atomic and the interpreter's own locking orders them) that is what the
+`_acquire` / `_release` names promise. Fields only their writer sees while
+it writes them (a frame before its length is stored, a ring header before
+its magic) use `struct` in one go.
 
 Every layout number comes from `shmring.spec.layout`.
 """
@@ -16,6 +21,7 @@ Every layout number comes from `shmring.spec.layout`.
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -52,6 +58,41 @@ from shmring.spec.layout import (
 _U16: Final = struct.Struct("<H")
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
+
+# The layout is little-endian; SharedWords uses the host's byte order.
+assert sys.byteorder == "little", "shmring's shared layout needs a little-endian host"
+# Every field several processes touch at once is naturally aligned.
+assert RING_HEAD_OFFSET % 8 == 0 and RING_TAIL_OFFSET % 8 == 0
+assert RING_WAKEUP_SEQUENCE_OFFSET % 8 == 0 and RING_STATE_OFFSET % 4 == 0
+assert FRAME_LENGTH_OFFSET % 4 == 0 and FRAME_STATE_OFFSET % 2 == 0
+assert FRAME_HOLDER_PID_OFFSET % 4 == 0
+
+
+class SharedWords:
+    """One-instruction loads and stores of the u16/u32/u64 fields processes share.
+
+    `struct.pack_into` zero-fills its target before writing the value byte by
+    byte, and `unpack_from` reads byte by byte, so a process reading a field
+    while another stores it could see 0 or a mix of old and new bytes (a
+    stress run of the ring did see head = 0). Item access on a memoryview
+    cast to 'H', 'I' or 'Q' copies one item with a fixed-size memcpy, which
+    compiles to one aligned load or store: readers see the old value or the
+    new one. Make one per mapping (its length a multiple of 8); `release()`
+    before the mapping is closed.
+    """
+
+    __slots__ = ("u16", "u32", "u64")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.u16 = buf.cast("H")
+        self.u32 = buf.cast("I")
+        self.u64 = buf.cast("Q")
+
+    def release(self) -> None:
+        self.u16.release()
+        self.u32.release()
+        self.u64.release()
+
 
 # The data-frame header fields after `length` (holder pid included), packed in one store.
 _FRAME_FIELDS: Final = struct.Struct("<HHIIQII")
@@ -114,43 +155,49 @@ def read_ring_header(buf: memoryview) -> RingHeader:
     )
 
 
-def store_ring_state_release(buf: memoryview, state: int) -> None:
-    _U32.pack_into(buf, RING_STATE_OFFSET, state)
+_RING_STATE_WORD: Final = RING_STATE_OFFSET // 4
+_HEAD_WORD: Final = RING_HEAD_OFFSET // 8
+_TAIL_WORD: Final = RING_TAIL_OFFSET // 8
+_WAKEUP_WORD: Final = RING_WAKEUP_SEQUENCE_OFFSET // 8
 
 
-def load_ring_state_acquire(buf: memoryview) -> int:
-    value: int = _U32.unpack_from(buf, RING_STATE_OFFSET)[0]
+def store_ring_state_release(words: SharedWords, state: int) -> None:
+    words.u32[_RING_STATE_WORD] = state
+
+
+def load_ring_state_acquire(words: SharedWords) -> int:
+    value: int = words.u32[_RING_STATE_WORD]
     return value
 
 
-def store_head_release(buf: memoryview, head: int) -> None:
+def store_head_release(words: SharedWords, head: int) -> None:
     """Advance head after the frame it covers is published."""
-    _U64.pack_into(buf, RING_HEAD_OFFSET, head)
+    words.u64[_HEAD_WORD] = head
 
 
-def load_head_acquire(buf: memoryview) -> int:
-    value: int = _U64.unpack_from(buf, RING_HEAD_OFFSET)[0]
+def load_head_acquire(words: SharedWords) -> int:
+    value: int = words.u64[_HEAD_WORD]
     return value
 
 
-def store_tail_release(buf: memoryview, tail: int) -> None:
-    _U64.pack_into(buf, RING_TAIL_OFFSET, tail)
+def store_tail_release(words: SharedWords, tail: int) -> None:
+    words.u64[_TAIL_WORD] = tail
 
 
-def load_tail_acquire(buf: memoryview) -> int:
-    value: int = _U64.unpack_from(buf, RING_TAIL_OFFSET)[0]
+def load_tail_acquire(words: SharedWords) -> int:
+    value: int = words.u64[_TAIL_WORD]
     return value
 
 
-def bump_wakeup_sequence_release(buf: memoryview) -> int:
+def bump_wakeup_sequence_release(words: SharedWords) -> int:
     """Advance the wake-up sequence (single writer: the producer)."""
-    value: int = _U64.unpack_from(buf, RING_WAKEUP_SEQUENCE_OFFSET)[0] + 1
-    _U64.pack_into(buf, RING_WAKEUP_SEQUENCE_OFFSET, value)
+    value: int = words.u64[_WAKEUP_WORD] + 1
+    words.u64[_WAKEUP_WORD] = value
     return value
 
 
-def load_wakeup_sequence_acquire(buf: memoryview) -> int:
-    value: int = _U64.unpack_from(buf, RING_WAKEUP_SEQUENCE_OFFSET)[0]
+def load_wakeup_sequence_acquire(words: SharedWords) -> int:
+    value: int = words.u64[_WAKEUP_WORD]
     return value
 
 
@@ -198,33 +245,36 @@ def write_padding_frame_fields(buf: memoryview, offset: int, state: int) -> None
     _U16.pack_into(buf, offset + FRAME_STATE_OFFSET, state)
 
 
-def store_frame_length_release(buf: memoryview, offset: int, length: int) -> None:
+# Frame offsets are multiples of FRAME_ALIGNMENT, so these word indexes are exact.
+
+
+def store_frame_length_release(words: SharedWords, offset: int, length: int) -> None:
     """Publish a frame: its length is the last store a producer makes to it."""
-    _U32.pack_into(buf, offset + FRAME_LENGTH_OFFSET, length)
+    words.u32[(offset + FRAME_LENGTH_OFFSET) >> 2] = length
 
 
-def load_frame_length_acquire(buf: memoryview, offset: int) -> int:
-    value: int = _U32.unpack_from(buf, offset + FRAME_LENGTH_OFFSET)[0]
+def load_frame_length_acquire(words: SharedWords, offset: int) -> int:
+    value: int = words.u32[(offset + FRAME_LENGTH_OFFSET) >> 2]
     return value
 
 
-def store_frame_state_release(buf: memoryview, offset: int, state: int) -> None:
-    _U16.pack_into(buf, offset + FRAME_STATE_OFFSET, state)
+def store_frame_state_release(words: SharedWords, offset: int, state: int) -> None:
+    words.u16[(offset + FRAME_STATE_OFFSET) >> 1] = state
 
 
-def load_frame_state_acquire(buf: memoryview, offset: int) -> int:
-    value: int = _U16.unpack_from(buf, offset + FRAME_STATE_OFFSET)[0]
+def load_frame_state_acquire(words: SharedWords, offset: int) -> int:
+    value: int = words.u16[(offset + FRAME_STATE_OFFSET) >> 1]
     return value
 
 
-def store_frame_holder_pid(buf: memoryview, offset: int, pid: int) -> None:
+def store_frame_holder_pid(words: SharedWords, offset: int, pid: int) -> None:
     """Name the lease holder; a claimer stores it before it stores CLAIMED (release)."""
-    _U32.pack_into(buf, offset + FRAME_HOLDER_PID_OFFSET, pid)
+    words.u32[(offset + FRAME_HOLDER_PID_OFFSET) >> 2] = pid
 
 
-def load_frame_holder_pid(buf: memoryview, offset: int) -> int:
+def load_frame_holder_pid(words: SharedWords, offset: int) -> int:
     """The lease holder's pid; meaningful only after loading CLAIMED (acquire)."""
-    value: int = _U32.unpack_from(buf, offset + FRAME_HOLDER_PID_OFFSET)[0]
+    value: int = words.u32[(offset + FRAME_HOLDER_PID_OFFSET) >> 2]
     return value
 
 
@@ -264,7 +314,7 @@ def load_frame_prefix(buf: memoryview, offset: int) -> tuple[int, int, int]:
 
 def read_frame_header(buf: memoryview, offset: int) -> FrameHeader:
     """Read a frame header; padding frames read only what they carry."""
-    length = load_frame_length_acquire(buf, offset)
+    length = _U32.unpack_from(buf, offset + FRAME_LENGTH_OFFSET)[0]
     frame_type = _U16.unpack_from(buf, offset + FRAME_TYPE_OFFSET)[0]
     state = _U16.unpack_from(buf, offset + FRAME_STATE_OFFSET)[0]
     if frame_type != DATA_FRAME_TYPE:
@@ -282,6 +332,7 @@ def read_frame_header(buf: memoryview, offset: int) -> FrameHeader:
 
 __all__ = [
     "FRAME_HEADER_LENGTH",
+    "SharedWords",
     "FrameHeader",
     "RingHeader",
     "bump_wakeup_sequence_release",
