@@ -53,6 +53,8 @@ class DeploymentStatus:
     segments: int  # fallback segment files
     segment_bytes: int  # their total size on disk
     orphans: tuple[str, ...]  # file names `gc` would remove
+    spares: int = 0  # fallback files handed back to their producer for reuse
+    spare_bytes: int = 0  # their total size on disk
 
 
 def _segment_owner(path: str, os_facade: OsFacade) -> tuple[int, int] | None:
@@ -100,13 +102,16 @@ def deployment_status(
     liveness = discovery.Liveness(os_facade)
     try:
         owners: dict[str, tuple[int, int] | None] = {}
-        segments = segment_bytes = 0
+        segments = segment_bytes = spares = spare_bytes = 0
         for entry in entries:
             owner = discovery.file_owner(entry.name)
             if owner is None and fallback.is_segment_file_name(entry.name):
                 segments += 1
                 segment_bytes += os_facade.stat(entry.path).st_size
                 owner = _segment_owner(entry.path, os_facade)
+            elif fallback.parse_spare_file_name(entry.name) is not None:
+                spares += 1
+                spare_bytes += os_facade.stat(entry.path).st_size
             owners[entry.name] = owner
         identities = sorted({o for o in owners.values() if o is not None})
         alive = {identity: liveness.is_alive(identity) for identity in identities}
@@ -127,6 +132,8 @@ def deployment_status(
             rings=rings,
             segments=segments,
             segment_bytes=segment_bytes,
+            spares=spares,
+            spare_bytes=spare_bytes,
             orphans=orphans,
         )
     finally:
@@ -186,7 +193,8 @@ def format_status(status: DeploymentStatus) -> str:
     lines = [
         f"{status.directory}: stamp={status.stamp} producers={len(status.producers)} "
         f"live={len(status.live_producers)} fallback segments={status.segments} "
-        f"({status.segment_bytes:,} bytes) orphans={len(status.orphans)}"
+        f"({status.segment_bytes:,} bytes) spare files={status.spares} "
+        f"({status.spare_bytes:,} bytes) orphans={len(status.orphans)}"
     ]
     for ring in status.rings:
         who = f"{ring.producer[0]}.{ring.producer[1]}"

@@ -17,9 +17,11 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from shmring.impl.connector import Connector
-    connector = Connector(sys.argv[1], ring_capacity=64 * 1024)
+    connector = Connector(sys.argv[1], ring_capacity=64 * 1024, fallback_spare_min_bytes=0)
     connector.put("a", "b", "small", b"x" * 100)
     connector.put("a", "b", "large", b"y" * 40_000)  # over a quarter of the ring: fallback
+    connector.put("a", "b", "kept", b"z" * 40_000)
+    assert connector.get("a", "b", "kept").value == b"z" * 40_000  # handed back: a spare file
     print("ready", flush=True)
     sys.stdin.read()  # wait to be killed
     """
@@ -69,7 +71,10 @@ def test_stat_shows_the_dead_producer_its_ring_and_its_segment(
     assert ring.edge == ("a", "b") and not ring.alive
     assert ring.capacity == 64 * 1024 and ring.published_frames == 1 and ring.used_bytes > 0
     assert status.segments == 1 and status.segment_bytes >= 40_000
-    assert len(status.orphans) >= 3  # ring, marker, segment (and the live file)
+    assert status.spares == 1 and status.spare_bytes >= 40_000
+    assert any(name.startswith("fbspare.") for name in status.orphans)
+    assert len(status.orphans) >= 4  # ring, marker, segment, spare (and the live file)
+    assert "spare files=1" in admin.format_status(status)
 
 
 def test_gc_dry_run_lists_and_removes_nothing(
