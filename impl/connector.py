@@ -110,6 +110,9 @@ _MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again
 # for what rings no bell (a producer that died).
 _MAX_DOORBELL_WAIT_SECONDS: Final = 0.05
+# A polling get looks for a fallback segment at least this often even when the
+# doorbell says nothing was published (producers that cannot ring it).
+_FALLBACK_RECHECK_SECONDS: Final = 0.001
 
 
 # -- descriptors -----------------------------------------------------------------
@@ -361,6 +364,8 @@ class Connector:
         self._failed_edges: dict[Edge, BaseException] = {}
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         self._readers: dict[tuple[Edge, ProducerIdentity], RingReader] = {}
+        # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
+        self._fallback_miss: tuple[Edge, str, int, float] | None = None
         # Mappings of handed-back fallback files, kept between this reader's claims.
         self._segment_mappings = SegmentMappings()
         self._membership: Membership | None = None
@@ -575,6 +580,12 @@ class Connector:
         waits for another process (BUSY instead); see `get_with_deadline`.
         """
         edge, (key,) = _split_edge(args, 1, "get")
+        return self._get(edge, key, descriptor, None)
+
+    def _get(
+        self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
+    ) -> Delivery:
+        """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll."""
         with self._lock:
             self._require_open()
             _validate_key(key)
@@ -583,7 +594,7 @@ class Connector:
             assert discovery is not None
             discovery.refresh()
             if descriptor is None:
-                return self._get_by_key(edge, key)
+                return self._get_by_key(edge, key, bell)
             if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
                 raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
             if descriptor.edge != edge or descriptor.key != key:
@@ -595,7 +606,7 @@ class Connector:
                 return self._get_ring_descriptor(edge, key, descriptor)
             return self._get_fallback_descriptor(edge, key, descriptor)
 
-    def _get_by_key(self, edge: Edge, key: str) -> Delivery:
+    def _get_by_key(self, edge: Edge, key: str, bell: int | None = None) -> Delivery:
         discovery = self._discovery
         liveness = self._liveness
         assert discovery is not None and liveness is not None
@@ -622,10 +633,36 @@ class Connector:
                 busy = True
             elif reader.producer_closed:
                 self._release(edge, producer)
-        delivery = self._claim_fallback(edge, key, None, busy)
+        if self._fallback_unchanged(edge, key, bell):
+            delivery = _BUSY if busy else _NOT_FOUND
+            if busy:
+                self._busy += 1
+        else:
+            delivery = self._claim_fallback(edge, key, None, busy)
+            if bell is not None and delivery.status is GetStatus.NOT_FOUND:
+                self._fallback_miss = (edge, key, bell, time.monotonic())
         if corrupt is not None and not delivery.delivered:
             raise corrupt
         return delivery
+
+    def _fallback_unchanged(self, edge: Edge, key: str, bell: int | None) -> bool:
+        """Whether a polling get may skip looking for the key's segment (one failing openat).
+
+        Every put rings the doorbell after it publishes, so when the bell
+        still reads what it read before our last look found nothing, nothing
+        was published since by any producer that rings. A producer that
+        cannot ring (its discovery stamp failed) is still found: the segment
+        is looked for again at least every `_FALLBACK_RECHECK_SECONDS`.
+        """
+        miss = self._fallback_miss
+        return (
+            bell is not None
+            and miss is not None
+            and miss[0] == edge
+            and miss[1] == key
+            and miss[2] == bell
+            and time.monotonic() - miss[3] < _FALLBACK_RECHECK_SECONDS
+        )
 
     def _get_ring_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
         discovery = self._discovery
@@ -768,7 +805,7 @@ class Connector:
         signature = None
         while True:
             bell = self._doorbell()
-            got = self.get(edge, key, descriptor=descriptor)
+            got = self._get(edge, key, descriptor, bell)
             if got.status in _FINAL_STATUSES:
                 return got
             now = time.monotonic()

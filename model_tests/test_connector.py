@@ -694,3 +694,53 @@ def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
     assert after <= before, f"{after - before} descriptors left by 4 workers"
     assert [w.exitcode for w in workers[:2]] == [-9, -9]
     assert [w.exitcode for w in workers[2:]] == [0, 0]
+
+
+def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope: str) -> None:
+    """Spinning on a key with nothing published costs no failing openat per poll."""
+    from shmring.impl.fallback import segment_file_name
+    from shmring.impl.os_seam import OsFacade
+
+    class OpenAttempts(OsFacade):
+        """Records every open attempt's file name, failed ones included."""
+
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+            self.names.append(os.path.basename(path))
+            return super().open(path, flags, mode)
+
+    seam = OpenAttempts()
+    with (
+        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, os_facade=seam, spin_seconds=0.05) as receiver,
+    ):
+        producer.put(EDGE, "other", tagged_payload(1, 100))  # the deployment has a doorbell
+        name = segment_file_name(EDGE, "waited")
+        started = time.monotonic()
+        got = receiver.get_with_deadline(EDGE, "waited", timeout=0.05)
+        spun = time.monotonic() - started
+        assert got.status is GetStatus.NOT_FOUND
+        looks = seam.names.count(name)
+        # At most one look per recheck interval (1 ms), plus the first.
+        assert 1 <= looks <= spun / 0.001 + 2, f"{looks} looks in {spun:.3f} s"
+        # A put rings the doorbell: the next poll looks and finds it.
+        producer.put(EDGE, "waited", tagged_payload(2, 2000))  # over a quarter: fallback
+        assert payload_tag(receiver.get_with_deadline(EDGE, "waited", timeout=5).value) == 2
+
+
+def test_a_producer_that_cannot_ring_the_doorbell_is_still_found_by_a_polling_get(
+    scope: str,
+) -> None:
+    seam = FaultyOs()
+    seam.fail_open(STAMP_FILE_NAME, errno.ENOSPC)  # no stamp: its puts ring nothing
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY) as receiver,
+    ):
+        receiver.put(EDGE, "ring it", tagged_payload(0, 100))  # the receiver has a doorbell
+        assert receiver.get_with_deadline(EDGE, "k", timeout=0.01).status is GetStatus.NOT_FOUND
+        assert producer.put(EDGE, "k", tagged_payload(1, 100)).route is Route.FALLBACK
+        got = receiver.get_with_deadline(EDGE, "k", timeout=5)
+        assert got.delivered and payload_tag(got.value) == 1
