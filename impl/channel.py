@@ -372,7 +372,7 @@ class _RingFile:
     _words: SharedWords | None = None  # the mapping's shared fields (once its size is known good)
     _capacity: int = 0
     _locks: int = 0
-    _shapes: _FrameShapes = _FrameShapes(0)  # replaced once the capacity is known
+    _shapes: _FrameShapes  # per ring, set once the capacity is known
 
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         self.path = path

@@ -304,7 +304,7 @@ class SegmentRecord:
 class _Spare:
     """A segment file the producer keeps mapped for reuse once a reader hands it back."""
 
-    __slots__ = ("fd", "file_length", "generation", "inode", "mapping", "path")
+    __slots__ = ("fd", "file_length", "generation", "inode", "mapping", "path", "segment_path")
 
     def __init__(
         self, fd: int, mapping: mmap.mmap, file_length: int, inode: tuple[int, int]
@@ -315,6 +315,7 @@ class _Spare:
         self.inode = inode
         self.generation = 0  # of the segment it carries now
         self.path = ""  # its spare name for that generation
+        self.segment_path = ""  # the segment name it was published under
 
 
 @dataclass(frozen=True)
@@ -460,6 +461,7 @@ class FallbackWriter:
         if keep:
             spare.generation = generation
             spare.path = os.path.join(self.directory, spare_file_name(self.producer, generation))
+            spare.segment_path = path
             self._spares[generation] = spare
             self._spare_bytes += spare.file_length
         record = SegmentRecord(edge, key, generation, length, payload_length, path, spare.inode)
@@ -537,17 +539,14 @@ class FallbackWriter:
             raise
 
     def _still_out(self, spare: _Spare) -> bool:
-        """Whether the spare's segment is still published (not yet claimed)."""
-        for record in self._segments.values():
-            if record.generation == spare.generation:
-                try:
-                    info = self._os.stat(record.path)
-                except FileNotFoundError:
-                    return False
-                except OSError:
-                    return True  # cannot tell: keep it rather than orphan a handed-back file
-                return (info.st_dev, info.st_ino) == spare.inode
-        return False
+        """Whether the spare's file is still published under its segment name (not yet claimed)."""
+        try:
+            info = self._os.stat(spare.segment_path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # cannot tell: keep it rather than orphan a handed-back file
+        return (info.st_dev, info.st_ino) == spare.inode
 
     def _forget_spare(self, generation: int) -> None:
         """Stop keeping the file of `generation` (its segment is gone for good)."""
