@@ -37,7 +37,6 @@ wrote would read every byte on the CPU, which is what the arena avoids.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import stat
@@ -580,16 +579,9 @@ class ArenaReader:
     def close(self) -> None:
         """Drop the reader's mapping; live leases keep it until they end. Idempotent."""
         words, self._words = self._words, None
-        if words is not None:
-            words.release()
         buf, self._buf = self._buf, None
-        if buf is not None:
-            buf.release()
         mapping, self._mapping = self._mapping, None
-        if mapping is not None:
-            # Leases alive: the mapping closes with the last of them.
-            with contextlib.suppress(BufferError):
-                mapping.close()
+        frame_io.release_mapping(words, buf, mapping)  # leases alive: closes with the last
 
     def __enter__(self) -> ArenaReader:
         return self
@@ -600,12 +592,8 @@ class ArenaReader:
 
 def _mark_frame_done(keep: np.ndarray) -> None:
     """Lease release of an arena frame: DONE in its shared header (`keep` starts at the frame)."""
-    with keep.data as frame, frame.cast("B")[:FRAME_HEADER_LENGTH] as header:
-        words = frame_io.SharedWords(header)
-        try:
-            frame_io.store_frame_state_release(words, 0, FRAME_STATE_DONE)
-        finally:
-            words.release()
+    with keep.data as frame:
+        frame_io.store_frame_state_in_header(frame, FRAME_STATE_DONE)
 
 
 __all__ = [

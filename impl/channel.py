@@ -113,8 +113,10 @@ from shmring.impl.frame_io import (
     load_tail_acquire,
     load_wakeup_sequence_acquire,
     read_ring_header,
+    release_mapping,
     store_frame_holder_pid,
     store_frame_length_release,
+    store_frame_state_in_header,
     store_frame_state_release,
     store_head_release,
     store_ring_state_release,
@@ -346,9 +348,7 @@ class Lease:
             )
         self._exporter = None
         del exporter
-        words = SharedWords(self._header)
-        store_frame_state_release(words, 0, FRAME_STATE_DONE)
-        words.release()
+        store_frame_state_in_header(self._header, FRAME_STATE_DONE)
         self._header.release()
 
     def __enter__(self) -> Lease:
@@ -397,17 +397,9 @@ class _RingFile:
     def _release_mapping(self) -> None:
         """Unmap and close the descriptor; keep the mapping if views of it still live."""
         words, self._words = self._words, None
-        if words is not None:
-            words.release()
         buf, self._buf = self._buf, None
-        if buf is not None:
-            buf.release()
         mapping, self._mapping = self._mapping, None
-        if mapping is not None:
-            # BufferError: a lease's borrowed view still lives; the mapping is
-            # unmapped when the last view of it dies (the mmap object is freed).
-            with contextlib.suppress(BufferError):
-                mapping.close()
+        release_mapping(words, buf, mapping)
         fd, self._fd = self._fd, -1
         if fd >= 0:
             self._os.close(fd)

@@ -20,6 +20,8 @@ Every layout number comes from `shmring.spec.layout`.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import struct
 import sys
 from dataclasses import dataclass
@@ -278,6 +280,29 @@ def load_frame_holder_pid(words: SharedWords, offset: int) -> int:
     return value
 
 
+def store_frame_state_in_header(header: memoryview, state: int) -> None:
+    """`store_frame_state_release` through a view that starts at the frame (a lease's own)."""
+    with header.cast("B")[:FRAME_HEADER_LENGTH] as frame, frame.cast("H") as halves:
+        halves[FRAME_STATE_OFFSET >> 1] = state
+
+
+def release_mapping(
+    words: SharedWords | None, buf: memoryview | None, mapping: mmap.mmap | None
+) -> None:
+    """Drop a mapping's views in order and unmap it, unless a borrowed view still lives.
+
+    A lease's view keeps the mapping (BufferError from close): it is unmapped
+    when the last view of it dies and the mmap object is freed.
+    """
+    if words is not None:
+        words.release()
+    if buf is not None:
+        buf.release()
+    if mapping is not None:
+        with contextlib.suppress(BufferError):
+            mapping.close()
+
+
 # The whole frame header in one unpack (holder pid skipped).
 _FRAME_HEADER: Final = struct.Struct("<IHHIIQI4x")
 assert _FRAME_HEADER.size == FRAME_HEADER_LENGTH
@@ -348,8 +373,10 @@ __all__ = [
     "load_wakeup_sequence_acquire",
     "read_frame_header",
     "read_ring_header",
+    "release_mapping",
     "store_frame_holder_pid",
     "store_frame_length_release",
+    "store_frame_state_in_header",
     "store_frame_state_release",
     "store_head_release",
     "store_ring_state_release",
