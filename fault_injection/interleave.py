@@ -1,0 +1,682 @@
+"""A deterministic interleaving explorer: producer and readers as cooperative actors.
+
+Design rationale. The lockstep machines apply whole operations; the
+cross-process histories leave the schedule inside an operation to the
+kernel's luck. A reader that copied a frame's bytes just *after* releasing
+the claim lock passed both (issue 14). Here the real `impl` code runs in
+threads of one process over one real mapping, and only one thread holds the
+baton at a time: every call of the OS seam (`SchedulingOs._enter`) and every
+load or store of a shared word (`ScheduledWords`, which replaces a channel's
+`SharedWords`) is a schedule point where the explorer picks who runs next.
+Nothing in `impl` changes: the two substitutions go where a fault plan's
+facade goes, so a production object without them pays nothing.
+
+Exploration is CHESS's iterative context bounding: a depth-first walk of
+the schedule tree by re-execution, every schedule with at most `k`
+preemptions (a switch away from an actor that could have gone on); switches
+at an actor's end or block are free. Spin loops are made finite the CHESS
+way: an actor whose last non-blocking `flock` failed is not scheduled at its
+next `flock` until some lock was released, and a blocking `flock` is made of
+non-blocking tries, so no actor ever waits in the kernel holding the baton.
+Larger scenarios take PCT-style random schedules (random actor priorities,
+`depth - 1` random priority drops).
+
+A schedule is a list of decisions, one per schedule point: the actor that
+runs next. `Schedule.encode` writes it as runs (`P3.R0x2` is "P for 3 steps,
+then R0 for 2"); `replay(scenario, text)` reruns it. See docs/interleavings.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from shmring.impl.frame_io import SharedWords
+from shmring.impl.os_seam import OsFacade
+
+# An actor that does not reach its next schedule point within this many
+# seconds is stuck (a real wait in the kernel): the run fails, it does not hang.
+_STUCK_AFTER_S: Final = 20.0
+
+
+class InterleavingFailure(AssertionError):
+    """A schedule broke a promise; the message carries the reproducer."""
+
+
+class _Stuck(Exception):
+    pass
+
+
+# -- the actors' side ------------------------------------------------------------
+
+
+class _Actor:
+    __slots__ = (
+        "body",
+        "error",
+        "failed_lock_epoch",
+        "ident",
+        "index",
+        "label",
+        "name",
+        "state",
+        "at_lock",
+        "turn",
+        "wait_steps",
+    )
+
+    def __init__(self, index: int, name: str, body: Callable[[], None]) -> None:
+        self.index = index
+        self.name = name
+        self.body = body
+        self.turn = threading.Semaphore(0)  # released when this actor gets the baton
+        self.state = "new"  # "ready", "done"
+        self.label = "start"  # the schedule point it waits at
+        self.ident = 0
+        self.error: BaseException | None = None
+        self.failed_lock_epoch = -1  # lock epoch of its last failed try-lock
+        self.wait_steps = -1  # yielded at this step: runnable once another actor moved
+        self.at_lock = False  # waits at a try-lock that failed since the last unlock
+
+
+@dataclass
+class Decision:
+    """One schedule point: who could run, who ran before, who was chosen."""
+
+    enabled: tuple[int, ...]  # actor indexes that could run
+    previous: int | None  # the actor that reached the point (None: it finished or blocked)
+    chosen: int
+    label: str  # what the previous actor was about to do
+
+
+@dataclass
+class RunResult:
+    """One schedule, run to its end."""
+
+    decisions: list[Decision]
+    failure: str | None  # None when every check held
+    steps: int
+
+
+class Scheduler:
+    """Hands the baton from actor to actor at schedule points."""
+
+    def __init__(self) -> None:
+        self._actors: list[_Actor] = []
+        self._running: _Actor | None = None
+        self._free = False  # after a failure: points are no-ops, actors run to their end
+        self._prefix: Sequence[int] = ()
+        self._policy: Callable[[Scheduler, int | None, tuple[int, ...]], int] = default_policy
+        self.decisions: list[Decision] = []
+        self.steps = 0
+        self.lock_epoch = 0  # bumped at every unlock and close
+        self.failure: str | None = None
+        self.check: Callable[[str], None] | None = None  # run at every schedule point
+        self._finished = threading.Event()
+
+    # -- called by actors (through the seams) ------------------------------------
+
+    @property
+    def current(self) -> _Actor | None:
+        actor = self._running
+        if actor is None or self._free or actor.ident != threading.get_ident():
+            return None
+        return actor
+
+    def point(self, label: str) -> None:
+        """A schedule point: check the invariants, then maybe give the baton away."""
+        actor = self.current
+        if actor is None:
+            return
+        self.steps += 1
+        actor.label = label
+        if self.check is not None:
+            try:
+                self.check(label)
+            except AssertionError as error:
+                self.fail(f"invariant broken at {actor.name} {label}: {error}")
+                return
+        self._hand_over(actor)
+
+    def wait_for_unlock(self, label: str) -> None:
+        """A try-lock point of an actor whose last try failed: wait until some lock is released."""
+        actor = self.current
+        if actor is None or actor.failed_lock_epoch != self.lock_epoch:
+            self.point(label)
+            return
+        self.steps += 1
+        actor.label = label + " (waits for an unlock)"
+        actor.at_lock = True
+        self._hand_over(actor)
+        actor.at_lock = False
+
+    def yield_turn(self, label: str) -> None:
+        """The actor cannot progress until another one moves (a retry loop's back-off)."""
+        actor = self.current
+        if actor is None:
+            return
+        self.steps += 1
+        actor.wait_steps = self.steps
+        actor.label = label + " (yields)"
+        self._hand_over(actor)
+
+    def lock_failed(self) -> None:
+        actor = self.current
+        if actor is not None:
+            actor.failed_lock_epoch = self.lock_epoch
+
+    def lock_released(self) -> None:
+        self.lock_epoch += 1
+
+    def fail(self, message: str) -> None:
+        """Record the first failure and let every actor run free to its end."""
+        if self.failure is None:
+            self.failure = message
+        self._release_all()
+
+    # -- the baton -------------------------------------------------------------------
+
+    def _runnable(self, actor: _Actor) -> bool:
+        """Ready, and not waiting at a try-lock for an unlock that has not happened."""
+        return actor.state == "ready" and not (
+            actor.at_lock and actor.failed_lock_epoch == self.lock_epoch
+        )
+
+    def _hand_over(self, actor: _Actor) -> None:
+        runnable = [other for other in self._actors if self._runnable(other)]
+        # A yielded actor runs again once another one took a step, or when it is alone.
+        eager = [other for other in runnable if other.wait_steps < self.steps]
+        enabled = tuple(other.index for other in (eager or runnable))
+        previous = actor.index if actor.index in enabled else None
+        chosen = self._choose(previous, enabled, actor.label)
+        if chosen is None:
+            return
+        nxt = self._actors[chosen]
+        nxt.wait_steps = -1
+        if nxt is actor:
+            return
+        self._running = nxt
+        nxt.turn.release()
+        if actor.state == "done":
+            return
+        if not actor.turn.acquire(timeout=_STUCK_AFTER_S):
+            self.fail(f"{actor.name} never got the baton back (a stuck actor?)")
+
+    def _choose(self, previous: int | None, enabled: tuple[int, ...], label: str) -> int | None:
+        if not enabled:
+            waiting = [a.name for a in self._actors if a.state == "ready"]
+            if waiting:
+                self.fail(f"deadlock: {waiting} all wait for a lock nobody releases")
+            return None
+        depth = len(self.decisions)
+        if depth < len(self._prefix):
+            chosen = self._prefix[depth]
+            if chosen not in enabled:
+                self.fail(
+                    f"schedule diverged at decision {depth}: {chosen} not runnable "
+                    f"(runnable {enabled}); the code under test is not deterministic"
+                )
+                return None
+        else:
+            chosen = self._policy(self, previous, enabled)
+        self.decisions.append(Decision(enabled, previous, chosen, label))
+        return chosen
+
+    def _release_all(self) -> None:
+        self._free = True
+        for actor in self._actors:
+            actor.turn.release()
+
+    # -- the main thread ----------------------------------------------------------------
+
+    def run(
+        self,
+        actors: Sequence[tuple[str, Callable[[], None]]],
+        prefix: Sequence[int] = (),
+        policy: Callable[[Scheduler, int | None, tuple[int, ...]], int] | None = None,
+    ) -> None:
+        """Run the actors to their end under the schedule `prefix`, then `policy`."""
+        self._prefix = prefix
+        if policy is not None:
+            self._policy = policy
+        self._actors = [_Actor(i, name, body) for i, (name, body) in enumerate(actors)]
+        parked = threading.Semaphore(0)
+        threads = [
+            threading.Thread(target=self._actor_main, args=(actor, parked), daemon=True)
+            for actor in self._actors
+        ]
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            parked.acquire()  # every actor is ready before the first one runs
+        first = self._choose(None, tuple(a.index for a in self._actors), "start")
+        if first is not None:
+            self._running = self._actors[first]
+            self._running.turn.release()
+        if not self._finished.wait(_STUCK_AFTER_S * 2):
+            self.fail("the schedule did not finish (a stuck actor?)")
+        self._release_all()
+        for thread in threads:
+            thread.join(_STUCK_AFTER_S)
+
+    def _actor_main(self, actor: _Actor, parked: threading.Semaphore) -> None:
+        actor.ident = threading.get_ident()
+        actor.state = "ready"
+        parked.release()
+        actor.turn.acquire()
+        try:
+            actor.body()
+        except BaseException as error:  # reported as the schedule's failure
+            actor.error = error
+            self.fail(f"{actor.name} raised {error!r}")
+        finally:
+            actor.state = "done"
+            actor.label = "done"
+            if all(a.state == "done" for a in self._actors):
+                self._finished.set()
+            elif not self._free and self._running is actor:
+                self._hand_over(actor)
+
+
+def default_policy(scheduler: Scheduler, previous: int | None, enabled: tuple[int, ...]) -> int:
+    """Go on with the actor that ran (no preemption), else the first runnable one."""
+    return previous if previous is not None else enabled[0]
+
+
+# -- the seams: OS facade and shared words ------------------------------------------
+
+
+class SchedulingOs(OsFacade):
+    """The OS seam with a schedule point before every call.
+
+    A blocking `flock` becomes non-blocking tries with a schedule point
+    before each (the actor is not scheduled again until a lock was released),
+    and releasing a lock (LOCK_UN, close) is followed by one more point: code
+    that runs after a release, unprotected, is where ordering bugs hide.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def _enter(self, site: str) -> None:
+        self._scheduler.point(site)
+
+    def flock(self, fd: int, operation: int) -> None:
+        scheduler = self._scheduler
+        if operation & fcntl.LOCK_UN:
+            scheduler.point("unlock")
+            fcntl.flock(fd, operation)
+            scheduler.lock_released()
+            scheduler.point("after unlock")
+            return
+        if scheduler.current is None:
+            fcntl.flock(fd, operation)
+            return
+        blocking = not operation & fcntl.LOCK_NB
+        while True:
+            scheduler.wait_for_unlock("lock" if blocking else "try-lock")
+            try:
+                fcntl.flock(fd, operation | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                scheduler.lock_failed()
+                if not blocking:
+                    raise
+
+    def close(self, fd: int) -> None:
+        super().close(fd)
+        self._scheduler.lock_released()  # closing may drop a lock
+        self._scheduler.point("after close")
+
+
+def _word_name(width: int, index: int) -> str:
+    """A shared word's field, from spec.layout: 'head', 'frame@96.state', ..."""
+    from shmring.spec import layout
+
+    offset = index * width
+    names = {
+        (8, layout.RING_HEAD_OFFSET): "head",
+        (8, layout.RING_TAIL_OFFSET): "tail",
+        (8, layout.RING_WAKEUP_SEQUENCE_OFFSET): "wakeup",
+        (4, layout.RING_STATE_OFFSET): "ring state",
+    }
+    name = names.get((width, offset))
+    if name is not None:
+        return name
+    data = offset - layout.RING_HEADER_LENGTH
+    for field_width, field_offset, field in (
+        (4, layout.FRAME_LENGTH_OFFSET, "length"),
+        (2, layout.FRAME_STATE_OFFSET, "state"),
+        (4, layout.FRAME_HOLDER_PID_OFFSET, "holder"),
+    ):
+        start = data - field_offset
+        if width == field_width and start >= 0 and start % layout.FRAME_ALIGNMENT == 0:
+            return f"frame@{start}.{field}"
+    return f"u{width * 8}[{index}]"
+
+
+class _ScheduledItems:
+    """One of SharedWords' typed views, with a schedule point before every item access."""
+
+    __slots__ = ("_items", "_names", "_point", "_width")
+
+    def __init__(self, items: memoryview, width: int, point: Callable[[str], None]) -> None:
+        self._items = items
+        self._width = width
+        self._point = point
+        self._names: dict[int, str] = {}
+
+    def _name(self, index: int) -> str:
+        name = self._names.get(index)
+        if name is None:
+            name = self._names[index] = _word_name(self._width, index)
+        return name
+
+    def __getitem__(self, index: int) -> int:
+        self._point("load " + self._name(index))
+        value: int = self._items[index]
+        return value
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self._point("store " + self._name(index))
+        self._items[index] = value
+
+
+class ScheduledWords(SharedWords):
+    """`SharedWords` whose every load and store is a schedule point (same memory)."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: SharedWords, scheduler: Scheduler) -> None:  # noqa: D107
+        self._inner = inner
+        self.u16 = _ScheduledItems(inner.u16, 2, scheduler.point)  # type: ignore[assignment]
+        self.u32 = _ScheduledItems(inner.u32, 4, scheduler.point)  # type: ignore[assignment]
+        self.u64 = _ScheduledItems(inner.u64, 8, scheduler.point)  # type: ignore[assignment]
+
+    def release(self) -> None:
+        self._inner.release()
+
+
+def install_words(owner: Any, scheduler: Scheduler) -> None:
+    """Give `owner` (a ring channel or reader, an arena or arena reader) scheduled words.
+
+    The object's `_words` is what every named accessor of `frame_io` is
+    handed; the replacement reads and writes the same memory.
+    """
+    words = owner._words
+    assert isinstance(words, SharedWords) and not isinstance(words, ScheduledWords)
+    owner._words = ScheduledWords(words, scheduler)
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+class World(Protocol):
+    """One scenario's objects for one schedule (built unscheduled, torn down after)."""
+
+    actors: list[tuple[str, Callable[[], None]]]
+
+    def check_step(self, label: str) -> None:
+        """Invariants over the shared memory; raise AssertionError when one breaks."""
+
+    def check_end(self) -> None:
+        """After every actor finished: what was delivered against what was put."""
+
+    def close(self) -> None:
+        """Remove everything the world made."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    build: Callable[[Scheduler], World]
+    summary: str = ""
+
+
+# -- running and exploring ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's decisions by actor name, as runs: 'P*3 R0*2' (P three steps, then R0 two)."""
+
+    names: tuple[str, ...]
+
+    def encode(self) -> str:
+        runs: list[tuple[str, int]] = []
+        for name in self.names:
+            if runs and runs[-1][0] == name:
+                runs[-1] = (name, runs[-1][1] + 1)
+            else:
+                runs.append((name, 1))
+        return " ".join(f"{name}*{count}" for name, count in runs)
+
+    @classmethod
+    def decode(cls, text: str) -> Schedule:
+        names: list[str] = []
+        for run in text.split():
+            name, _, count = run.partition("*")
+            names.extend([name] * int(count or 1))
+        return cls(tuple(names))
+
+
+def run_schedule(
+    scenario: Scenario,
+    prefix: Sequence[int] = (),
+    policy: Callable[[Scheduler, int | None, tuple[int, ...]], int] | None = None,
+) -> RunResult:
+    """Build the scenario's world, run one schedule, check the end, tear down."""
+    scheduler = Scheduler()
+    world = scenario.build(scheduler)
+    try:
+        scheduler.check = world.check_step
+        scheduler.run(world.actors, prefix, policy)
+        failure = scheduler.failure
+        if failure is None:
+            try:
+                world.check_end()
+            except AssertionError as error:
+                failure = f"end check: {error}"
+    finally:
+        scheduler.check = None
+        world.close()
+    return RunResult(scheduler.decisions, failure, scheduler.steps)
+
+
+def _names(world_actors: Sequence[tuple[str, Callable[[], None]]]) -> list[str]:
+    return [name for name, _ in world_actors]
+
+
+@dataclass
+class Report:
+    """What an exploration did."""
+
+    scenario: str
+    mode: str  # "bounded k=2" or "pct d=3"
+    schedules: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    exhaustive: bool = False  # the bounded tree was walked to its end
+    failure: str | None = None
+    reproducer: str | None = None  # the failing schedule (Schedule.encode)
+
+    @property
+    def per_second(self) -> float:
+        return self.schedules / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Node:
+    enabled: tuple[int, ...]
+    previous: int | None
+    chosen: int
+    tried: set[int] = field(default_factory=set)
+
+    @property
+    def preempts(self) -> bool:
+        return self.previous is not None and self.chosen != self.previous
+
+
+def _actor_names(scenario: Scenario) -> list[str]:
+    scheduler = Scheduler()
+    world = scenario.build(scheduler)
+    try:
+        return _names(world.actors)
+    finally:
+        world.close()
+
+
+def _describe(scenario: Scenario, result: RunResult, names: list[str]) -> tuple[str, str]:
+    chosen = Schedule(tuple(names[d.chosen] for d in result.decisions))
+    text = chosen.encode()
+    switches = []
+    for index, decision in enumerate(result.decisions):
+        before = result.decisions[index - 1].chosen if index else None
+        if decision.chosen != before:
+            who = names[before] if before is not None else "-"
+            switches.append(f"  #{index}: {who} at '{decision.label}' -> {names[decision.chosen]}")
+    message = (
+        f"interleaving failure in scenario {scenario.name}: {result.failure}\n"
+        f"schedule: {text}\n"
+        f"switches:\n" + "\n".join(switches[-40:]) + "\n"
+        f"rerun: python -m shmring.fault_injection.interleave --scenario {scenario.name} "
+        f"--schedule '{text}'"
+    )
+    return message, text
+
+
+def explore_bounded(
+    scenario: Scenario,
+    preemptions: int,
+    *,
+    max_schedules: int | None = None,
+    seconds: float | None = None,
+) -> Report:
+    """Every schedule with at most `preemptions` preemptions (depth-first, by re-execution)."""
+    report = Report(scenario.name, f"bounded k={preemptions}")
+    names = _actor_names(scenario)
+    started = time.perf_counter()
+    path: list[_Node] = []
+    prefix: list[int] = []
+    while True:
+        result = run_schedule(scenario, prefix)
+        report.schedules += 1
+        report.steps += result.steps
+        if result.failure is None:
+            for node, decision in zip(path, result.decisions, strict=False):
+                if node.enabled != decision.enabled:
+                    result = RunResult(
+                        result.decisions,
+                        "replay diverged: the code under test is not deterministic",
+                        result.steps,
+                    )
+                    break
+        if result.failure is not None:
+            report.failure, report.reproducer = _describe(scenario, result, names)
+            break
+        for decision in result.decisions[len(path) :]:
+            path.append(
+                _Node(decision.enabled, decision.previous, decision.chosen, {decision.chosen})
+            )
+        used = [0]
+        for node in path:
+            used.append(used[-1] + node.preempts)
+        while path:
+            node = path[-1]
+            budget = preemptions - used[len(path) - 1]
+            alternative = next(
+                (
+                    c
+                    for c in node.enabled
+                    if c not in node.tried
+                    and (node.previous is None or c == node.previous or budget > 0)
+                ),
+                None,
+            )
+            if alternative is not None:
+                node.tried.add(alternative)
+                node.chosen = alternative
+                break
+            path.pop()
+        if not path:
+            report.exhaustive = True
+            break
+        prefix = [node.chosen for node in path]
+        elapsed = time.perf_counter() - started
+        if (max_schedules is not None and report.schedules >= max_schedules) or (
+            seconds is not None and elapsed >= seconds
+        ):
+            break
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+class PctPolicy:
+    """PCT (Burckhardt et al.): random actor priorities, `depth - 1` random priority drops."""
+
+    def __init__(self, rng: random.Random, actors: int, depth: int, steps: int) -> None:
+        order = list(range(actors))
+        rng.shuffle(order)
+        self.priority = {actor: depth + rank for rank, actor in enumerate(order)}
+        points = rng.sample(range(1, max(steps, depth) + 1), depth - 1) if depth > 1 else []
+        self.drops = {step: depth - 1 - i for i, step in enumerate(sorted(points))}
+
+    def __call__(self, scheduler: Scheduler, previous: int | None, enabled: tuple[int, ...]) -> int:
+        drop = self.drops.get(len(scheduler.decisions))
+        if drop is not None and previous is not None:
+            self.priority[previous] = drop
+        return max(enabled, key=self.priority.__getitem__)
+
+
+def explore_random(
+    scenario: Scenario,
+    schedules: int,
+    *,
+    depth: int = 3,
+    seed: int = 0,
+    seconds: float | None = None,
+) -> Report:
+    """`schedules` PCT schedules of depth `depth` (seeded: the same seed, the same schedules)."""
+    report = Report(scenario.name, f"pct d={depth}")
+    names = _actor_names(scenario)
+    rng = random.Random(f"{scenario.name}:{seed}")
+    started = time.perf_counter()
+    expected = run_schedule(scenario).steps  # the length of a run, for the drop points
+    for _ in range(schedules):
+        policy = PctPolicy(rng, len(names), depth, expected)
+        result = run_schedule(scenario, (), policy)
+        report.schedules += 1
+        report.steps += result.steps
+        if result.failure is not None:
+            report.failure, report.reproducer = _describe(scenario, result, names)
+            break
+        if seconds is not None and time.perf_counter() - started >= seconds:
+            break
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def replay(scenario: Scenario | str, schedule: str) -> RunResult:
+    """Rerun one schedule (as `Schedule.encode` wrote it); the result says what failed."""
+    if isinstance(scenario, str):
+        scenario = scenario_named(scenario)
+    names = _actor_names(scenario)
+    prefix = [names.index(name) for name in Schedule.decode(schedule).names]
+    return run_schedule(scenario, prefix)
+
+
+def scenario_named(name: str) -> Scenario:
+    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    raise KeyError(f"no interleaving scenario named {name!r}: {[s.name for s in SCENARIOS]}")
+
+

@@ -1,0 +1,786 @@
+"""The interleaving explorer's scenarios: small worlds of one producer and its readers.
+
+Design rationale. Each scenario builds, unscheduled, a world over one real
+mapping (a ring file, a fallback directory, an arena), gives every actor a
+short script of real `impl` calls, and checks two things:
+
+* at every schedule point, the shared memory as the model sees it: the ring
+  header and frames decoded with `spec.layout` into a `spec.ring.RingState`
+  and passed to `spec.invariants` (positions, tiling, one deliverable
+  version per key), plus what the model cannot say about bytes: every frame
+  between tail and head carries its own position and checksum and one of
+  the payloads put under its key, states only move forward, head and tail
+  never go back, and a live lease's bytes never change;
+* at the end, after a drain that takes whatever is still deliverable: every
+  delivered payload is one that was put under that key, byte for byte, no
+  version is delivered twice, the newest version of each key is delivered
+  exactly once (or was retired by a cancel or close that said so), and
+  nothing stays pinned or left behind.
+
+Scenario factories take the classes to run, so tests can hand them a
+deliberately broken reader or producer (see `test_interleave`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Callable
+from typing import Any, Final
+
+from shmring.fault_injection.interleave import (
+    Scenario,
+    Scheduler,
+    SchedulingOs,
+    install_words,
+)
+from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
+from shmring.impl.frame_io import compute_checksum
+from shmring.spec import invariants
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_ALIGNMENT,
+    FRAME_KEY_OFFSET,
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
+    PADDING_FRAME_TYPE,
+    RING_HEAD_OFFSET,
+    RING_HEADER_LENGTH,
+    RING_STATE_CLOSED,
+    RING_STATE_OFFSET,
+    RING_TAIL_OFFSET,
+)
+from shmring.spec.ring import ConsumeMode, Frame, PutStatus, RingState
+
+SHM_ROOT: Final = "/dev/shm"
+RING_CAPACITY: Final = 4096
+# 2-byte keys and 900-byte payloads: 944-byte frames, four fill a 4 KiB ring
+# (admission stops at 1024), so the fifth put needs a reclaim and wraps.
+PAYLOAD_LENGTH: Final = 900
+# How often a script retries an answer that depends on another actor (BUSY, FULL, not yet put).
+RETRIES: Final = 3
+
+_U64: Final = struct.Struct("<Q")
+_U32: Final = struct.Struct("<I")
+_HEADER: Final = struct.Struct("<IHHIIQI")
+_FORWARD: Final = {
+    FRAME_STATE_PUBLISHED: {FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_RETIRED},
+    FRAME_STATE_CLAIMED: {FRAME_STATE_DONE},
+    FRAME_STATE_DONE: set(),
+    FRAME_STATE_RETIRED: set(),
+}
+
+
+def payload_for(key: str, version: int, length: int = PAYLOAD_LENGTH) -> bytes:
+    """Bytes that name their key and version all along (a torn or foreign copy shows)."""
+    unit = f"<{key}/v{version}>".encode()
+    return (unit * (length // len(unit) + 1))[:length]
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+# -- the ring ----------------------------------------------------------------------
+
+
+class Deliveries:
+    """What was put and what was delivered, checked against each other at the end."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, list[bytes]] = {}  # key -> payloads put (in order)
+        self.live: dict[str, bytes | None] = {}  # key -> the newest version not retired
+        self.delivered: list[tuple[str, str, bytes]] = []  # (who, key, payload)
+
+    def putting(self, key: str, payload: bytes) -> None:
+        """Before a put: its bytes may appear in shared memory from now on."""
+        self.versions.setdefault(key, []).append(payload)
+
+    def put_done(self, key: str, payload: bytes, published: bool) -> None:
+        if published:
+            self.live[key] = payload
+
+    def retired(self, key: str) -> None:
+        """A cancel or close answered that it retired the key's live version."""
+        self.live[key] = None
+
+    def deliver(self, who: str, key: str, payload: bytes) -> None:
+        self.delivered.append((who, key, payload))
+
+    def check_payload(self, key: str, payload: bytes, where: str) -> None:
+        _require(
+            payload in self.versions.get(key, ()),
+            f"{where}: bytes for key={key!r} are no version put under it: {payload[:24]!r}...",
+        )
+
+    def check(self) -> None:
+        seen: set[bytes] = set()
+        for who, key, payload in self.delivered:
+            self.check_payload(key, payload, f"{who} delivered")
+            _require(payload not in seen, f"{who} delivered {key!r} {payload[:12]!r} twice")
+            seen.add(payload)
+        for key, payload in self.live.items():
+            if payload is not None:
+                _require(
+                    payload in seen, f"the newest version of {key!r} was never delivered"
+                )
+
+
+class RingWorld:
+    """A ring file, its producer, readers and a private read-only mapping for the checks."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        readers: int,
+        *,
+        channel_class: type[RingChannel] = RingChannel,
+        reader_class: type[RingReader] = RingReader,
+        preload: int = 0,
+    ) -> None:
+        self.directory = tempfile.mkdtemp(prefix="shmring-il-", dir=SHM_ROOT)
+        self.path = os.path.join(self.directory, "ring")
+        self.os = SchedulingOs(scheduler)
+        self.log = Deliveries()
+        self.channel = channel_class.create(
+            self.path, RING_CAPACITY, os_facade=self.os, producer=(os.getpid(), 1)
+        )
+        self.readers = [reader_class.attach(self.path, os_facade=self.os) for _ in range(readers)]
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
+        self.view = memoryview(self._map)
+        for index in range(preload):
+            key = f"k{index}"
+            payload = payload_for(key, 0)
+            self.log.putting(key, payload)
+            outcome = self.channel.put(key, payload)
+            assert outcome.status is PutStatus.PUBLISHED, outcome
+            self.log.put_done(key, payload, True)
+        install_words(self.channel, scheduler)
+        for reader in self.readers:
+            install_words(reader, scheduler)
+        self.states: dict[int, int] = {}  # position -> state last seen, for [tail, head)
+        self.head = self.tail = 0
+        self.leases: list[tuple[Any, bytes]] = []  # (lease, its payload) while not released
+        self.actors: list[tuple[str, Callable[[], None]]] = []
+
+    # -- scripts' helpers -------------------------------------------------------------
+
+    def put(self, key: str, version: int, *, retries: int = RETRIES) -> PutStatus:
+        """Put a new version; retry FULL (a reader may free space) with a yield between."""
+        payload = payload_for(key, version)
+        self.log.putting(key, payload)
+        scheduler = self.os._scheduler
+        for attempt in range(retries + 1):
+            scheduler.point(f"put {key} v{version}")
+            outcome = self.channel.put(key, payload)
+            if outcome.status is not PutStatus.FULL:
+                break
+            if attempt < retries:
+                scheduler.yield_turn("full")
+        self.log.put_done(key, payload, outcome.status is PutStatus.PUBLISHED)
+        return outcome.status
+
+    def get(
+        self,
+        who: str,
+        reader: RingReader,
+        key: str,
+        *,
+        mode: ConsumeMode = ConsumeMode.COPY_OUT,
+        retries: int = RETRIES,
+    ) -> Any:
+        """Get until delivered; BUSY and NOT_FOUND are retried after a yield."""
+        scheduler = self.os._scheduler
+        for attempt in range(retries + 1):
+            scheduler.point(f"get {key}")
+            received = reader.get(key, mode=mode)
+            if received.status is ReceiveStatus.DELIVERED:
+                if mode is ConsumeMode.LEASE:
+                    lease = received.payload
+                    payload = bytes(lease.view)
+                    self.leases.append((lease, payload))
+                    self.log.deliver(who, key, payload)
+                    return lease
+                self.log.deliver(who, key, received.payload)
+                return received.payload
+            if attempt < retries:
+                scheduler.yield_turn(received.status.value)
+        return None
+
+    def release(self, lease: Any) -> None:
+        self.os._scheduler.point(f"release lease @{lease.position}")
+        self.leases = [(held, payload) for held, payload in self.leases if held is not lease]
+        lease.release()
+
+    # -- checks ----------------------------------------------------------------------
+
+    def decode(self) -> RingState:
+        """The ring as the model sees it, read from the shared memory."""
+        view = self.view
+        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
+        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
+        closed = _U32.unpack_from(view, RING_STATE_OFFSET)[0] == RING_STATE_CLOSED
+        frames = []
+        position = tail
+        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
+            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
+            if RING_CAPACITY - position % RING_CAPACITY >= _HEADER.size:
+                fields = _HEADER.unpack_from(view, offset)
+            else:
+                fields = (*struct.unpack_from("<IHH", view, offset), 0, 0, 0, 0)
+            length, frame_type, state, key_length, payload_length, frame_position, checksum = (
+                fields
+            )
+            if frame_type == DATA_FRAME_TYPE:
+                key_start = offset + FRAME_KEY_OFFSET
+                key_bytes = bytes(view[key_start : key_start + key_length])
+                payload = bytes(
+                    view[key_start + key_length : key_start + key_length + payload_length]
+                )
+                _require(frame_position == position, f"frame at {position} says {frame_position}")
+                _require(
+                    compute_checksum(key_bytes, payload) == checksum,
+                    f"torn or foreign frame at position={position}: checksum mismatch",
+                )
+                key = key_bytes.decode("utf-8", "replace")
+                self.log.check_payload(key, payload, f"frame at position={position}")
+                frames.append(
+                    Frame(position, length, frame_type, state, key, payload_length, payload)
+                )
+            else:
+                frames.append(Frame(position, length, frame_type, state))
+            if length <= 0 or length % FRAME_ALIGNMENT:
+                break  # check_ring_frames_tile says what is wrong with it
+            position += length
+        return RingState(RING_CAPACITY, head, tail, frames, closed)
+
+    def check_step(self, label: str) -> None:
+        ring = self.decode()
+        invariants.check_ring_positions(ring)
+        invariants.check_ring_frames_tile(ring)
+        invariants.check_ring_one_version_per_key(ring)
+        _require(ring.head >= self.head and ring.tail >= self.tail, "head or tail went back")
+        self.head, self.tail = ring.head, ring.tail
+        states = {}
+        for frame in ring.frames:
+            if frame.frame_type == PADDING_FRAME_TYPE:
+                continue
+            before = self.states.get(frame.position)
+            _require(
+                before is None or frame.state == before or frame.state in _FORWARD[before],
+                f"frame at {frame.position} went from state {before} to {frame.state}",
+            )
+            states[frame.position] = frame.state
+        self.states = states
+        for lease, payload in self.leases:
+            if not lease.released:
+                _require(
+                    bytes(lease.view) == payload,
+                    f"the bytes under a live lease at {lease.position} changed",
+                )
+
+    def drain(self) -> None:
+        """Unscheduled: release every lease, take what is still deliverable, reclaim all."""
+        for lease, _ in self.leases:
+            lease.release()
+        self.leases = []
+        for key in self.log.versions:
+            while True:
+                received = self.readers[0].get(key)
+                if received.status is not ReceiveStatus.DELIVERED:
+                    break
+                self.log.deliver("drain", key, received.payload)
+        if not self.channel.closed:
+            self.channel._reclaim()
+            _require(
+                self.channel.tail == self.channel.head,
+                f"frames stay pinned after the drain: tail={self.channel.tail} "
+                f"head={self.channel.head}",
+            )
+
+    def check_end(self) -> None:
+        self.check_step("end")
+        self.drain()
+        self.log.check()
+        ring = self.decode()
+        invariants.check_ring_closed_holds_nothing(ring)
+
+    def close(self) -> None:
+        for lease, _ in self.leases:
+            with contextlib.suppress(BufferError):
+                lease.release()
+        self.view.release()
+        self._map.close()
+        os.close(self._fd)
+        for reader in self.readers:
+            reader.close()
+        self.channel.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def ring_claim_race(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """Two readers race for k0 while the producer re-puts it: one claim, or one retire."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=1
+        )
+        r0, r1 = world.readers
+        world.actors = [
+            ("P", lambda: world.put("k0", 1)),
+            ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
+            ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
+        ]
+        return world
+
+    return Scenario("ring_claim_race", build, "two readers claim k0 while the producer re-puts it")
+
+
+def ring_publish(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """The reader scans and claims while the producer publishes two frames."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(scheduler, 1, channel_class=channel_class, reader_class=reader_class)
+        (r0,) = world.readers
+
+        def producer() -> None:
+            world.put("k0", 0)
+            world.put("k1", 0)
+
+        def reader() -> None:
+            world.get("R0", r0, "k1", retries=2)
+            world.get("R0", r0, "k0", retries=1)
+
+        world.actors = [("P", producer), ("R0", reader)]
+        return world
+
+    return Scenario("ring_publish", build, "puts of k0, k1 against a reader's scan and claims")
+
+
+def ring_wrap_reclaim(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """A full ring: the put of k4 needs the reader's claim of k0, then pads and wraps onto it."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
+        )
+        (r0,) = world.readers
+        world.actors = [
+            ("P", lambda: world.put("k4", 0)),
+            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+        ]
+        return world
+
+    return Scenario("ring_wrap_reclaim", build, "claim k0 of a full ring while k4 wraps onto it")
+
+
+def ring_lease_release(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """Two leases released out of order while the producer waits for space."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
+        )
+        (r0,) = world.readers
+
+        def reader() -> None:
+            first = world.get("R0", r0, "k0", mode=ConsumeMode.LEASE, retries=0)
+            second = world.get("R0", r0, "k1", mode=ConsumeMode.LEASE, retries=0)
+            if second is not None:
+                world.release(second)
+            if first is not None:
+                world.release(first)
+
+        def producer() -> None:
+            world.put("k4", 0)
+            world.put("k5", 0)
+
+        world.actors = [("P", producer), ("R0", reader)]
+        return world
+
+    return Scenario(
+        "ring_lease_release", build, "leases of k0, k1 released k1 first; puts wait for space"
+    )
+
+
+def ring_cancel_close(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """The producer cancels k0 and closes while two readers claim k0 and k1."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
+        )
+        r0, r1 = world.readers
+
+        def producer() -> None:
+            scheduler.point("cancel k0")
+            if world.channel.cancel("k0"):
+                world.log.retired("k0")
+            scheduler.point("close")
+            live = [key for key, payload in world.log.live.items() if payload is not None]
+            retired = world.channel.close()
+            # close answers how many it retired; the readers' claims account for the rest
+            world.closed_retired = retired
+            world.live_at_close = live
+
+        world.actors = [
+            ("P", producer),
+            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+            ("R1", lambda: world.get("R1", r1, "k1", retries=0)),
+        ]
+        world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
+        return world
+
+    return Scenario("ring_cancel_close", build, "cancel k0 and close against claims of k0 and k1")
+
+
+def _check_cancel_close(world: RingWorld) -> None:
+    """Every key put is delivered once or retired once: never both, never neither."""
+    world.check_step("end")
+    ring = world.decode()
+    invariants.check_ring_closed_holds_nothing(ring)
+    delivered = {key for _, key, _ in world.log.delivered}
+    retired_by_close = getattr(world, "closed_retired", 0)
+    live_at_close = getattr(world, "live_at_close", [])
+    undelivered_live = [key for key in live_at_close if key not in delivered]
+    _require(
+        retired_by_close == len(undelivered_live),
+        f"close retired {retired_by_close} but {undelivered_live} were live and undelivered",
+    )
+    for key in ("k0",):
+        if world.log.live.get(key) is None:  # cancelled
+            _require(key not in delivered, f"{key} was cancelled and delivered")
+    world.log.live = {}  # the counts above are the exactly-once check after a close
+    world.log.check()
+
+
+RING_SCENARIOS: Final = (
+    ring_claim_race,
+    ring_publish,
+    ring_wrap_reclaim,
+    ring_lease_release,
+    ring_cancel_close,
+)
+
+
+# -- the fallback: claim and hand-back ------------------------------------------------
+
+
+class _Plan:
+    """A `PayloadPlan` of ready bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.nbytes = len(data)
+
+    def write_into(self, buf: Any) -> int:
+        buf[: self.nbytes] = self.data
+        return self.nbytes
+
+
+class FallbackWorld:
+    """One producer's fallback directory, files kept for reuse, readers claiming one key."""
+
+    EDGE: Final = ("a", "b")
+    KEY: Final = "k"
+
+    def __init__(self, scheduler: Scheduler, readers: int) -> None:
+        from shmring.impl import fallback
+
+        self.fallback = fallback
+        self.directory = tempfile.mkdtemp(prefix="shmring-il-", dir=SHM_ROOT)
+        self.os = SchedulingOs(scheduler)
+        self.scheduler = scheduler
+        self.log = Deliveries()
+        self.writer = fallback.FallbackWriter(
+            self.directory, (os.getpid(), 1), 1 << 20, self.os, spare_min=0
+        )
+        self.path = fallback.segment_path(self.directory, self.EDGE, self.KEY)
+        self.readers = readers
+        self.put(0, scheduled=False)
+        self.actors: list[tuple[str, Callable[[], None]]] = []
+
+    def put(self, version: int, *, scheduled: bool = True) -> None:
+        payload = payload_for(self.KEY, version)
+        self.log.putting(self.KEY, payload)
+        if scheduled:
+            self.scheduler.point(f"fallback put v{version}")
+        self.writer.put(self.EDGE, self.KEY, _Plan(payload))
+        self.log.put_done(self.KEY, payload, True)
+
+    def claim(self, who: str, *, retries: int = RETRIES) -> None:
+        for attempt in range(retries + 1):
+            self.scheduler.point("claim")
+            claim = self.fallback.claim_segment(
+                self.directory,
+                self.EDGE,
+                self.KEY,
+                os_facade=self.os,
+                is_alive=lambda identity: True,
+                decode=bytes,
+            )
+            if claim.status is self.fallback.ClaimStatus.DELIVERED:
+                self.log.deliver(who, self.KEY, claim.value)
+                return
+            if attempt < retries:
+                self.scheduler.yield_turn(claim.status.value)
+
+    def check_step(self, label: str) -> None:
+        """The file at the segment name, if any, is a complete segment of a version put."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        problem, _owner, _generation, payload_length, checksum, _state = (
+            self.fallback._check_segment(memoryview(data), size, self.KEY.encode())
+        )
+        _require(problem is None, f"the file at the segment name is not a segment: {problem}")
+        start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(self.KEY)
+        payload = data[start : start + payload_length]
+        _require(compute_checksum(self.KEY.encode(), payload) == checksum, "torn segment")
+        self.log.check_payload(self.KEY, payload, "the segment at its name")
+
+    def check_end(self) -> None:
+        self.check_step("end")
+        while True:
+            claim = self.fallback.claim_segment(
+                self.directory,
+                self.EDGE,
+                self.KEY,
+                os_facade=self.os,
+                is_alive=lambda identity: True,
+                decode=bytes,
+            )
+            if claim.status is not self.fallback.ClaimStatus.DELIVERED:
+                _require(claim.status is self.fallback.ClaimStatus.NOT_FOUND, f"drain: {claim}")
+                break
+            self.log.deliver("drain", self.KEY, claim.value)
+        self.log.check()
+        self.writer.close()
+        left = sorted(os.listdir(self.directory))
+        _require(not left, f"files left after the writer's close: {left}")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def fallback_handback() -> Scenario:
+    """Re-put of a kept file while two readers claim the key and hand its file back."""
+
+    def build(scheduler: Scheduler) -> FallbackWorld:
+        world = FallbackWorld(scheduler, 2)
+
+        def producer() -> None:
+            world.put(1)
+            world.put(2)
+
+        world.actors = [
+            ("P", producer),
+            ("R0", lambda: world.claim("R0", retries=1)),
+            ("R1", lambda: world.claim("R1", retries=1)),
+        ]
+        return world
+
+    return Scenario(
+        "fallback_handback", build, "two claims of a kept segment against two re-puts reusing it"
+    )
+
+
+def fallback_claim_race() -> Scenario:
+    """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
+
+    def build(scheduler: Scheduler) -> FallbackWorld:
+        world = FallbackWorld(scheduler, 1)
+        world.actors = [
+            ("P", lambda: world.put(1)),
+            ("R0", lambda: world.claim("R0", retries=1)),
+        ]
+        return world
+
+    return Scenario("fallback_claim_race", build, "a re-put against a claim and its hand-back")
+
+
+# -- the arena: out-of-order release ------------------------------------------------------
+
+
+class ArenaWorld:
+    """A small registered arena (simulated driver), one reader borrowing three frames."""
+
+    NBYTES: Final = 900  # 960-byte frames: four fill a 4 KiB arena
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        import uuid
+
+        import numpy as np
+        import torch
+
+        from shmring.impl.arena import ArenaReader, RegisteredArena
+        from shmring.impl.cuda_driver import SimulatedCudaDriver
+        from shmring.impl.registration import Registry
+
+        self.np = np
+        self.torch = torch
+        self.scheduler = scheduler
+        self.os = SchedulingOs(scheduler)
+        self.registry = Registry(
+            f"il{uuid.uuid4().hex[:12]}", SimulatedCudaDriver(), os_facade=self.os
+        )
+        self.arena = RegisteredArena(self.registry, RING_CAPACITY)
+        self.reader = ArenaReader(self.registry.directory, self.arena.name, self.os)
+        self.descriptors: list[Any] = []
+        self.fills: dict[int, int] = {}  # position -> the byte its payload is filled with
+        for _ in range(3):
+            self.put(scheduled=False)
+        install_words(self.arena, scheduler)
+        install_words(self.reader, scheduler)
+        self.views: list[tuple[Any, int]] = []  # (borrowed array, its fill byte)
+        self.released = 0
+        self.actors: list[tuple[str, Callable[[], None]]] = []
+        path = os.path.join(self.registry.directory, self.arena.name)
+        self._fd = os.open(path, os.O_RDONLY)
+        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
+        self.view = memoryview(self._map)
+        self.head = self.tail = 0
+
+    def put(self, *, scheduled: bool = True, retries: int = RETRIES) -> None:
+        from shmring.impl.arena import ArenaFrameDescriptor
+
+        fill = len(self.descriptors) + 1
+        source = self.torch.full((self.NBYTES,), fill, dtype=self.torch.uint8)
+        for attempt in range(retries + 1):
+            if scheduled:
+                self.scheduler.point(f"arena put #{fill}")
+            result = self.arena.put(source)
+            if isinstance(result, ArenaFrameDescriptor):
+                self.descriptors.append(result)
+                self.fills[result.position] = fill
+                return
+            if attempt < retries and scheduled:
+                self.scheduler.yield_turn("full")
+        self.descriptors.append(None)
+
+    def borrow(self, index: int) -> None:
+        self.scheduler.point(f"borrow #{index + 1}")
+        descriptor = self.descriptors[index]
+        array = self.reader.borrow(descriptor, "uint8", (self.NBYTES,))
+        self.views.append((array, self.fills[descriptor.position]))
+
+    def drop(self, index: int) -> None:
+        self.scheduler.point(f"drop view #{index + 1}")
+        array, fill = self.views[index]
+        self.views[index] = (None, fill)
+        _require(bool((array == fill).all()), f"a borrowed frame changed before its drop #{index}")
+        del array  # the last view: the frame is DONE now
+
+    def check_step(self, label: str) -> None:
+        view = self.view
+        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
+        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
+        frames = []
+        position = tail
+        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
+            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
+            length, frame_type, state = struct.unpack_from("<IHH", view, offset)
+            if frame_type == DATA_FRAME_TYPE:
+                payload_length = _U32.unpack_from(view, offset + 12)[0]
+                key = bytes(view[offset + FRAME_KEY_OFFSET : offset + FRAME_KEY_OFFSET + 16])
+                frames.append(
+                    Frame(position, length, frame_type, state, key.decode(), payload_length)
+                )
+            else:
+                frames.append(Frame(position, length, frame_type, state))
+            if length <= 0 or length % FRAME_ALIGNMENT:
+                break
+            position += length
+        ring = RingState(RING_CAPACITY, head, tail, frames, False)
+        invariants.check_ring_positions(ring)
+        invariants.check_ring_frames_tile(ring)
+        _require(head >= self.head and tail >= self.tail, "arena head or tail went back")
+        self.head, self.tail = head, tail
+        for array, fill in self.views:
+            if array is not None:
+                _require(bool((array == fill).all()), "the bytes of a live borrowed frame changed")
+
+    def check_end(self) -> None:
+        self.check_step("end")
+        _require(all(array is None for array, _ in self.views), "a view was never dropped")
+        for descriptor in self.descriptors[len(self.views) :]:  # the drain
+            if descriptor is not None:
+                copied = self.reader.copy(descriptor, "uint8", (self.NBYTES,))
+                fill = self.fills[descriptor.position]
+                _require(bool((copied == fill).all()), f"frame #{fill} holds other bytes")
+        self.arena.reclaim()
+        _require(
+            self.arena.tail == self.arena.head,
+            f"frames stay pinned: tail={self.arena.tail} head={self.arena.head}",
+        )
+        published = [d for d in self.descriptors if d is not None]
+        _require(len(published) >= 4, f"no put found space after the releases: {published}")
+
+    def close(self) -> None:
+        self.views = []
+        self.view.release()
+        self._map.close()
+        os.close(self._fd)
+        self.reader.close()
+        self.arena.close()
+        self.registry.close()
+
+
+def arena_out_of_order() -> Scenario:
+    """Frames borrowed 1, 2, 3 and dropped 3, 1, 2 while the producer puts into the space."""
+
+    def build(scheduler: Scheduler) -> ArenaWorld:
+        world = ArenaWorld(scheduler)
+
+        def reader() -> None:
+            for index in range(3):
+                world.borrow(index)
+            for index in (2, 0, 1):
+                world.drop(index)
+
+        def producer() -> None:
+            world.put()
+            world.put()
+
+        world.actors = [("P", producer), ("R0", reader)]
+        return world
+
+    return Scenario("arena_out_of_order", build, "arena leases dropped out of order under puts")
+
+
+SCENARIOS: Final = (
+    ring_claim_race(),
+    ring_publish(),
+    ring_wrap_reclaim(),
+    ring_lease_release(),
+    ring_cancel_close(),
+    fallback_claim_race(),
+    fallback_handback(),
+    arena_out_of_order(),
+)
