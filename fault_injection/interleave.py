@@ -541,12 +541,17 @@ def _describe(scenario: Scenario, result: RunResult, names: list[str]) -> tuple[
         if decision.chosen != before:
             who = names[before] if before is not None else "-"
             switches.append(f"  #{index}: {who} at '{decision.label}' -> {names[decision.chosen]}")
+    if _is_registered(scenario):
+        rerun = (
+            f"rerun: python -m shmring.fault_injection.interleave --scenario {scenario.name} "
+            f"--schedule '{text}'"
+        )
+    else:
+        rerun = f"rerun: shmring.fault_injection.interleave.replay(<scenario>, {text!r})"
     message = (
         f"interleaving failure in scenario {scenario.name}: {result.failure}\n"
         f"schedule: {text}\n"
-        f"switches:\n" + "\n".join(switches[-40:]) + "\n"
-        f"rerun: python -m shmring.fault_injection.interleave --scenario {scenario.name} "
-        f"--schedule '{text}'"
+        "switches (the last 40):\n" + "\n".join(switches[-40:]) + "\n" + rerun
     )
     return message, text
 
@@ -671,6 +676,12 @@ def replay(scenario: Scenario | str, schedule: str) -> RunResult:
     return run_schedule(scenario, prefix)
 
 
+def _is_registered(scenario: Scenario) -> bool:
+    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+
+    return scenario in SCENARIOS
+
+
 def scenario_named(name: str) -> Scenario:
     from shmring.fault_injection.interleave_scenarios import SCENARIOS
 
@@ -680,3 +691,93 @@ def scenario_named(name: str) -> Scenario:
     raise KeyError(f"no interleaving scenario named {name!r}: {[s.name for s in SCENARIOS]}")
 
 
+
+
+# -- the `shmring check` section ------------------------------------------------------------
+
+# Per budget: the preemption bound, the most schedules one bounded walk may
+# take (None: to its end), and the PCT schedules (depth 3) per scenario.
+BUDGETS: Final = {
+    "quick": (1, None, 25),
+    "standard": (2, 20_000, 300),
+    "deep": (3, 200_000, 3_000),
+}
+
+
+def run_interleavings(
+    budget: str, seed: int, progress: Callable[[int, int | None], None]
+) -> dict[str, int]:
+    """Every scenario: bounded exhaustive, then PCT; raises InterleavingFailure on a failure."""
+    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+
+    preemptions, cap, random_schedules = BUDGETS[budget]
+    counts: dict[str, int] = {}
+    schedules = 0
+    seconds = 0.0
+    exhaustive = 0
+    for index, scenario in enumerate(SCENARIOS):
+        progress(index, len(SCENARIOS))
+        reports = [
+            explore_bounded(scenario, preemptions, max_schedules=cap),
+            explore_random(scenario, random_schedules, depth=3, seed=seed),
+        ]
+        for report in reports:
+            if report.failure is not None:
+                raise InterleavingFailure(report.failure)
+            schedules += report.schedules
+            seconds += report.seconds
+        exhaustive += reports[0].exhaustive
+        counts[f"{scenario.name} schedules"] = reports[0].schedules + reports[1].schedules
+    progress(len(SCENARIOS), len(SCENARIOS))
+    counts["schedules"] = schedules
+    counts["schedules/s"] = int(schedules / seconds) if seconds > 0 else 0
+    counts[f"scenarios exhaustive to k={preemptions}"] = exhaustive
+    counts["scenarios"] = len(SCENARIOS)
+    return counts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m shmring.fault_injection.interleave",
+        description="Rerun one schedule of an interleaving scenario, or explore one.",
+    )
+    parser.add_argument("--scenario", choices=[s.name for s in SCENARIOS])
+    parser.add_argument("--schedule", help="a schedule as a failure printed it: 'P*3 R0*2 ...'")
+    parser.add_argument("--preemptions", type=int, default=2, help="bound for --explore")
+    parser.add_argument("--random", type=int, default=0, help="PCT schedules for --explore")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--list", action="store_true", help="list the scenarios")
+    args = parser.parse_args(argv)
+    if args.list or args.scenario is None:
+        for scenario in SCENARIOS:
+            print(f"{scenario.name}: {scenario.summary}")
+        return 0
+    scenario = scenario_named(args.scenario)
+    if args.schedule is not None:
+        result = replay(scenario, args.schedule)
+        if result.failure is None:
+            print(f"{scenario.name}: the schedule ran to its end; every check held")
+            return 0
+        print(_describe(scenario, result, _actor_names(scenario))[0])
+        return 1
+    reports = [explore_bounded(scenario, args.preemptions)]
+    if args.random:
+        reports.append(explore_random(scenario, args.random, seed=args.seed))
+    status = 0
+    for report in reports:
+        print(
+            f"{report.scenario} {report.mode}: {report.schedules} schedules "
+            f"({report.per_second:.0f}/s){' exhaustive' if report.exhaustive else ''}"
+        )
+        if report.failure is not None:
+            print(report.failure)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BUDGETS = ("quick", "standard", "deep")
-SECTIONS = ("model", "crosshair", "lockstep", "faults", "crash", "fuzz")
+SECTIONS = ("model", "crosshair", "lockstep", "faults", "crash", "fuzz", "interleavings")
 
 Progress = Callable[[int, int | None], None]
 
@@ -212,6 +212,14 @@ def run_fuzz(
     return _fault_entry("fuzz")(budget, seed, progress)
 
 
+def run_interleavings(
+    budget: str, seed: int, progress: Progress, database: str | None = None
+) -> dict[str, int]:
+    from shmring.fault_injection.interleave import run_interleavings as run
+
+    return run(budget, seed, progress)
+
+
 RUNNERS: dict[str, Callable[[str, int, Progress, str | None], dict[str, int]]] = {
     "model": run_model,
     "crosshair": run_crosshair,
@@ -219,6 +227,7 @@ RUNNERS: dict[str, Callable[[str, int, Progress, str | None], dict[str, int]]] =
     "faults": run_faults,
     "crash": run_crash,
     "fuzz": run_fuzz,
+    "interleavings": run_interleavings,
 }
 
 

@@ -1,0 +1,187 @@
+"""The interleaving explorer: it finds planted re-orderings, and the real code passes it.
+
+The two mutants are the issue's: a reader that copies a copy-out frame's
+bytes just after it releases the claim lock, and a producer that publishes
+the head before the frame's length. Each is the real method's source with
+the statements moved (`_reordered`), so it tracks the code it breaks; they
+live here, never in `impl`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shmring.fault_injection import interleave
+from shmring.fault_injection import interleave_scenarios as scenarios
+from shmring.fault_injection.interleave import (
+    Schedule,
+    Scheduler,
+    SchedulingOs,
+    ScheduledWords,
+    explore_bounded,
+    explore_random,
+    install_words,
+    replay,
+    run_schedule,
+)
+from shmring.impl import channel as channel_module
+from shmring.impl.channel import RingChannel, RingReader
+from shmring.impl.frame_io import SharedWords
+
+# -- mutants -------------------------------------------------------------------------
+
+
+def _reordered(function: Callable[..., Any], edits: list[tuple[str, str]]) -> Any:
+    """`function` recompiled in its module with each `old` line replaced by `new` (once each)."""
+    source = inspect.getsource(function)  # a method: indented, compiled under `if True:`
+    for old, new in edits:
+        assert source.count(old) == 1, f"the mutant no longer matches the code: {old!r}"
+        source = source.replace(old, new)
+    namespace: dict[str, Any] = {}
+    code = compile("if True:\n" + source, f"<mutant of {function.__qualname__}>", "exec")
+    exec(code, vars(channel_module), namespace)
+    return namespace[function.__name__]
+
+
+class CopyAfterUnlockReader(RingReader):
+    """Copies a copy-out payload after releasing the claim lock ("to keep the hold short")."""
+
+    _claim = _reordered(
+        RingReader._claim,
+        [
+            (
+                "                value: Any = buf[payload_start:payload_end].tobytes()\n"
+                "                checked: bytes | memoryview = value\n",
+                "                value = None\n"
+                "                checked: bytes | memoryview = buf[payload_start:payload_end]\n",
+            ),
+            (
+                "        del self._index[key_bytes]",
+                "        if value is None:\n"
+                "            value = buf[payload_start:payload_end].tobytes()\n"
+                "        del self._index[key_bytes]",
+            ),
+        ],
+    )
+
+
+class HeadBeforeLengthChannel(RingChannel):
+    """Stores the head before the frame's length."""
+
+    _put = _reordered(
+        RingChannel._put,
+        [
+            (
+                "        store_frame_length_release(words, offset, frame_length)\n",
+                "",
+            ),
+            (
+                "        store_head_release(words, new_head)\n",
+                "        store_head_release(words, new_head)\n"
+                "        store_frame_length_release(words, offset, frame_length)\n",
+            ),
+        ],
+    )
+
+
+def _assert_found(report: interleave.Report) -> None:
+    assert report.failure is not None, f"{report.mode}: {report.schedules} schedules, none failed"
+    assert report.reproducer is not None
+    # The printed reproducer reruns the same failure, deterministically.
+    assert "rerun: python -m shmring.fault_injection.interleave" in report.failure
+
+
+# -- the planted re-orderings are found ---------------------------------------------------
+
+
+def test_copy_after_unlock_reader_is_found_with_a_reproducer() -> None:
+    scenario = scenarios.ring_wrap_reclaim(reader_class=CopyAfterUnlockReader)
+    report = explore_bounded(scenario, preemptions=1)
+    _assert_found(report)
+    assert "no version put under it" in report.failure  # it delivered k4's bytes for k0
+    for _ in range(2):
+        again = run_schedule(scenario, _prefix(scenario, report.reproducer))
+        assert again.failure is not None and "no version put under it" in again.failure
+
+
+def test_head_before_length_producer_is_found_with_a_reproducer() -> None:
+    scenario = scenarios.ring_publish(channel_class=HeadBeforeLengthChannel)
+    report = explore_bounded(scenario, preemptions=1)
+    _assert_found(report)
+    assert "frame length=0" in report.failure  # a frame below head that is not published
+    again = run_schedule(scenario, _prefix(scenario, report.reproducer))
+    assert again.failure is not None and "frame length=0" in again.failure
+
+
+def test_random_schedules_find_the_copy_after_unlock_reader_too() -> None:
+    scenario = scenarios.ring_wrap_reclaim(reader_class=CopyAfterUnlockReader)
+    report = explore_random(scenario, 400, depth=2, seed=1)
+    _assert_found(report)
+
+
+def _prefix(scenario: interleave.Scenario, text: str) -> list[int]:
+    names = interleave._actor_names(scenario)
+    return [names.index(name) for name in Schedule.decode(text).names]
+
+
+# -- the current code holds ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=lambda s: s.name)
+def test_every_schedule_with_one_preemption_keeps_every_promise(
+    scenario: interleave.Scenario,
+) -> None:
+    report = explore_bounded(scenario, preemptions=1)
+    assert report.failure is None, report.failure
+    assert report.exhaustive and report.schedules > 1
+
+
+# -- the machinery itself ----------------------------------------------------------------
+
+
+def test_a_schedule_reruns_to_the_same_decisions() -> None:
+    scenario = scenarios.ring_claim_race()
+    first = run_schedule(scenario, [1, 1, 1, 2, 2, 0])
+    text = Schedule(
+        tuple(interleave._actor_names(scenario)[d.chosen] for d in first.decisions)
+    ).encode()
+    again = replay(scenario, text)
+    assert [d.chosen for d in again.decisions] == [d.chosen for d in first.decisions]
+    assert [d.label for d in again.decisions] == [d.label for d in first.decisions]
+    assert Schedule.decode(text).encode() == text
+
+
+def test_bounded_exploration_grows_with_the_preemption_bound() -> None:
+    scenario = scenarios.ring_wrap_reclaim()
+    counts = [explore_bounded(scenario, k).schedules for k in (0, 1, 2)]
+    # k=0: who starts, and nothing else; each more preemption allows more schedules.
+    assert counts[0] == 2 and counts[0] < counts[1] < counts[2]
+
+
+def test_scheduled_words_read_and_write_the_same_memory() -> None:
+    buffer = bytearray(64)
+    with memoryview(buffer) as view:
+        words = SharedWords(view)
+        scheduler = Scheduler()
+        holder = type("Holder", (), {})()
+        holder._words = words
+        install_words(holder, scheduler)
+        assert isinstance(holder._words, ScheduledWords)
+        holder._words.u64[1] = 7
+        holder._words.u16[1] = 3
+        assert words.u64[1] == 7 and holder._words.u16[1] == 3
+        holder._words.release()
+
+
+def test_a_schedule_point_outside_a_run_is_a_no_op() -> None:
+    scheduler = Scheduler()
+    scheduler.point("anything")
+    facade = SchedulingOs(scheduler)
+    fd = facade.open("/dev/null", os.O_RDONLY)
+    facade.close(fd)
+    assert scheduler.steps == 0 and scheduler.decisions == []
