@@ -28,12 +28,11 @@ then R0 for 2"); `replay(scenario, text)` reruns it. See docs/interleavings.md.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -350,14 +349,14 @@ def _word_name(width: int, index: int) -> str:
     if name is not None:
         return name
     data = offset - layout.RING_HEADER_LENGTH
-    for field_width, field_offset, field in (
+    for field_width, field_offset, field_name in (
         (4, layout.FRAME_LENGTH_OFFSET, "length"),
         (2, layout.FRAME_STATE_OFFSET, "state"),
         (4, layout.FRAME_HOLDER_PID_OFFSET, "holder"),
     ):
         start = data - field_offset
         if width == field_width and start >= 0 and start % layout.FRAME_ALIGNMENT == 0:
-            return f"frame@{start}.{field}"
+            return f"frame@{start}.{field_name}"
     return f"u{width * 8}[{index}]"
 
 
@@ -689,8 +688,6 @@ def scenario_named(name: str) -> Scenario:
         if scenario.name == name:
             return scenario
     raise KeyError(f"no interleaving scenario named {name!r}: {[s.name for s in SCENARIOS]}")
-
-
 
 
 # -- the `shmring check` section ------------------------------------------------------------

@@ -83,6 +83,12 @@ def payload_for(key: str, version: int, length: int = PAYLOAD_LENGTH) -> bytes:
     return (unit * (length // len(unit) + 1))[:length]
 
 
+def _named(name: str, *classes: type[Any]) -> str:
+    """The scenario's name; with a class that is not the real one, the name says which."""
+    odd = [cls.__name__ for cls in classes if cls not in (RingChannel, RingReader)]
+    return f"{name}[{','.join(odd)}]" if odd else name
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(message)
@@ -128,9 +134,7 @@ class Deliveries:
             seen.add(payload)
         for key, payload in self.live.items():
             if payload is not None:
-                _require(
-                    payload in seen, f"the newest version of {key!r} was never delivered"
-                )
+                _require(payload in seen, f"the newest version of {key!r} was never delivered")
 
 
 class RingWorld:
@@ -236,9 +240,7 @@ class RingWorld:
                 fields = _HEADER.unpack_from(view, offset)
             else:
                 fields = (*struct.unpack_from("<IHH", view, offset), 0, 0, 0, 0)
-            length, frame_type, state, key_length, payload_length, frame_position, checksum = (
-                fields
-            )
+            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
             if frame_type == DATA_FRAME_TYPE:
                 key_start = offset + FRAME_KEY_OFFSET
                 key_bytes = bytes(view[key_start : key_start + key_length])
@@ -343,7 +345,11 @@ def ring_claim_race(
         ]
         return world
 
-    return Scenario("ring_claim_race", build, "two readers claim k0 while the producer re-puts it")
+    return Scenario(
+        _named("ring_claim_race", channel_class, reader_class),
+        build,
+        "two readers claim k0 while the producer re-puts it",
+    )
 
 
 def ring_publish(
@@ -366,7 +372,11 @@ def ring_publish(
         world.actors = [("P", producer), ("R0", reader)]
         return world
 
-    return Scenario("ring_publish", build, "puts of k0, k1 against a reader's scan and claims")
+    return Scenario(
+        _named("ring_publish", channel_class, reader_class),
+        build,
+        "puts of k0, k1 against a reader's scan and claims",
+    )
 
 
 def ring_wrap_reclaim(
@@ -385,7 +395,11 @@ def ring_wrap_reclaim(
         ]
         return world
 
-    return Scenario("ring_wrap_reclaim", build, "claim k0 of a full ring while k4 wraps onto it")
+    return Scenario(
+        _named("ring_wrap_reclaim", channel_class, reader_class),
+        build,
+        "claim k0 of a full ring while k4 wraps onto it",
+    )
 
 
 def ring_lease_release(
@@ -415,7 +429,9 @@ def ring_lease_release(
         return world
 
     return Scenario(
-        "ring_lease_release", build, "leases of k0, k1 released k1 first; puts wait for space"
+        _named("ring_lease_release", channel_class, reader_class),
+        build,
+        "leases of k0, k1 released k1 first; puts wait for space",
     )
 
 
@@ -449,7 +465,11 @@ def ring_cancel_close(
         world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
         return world
 
-    return Scenario("ring_cancel_close", build, "cancel k0 and close against claims of k0 and k1")
+    return Scenario(
+        _named("ring_cancel_close", channel_class, reader_class),
+        build,
+        "cancel k0 and close against claims of k0 and k1",
+    )
 
 
 def _check_cancel_close(world: RingWorld) -> None:

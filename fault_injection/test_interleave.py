@@ -20,9 +20,9 @@ from shmring.fault_injection import interleave
 from shmring.fault_injection import interleave_scenarios as scenarios
 from shmring.fault_injection.interleave import (
     Schedule,
+    ScheduledWords,
     Scheduler,
     SchedulingOs,
-    ScheduledWords,
     explore_bounded,
     explore_random,
     install_words,
@@ -92,8 +92,8 @@ class HeadBeforeLengthChannel(RingChannel):
 def _assert_found(report: interleave.Report) -> None:
     assert report.failure is not None, f"{report.mode}: {report.schedules} schedules, none failed"
     assert report.reproducer is not None
-    # The printed reproducer reruns the same failure, deterministically.
-    assert "rerun: python -m shmring.fault_injection.interleave" in report.failure
+    # A mutant is no registered scenario: the rerun line is the Python call.
+    assert f"replay(<scenario>, {report.reproducer!r})" in report.failure
 
 
 # -- the planted re-orderings are found ---------------------------------------------------
@@ -104,9 +104,10 @@ def test_copy_after_unlock_reader_is_found_with_a_reproducer() -> None:
     report = explore_bounded(scenario, preemptions=1)
     _assert_found(report)
     assert "no version put under it" in report.failure  # it delivered k4's bytes for k0
-    for _ in range(2):
-        again = run_schedule(scenario, _prefix(scenario, report.reproducer))
+    for _ in range(2):  # the reproducer reruns the same failure, deterministically
+        again = replay(scenario, report.reproducer)
         assert again.failure is not None and "no version put under it" in again.failure
+    assert replay(scenarios.ring_wrap_reclaim(), report.reproducer).failure is None
 
 
 def test_head_before_length_producer_is_found_with_a_reproducer() -> None:
@@ -114,7 +115,7 @@ def test_head_before_length_producer_is_found_with_a_reproducer() -> None:
     report = explore_bounded(scenario, preemptions=1)
     _assert_found(report)
     assert "frame length=0" in report.failure  # a frame below head that is not published
-    again = run_schedule(scenario, _prefix(scenario, report.reproducer))
+    again = replay(scenario, report.reproducer)
     assert again.failure is not None and "frame length=0" in again.failure
 
 
@@ -122,11 +123,6 @@ def test_random_schedules_find_the_copy_after_unlock_reader_too() -> None:
     scenario = scenarios.ring_wrap_reclaim(reader_class=CopyAfterUnlockReader)
     report = explore_random(scenario, 400, depth=2, seed=1)
     _assert_found(report)
-
-
-def _prefix(scenario: interleave.Scenario, text: str) -> list[int]:
-    names = interleave._actor_names(scenario)
-    return [names.index(name) for name in Schedule.decode(text).names]
 
 
 # -- the current code holds ---------------------------------------------------------------
@@ -142,6 +138,18 @@ def test_every_schedule_with_one_preemption_keeps_every_promise(
 
 
 # -- the machinery itself ----------------------------------------------------------------
+
+
+def test_a_registered_scenario_prints_the_command_that_reruns_it() -> None:
+    scenario = interleave.scenario_named("ring_wrap_reclaim")
+    result = run_schedule(scenario)
+    result.failure = "planted"  # as if a check had failed: only the report's text is tested
+    message, text = interleave._describe(scenario, result, interleave._actor_names(scenario))
+    assert (
+        f"python -m shmring.fault_injection.interleave --scenario ring_wrap_reclaim "
+        f"--schedule '{text}'" in message
+    )
+    assert interleave.main(["--scenario", "ring_wrap_reclaim", "--schedule", text]) == 0
 
 
 def test_a_schedule_reruns_to_the_same_decisions() -> None:
