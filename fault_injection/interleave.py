@@ -296,8 +296,9 @@ class SchedulingOs(OsFacade):
 
     A blocking `flock` becomes non-blocking tries with a schedule point
     before each (the actor is not scheduled again until a lock was released),
-    and releasing a lock (LOCK_UN, close) is followed by one more point: code
-    that runs after a release, unprotected, is where ordering bugs hide.
+    and a call that hands something to the others (LOCK_UN, close, rename,
+    unlink) is followed by one more point: code that runs right after such a
+    release, unprotected, is where ordering bugs hide.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -332,6 +333,14 @@ class SchedulingOs(OsFacade):
         super().close(fd)
         self._scheduler.lock_released()  # closing may drop a lock
         self._scheduler.point("after close")
+
+    def rename(self, source: str, target: str) -> None:
+        super().rename(source, target)
+        self._scheduler.point("after rename")  # a name changed hands: others may act on it
+
+    def unlink(self, path: str) -> None:
+        super().unlink(path)
+        self._scheduler.point("after unlink")
 
 
 def _word_name(width: int, index: int) -> str:
@@ -702,11 +711,16 @@ BUDGETS: Final = {
 
 
 def run_interleavings(
-    budget: str, seed: int, progress: Callable[[int, int | None], None]
+    budget: str,
+    seed: int,
+    progress: Callable[[int, int | None], None],
+    scenarios: Sequence[Scenario] | None = None,
 ) -> dict[str, int]:
     """Every scenario: bounded exhaustive, then PCT; raises InterleavingFailure on a failure."""
     from shmring.fault_injection.interleave_scenarios import SCENARIOS
 
+    if scenarios is not None:
+        SCENARIOS = tuple(scenarios)  # noqa: N806 - the section's list, narrowed by a test
     preemptions, cap, random_schedules = BUDGETS[budget]
     counts: dict[str, int] = {}
     schedules = 0

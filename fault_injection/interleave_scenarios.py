@@ -173,6 +173,7 @@ class RingWorld:
         self.states: dict[int, int] = {}  # position -> state last seen, for [tail, head)
         self.head = self.tail = 0
         self.leases: list[tuple[Any, bytes]] = []  # (lease, its payload) while not released
+        self._snapshot: tuple[bytes, int] | None = None  # what the last check_step saw
         self.actors: list[tuple[str, Callable[[], None]]] = []
 
     # -- scripts' helpers -------------------------------------------------------------
@@ -265,6 +266,11 @@ class RingWorld:
         return RingState(RING_CAPACITY, head, tail, frames, closed)
 
     def check_step(self, label: str) -> None:
+        # Unchanged memory (most points are loads) was checked already.
+        snapshot = (bytes(self.view), len(self.leases))
+        if snapshot == self._snapshot:
+            return
+        self._snapshot = snapshot
         ring = self.decode()
         invariants.check_ring_positions(ring)
         invariants.check_ring_frames_tile(ring)
@@ -522,10 +528,13 @@ class FallbackWorld:
     EDGE: Final = ("a", "b")
     KEY: Final = "k"
 
-    def __init__(self, scheduler: Scheduler, readers: int) -> None:
+    def __init__(
+        self, scheduler: Scheduler, readers: int, claim_segment: Callable[..., Any] | None = None
+    ) -> None:
         from shmring.impl import fallback
 
         self.fallback = fallback
+        self.claim_segment = claim_segment or fallback.claim_segment
         self.directory = tempfile.mkdtemp(prefix="shmring-il-", dir=SHM_ROOT)
         self.os = SchedulingOs(scheduler)
         self.scheduler = scheduler
@@ -535,6 +544,7 @@ class FallbackWorld:
         )
         self.path = fallback.segment_path(self.directory, self.EDGE, self.KEY)
         self.readers = readers
+        self._snapshot: bytes | None = None
         self.put(0, scheduled=False)
         self.actors: list[tuple[str, Callable[[], None]]] = []
 
@@ -549,7 +559,7 @@ class FallbackWorld:
     def claim(self, who: str, *, retries: int = RETRIES) -> None:
         for attempt in range(retries + 1):
             self.scheduler.point("claim")
-            claim = self.fallback.claim_segment(
+            claim = self.claim_segment(
                 self.directory,
                 self.EDGE,
                 self.KEY,
@@ -574,6 +584,9 @@ class FallbackWorld:
             data = os.pread(fd, size, 0)
         finally:
             os.close(fd)
+        if data == self._snapshot:
+            return  # unchanged since the last check
+        self._snapshot = data
         problem, _owner, _generation, payload_length, checksum, _state = (
             self.fallback._check_segment(memoryview(data), size, self.KEY.encode())
         )
@@ -609,11 +622,11 @@ class FallbackWorld:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def fallback_handback() -> Scenario:
+def fallback_handback(claim_segment: Callable[..., Any] | None = None) -> Scenario:
     """Re-put of a kept file while two readers claim the key and hand its file back."""
 
     def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 2)
+        world = FallbackWorld(scheduler, 2, claim_segment)
 
         def producer() -> None:
             world.put(1)
@@ -627,22 +640,32 @@ def fallback_handback() -> Scenario:
         return world
 
     return Scenario(
-        "fallback_handback", build, "two claims of a kept segment against two re-puts reusing it"
+        _named_claim("fallback_handback", claim_segment),
+        build,
+        "two claims of a kept segment against two re-puts reusing it",
     )
 
 
-def fallback_claim_race() -> Scenario:
+def _named_claim(name: str, claim_segment: Callable[..., Any] | None) -> str:
+    return name if claim_segment is None else f"{name}[{claim_segment.__qualname__}]"
+
+
+def fallback_claim_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
     """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
 
     def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 1)
+        world = FallbackWorld(scheduler, 1, claim_segment)
         world.actors = [
             ("P", lambda: world.put(1)),
             ("R0", lambda: world.claim("R0", retries=1)),
         ]
         return world
 
-    return Scenario("fallback_claim_race", build, "a re-put against a claim and its hand-back")
+    return Scenario(
+        _named_claim("fallback_claim_race", claim_segment),
+        build,
+        "a re-put against a claim and its hand-back",
+    )
 
 
 # -- the arena: out-of-order release ------------------------------------------------------
@@ -653,7 +676,7 @@ class ArenaWorld:
 
     NBYTES: Final = 900  # 960-byte frames: four fill a 4 KiB arena
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, arena_class: type[Any] | None = None) -> None:
         import uuid
 
         import numpy as np
@@ -670,7 +693,7 @@ class ArenaWorld:
         self.registry = Registry(
             f"il{uuid.uuid4().hex[:12]}", SimulatedCudaDriver(), os_facade=self.os
         )
-        self.arena = RegisteredArena(self.registry, RING_CAPACITY)
+        self.arena = (arena_class or RegisteredArena)(self.registry, RING_CAPACITY)
         self.reader = ArenaReader(self.registry.directory, self.arena.name, self.os)
         self.descriptors: list[Any] = []
         self.fills: dict[int, int] = {}  # position -> the byte its payload is filled with
@@ -686,6 +709,7 @@ class ArenaWorld:
         self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
         self.view = memoryview(self._map)
         self.head = self.tail = 0
+        self._snapshot: tuple[bytes, int] | None = None
 
     def put(self, *, scheduled: bool = True, retries: int = RETRIES) -> None:
         from shmring.impl.arena import ArenaFrameDescriptor
@@ -719,6 +743,10 @@ class ArenaWorld:
 
     def check_step(self, label: str) -> None:
         view = self.view
+        snapshot = (bytes(view), sum(array is not None for array, _ in self.views))
+        if snapshot == self._snapshot:
+            return  # unchanged memory was checked already
+        self._snapshot = snapshot
         tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
         head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
         frames = []
@@ -772,11 +800,11 @@ class ArenaWorld:
         self.registry.close()
 
 
-def arena_out_of_order() -> Scenario:
+def arena_out_of_order(arena_class: type[Any] | None = None) -> Scenario:
     """Frames borrowed 1, 2, 3 and dropped 3, 1, 2 while the producer puts into the space."""
 
     def build(scheduler: Scheduler) -> ArenaWorld:
-        world = ArenaWorld(scheduler)
+        world = ArenaWorld(scheduler, arena_class)
 
         def reader() -> None:
             for index in range(3):
@@ -791,7 +819,12 @@ def arena_out_of_order() -> Scenario:
         world.actors = [("P", producer), ("R0", reader)]
         return world
 
-    return Scenario("arena_out_of_order", build, "arena leases dropped out of order under puts")
+    name = (
+        "arena_out_of_order"
+        if arena_class is None
+        else f"arena_out_of_order[{arena_class.__name__}]"
+    )
+    return Scenario(name, build, "arena leases dropped out of order under puts")
 
 
 SCENARIOS: Final = (

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shmring import campaign
 from shmring.fault_injection import interleave
 from shmring.fault_injection import interleave_scenarios as scenarios
 from shmring.fault_injection.interleave import (
@@ -29,22 +30,32 @@ from shmring.fault_injection.interleave import (
     replay,
     run_schedule,
 )
-from shmring.impl import channel as channel_module
+from shmring.impl import arena as arena_module
+from shmring.impl import fallback as fallback_module
 from shmring.impl.channel import RingChannel, RingReader
 from shmring.impl.frame_io import SharedWords
 
 # -- mutants -------------------------------------------------------------------------
 
 
-def _reordered(function: Callable[..., Any], edits: list[tuple[str, str]]) -> Any:
-    """`function` recompiled in its module with each `old` line replaced by `new` (once each)."""
-    source = inspect.getsource(function)  # a method: indented, compiled under `if True:`
+def _reordered(
+    function: Callable[..., Any],
+    edits: list[tuple[str, str]],
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """`function` recompiled with each `old` text replaced by `new` (each found once).
+
+    It runs in a copy of its module's globals with `overrides` in it, so a
+    mutant can call another mutant; the module itself is never touched.
+    """
+    source = inspect.getsource(function)
     for old, new in edits:
         assert source.count(old) == 1, f"the mutant no longer matches the code: {old!r}"
         source = source.replace(old, new)
-    namespace: dict[str, Any] = {}
-    code = compile("if True:\n" + source, f"<mutant of {function.__qualname__}>", "exec")
-    exec(code, vars(channel_module), namespace)
+    if source[0].isspace():  # a method: compile its indented block under `if True:`
+        source = "if True:\n" + source
+    namespace = {**function.__globals__, **(overrides or {})}
+    exec(compile(source, f"<mutant of {function.__qualname__}>", "exec"), namespace)
     return namespace[function.__name__]
 
 
@@ -89,6 +100,43 @@ class HeadBeforeLengthChannel(RingChannel):
     )
 
 
+class ClaimedFramesReclaimedArena(arena_module.RegisteredArena):
+    """Reclaims over frames a receiver still holds (CLAIMED) as if they were done."""
+
+    reclaim = _reordered(
+        arena_module.RegisteredArena.reclaim,
+        [
+            (
+                "header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES",
+                "header.frame_type == PADDING_FRAME_TYPE or header.state != FRAME_STATE_PUBLISHED",
+            )
+        ],
+    )
+
+
+# A reader that takes the segment's name away (hands the file back) before it decodes.
+_claim_locked_commit_first = _reordered(
+    fallback_module._claim_locked,
+    [
+        (
+            "            handed_back = _commit(path, state, producer, frame_generation, os_facade)\n",
+            "",
+        ),
+        (
+            "                try:\n                    value = decode(payload)\n",
+            "                handed_back = _commit(path, state, producer, frame_generation, os_facade)\n"
+            "                try:\n                    value = decode(payload)\n",
+        ),
+    ],
+)
+
+
+# ... and `claim_segment` calling it.
+commit_before_decode_claim = _reordered(
+    fallback_module.claim_segment, [], {"_claim_locked": _claim_locked_commit_first}
+)
+
+
 def _assert_found(report: interleave.Report) -> None:
     assert report.failure is not None, f"{report.mode}: {report.schedules} schedules, none failed"
     assert report.reproducer is not None
@@ -119,6 +167,21 @@ def test_head_before_length_producer_is_found_with_a_reproducer() -> None:
     assert again.failure is not None and "frame length=0" in again.failure
 
 
+def test_arena_reclaiming_a_claimed_frame_is_found() -> None:
+    scenario = scenarios.arena_out_of_order(ClaimedFramesReclaimedArena)
+    report = explore_bounded(scenario, preemptions=1)
+    _assert_found(report)
+    assert "changed" in report.failure  # the bytes of a live borrowed frame
+
+
+def test_fallback_commit_before_decode_is_found() -> None:
+    scenario = scenarios.fallback_claim_race(commit_before_decode_claim)
+    report = explore_bounded(scenario, preemptions=2)
+    _assert_found(report)
+    again = replay(scenario, report.reproducer)
+    assert again.failure is not None
+
+
 def test_random_schedules_find_the_copy_after_unlock_reader_too() -> None:
     scenario = scenarios.ring_wrap_reclaim(reader_class=CopyAfterUnlockReader)
     report = explore_random(scenario, 400, depth=2, seed=1)
@@ -138,6 +201,20 @@ def test_every_schedule_with_one_preemption_keeps_every_promise(
 
 
 # -- the machinery itself ----------------------------------------------------------------
+
+
+def test_the_check_section_counts_schedules_and_fails_with_the_reproducer() -> None:
+    assert "interleavings" in campaign.SECTIONS and "interleavings" in campaign.RUNNERS
+    seen: list[tuple[int, int | None]] = []
+    counts = interleave.run_interleavings(
+        "quick", 0, lambda done, total: seen.append((done, total)), [scenarios.ring_publish()]
+    )
+    assert counts["schedules"] == counts["ring_publish schedules"] > 1
+    assert counts["scenarios exhaustive to k=1"] == 1 and counts["schedules/s"] > 0
+    assert seen[-1] == (1, 1)
+    broken = scenarios.ring_publish(channel_class=HeadBeforeLengthChannel)
+    with pytest.raises(interleave.InterleavingFailure, match=r"schedule: P\*"):
+        interleave.run_interleavings("quick", 0, lambda done, total: None, [broken])
 
 
 def test_a_registered_scenario_prints_the_command_that_reruns_it() -> None:
