@@ -201,13 +201,27 @@ class RingWorld:
         *,
         mode: ConsumeMode = ConsumeMode.COPY_OUT,
         retries: int = RETRIES,
+        descriptor: tuple[int, bytes] | None = None,
     ) -> Any:
-        """Get until delivered; BUSY and NOT_FOUND are retried after a yield."""
+        """Get until delivered; BUSY and NOT_FOUND are retried after a yield.
+
+        `descriptor` (position, the payload put there): a get of exactly that
+        frame, which must deliver exactly those bytes or answer STALE.
+        """
         scheduler = self.os._scheduler
+        position = None if descriptor is None else descriptor[0]
         for attempt in range(retries + 1):
-            scheduler.point(f"get {key}")
-            received = reader.get(key, mode=mode)
+            scheduler.point(f"get {key}" + ("" if position is None else f"@{position}"))
+            received = reader.get(key, position, mode=mode)
+            if received.status is ReceiveStatus.STALE:
+                break  # final: the descriptor's frame is gone for good
             if received.status is ReceiveStatus.DELIVERED:
+                if descriptor is not None:
+                    _require(
+                        received.position == position and received.payload == descriptor[1],
+                        f"{who}'s descriptor get of {key!r}@{position} delivered the frame at "
+                        f"{received.position}: {received.payload[:16]!r}",
+                    )
                 if mode is ConsumeMode.LEASE:
                     lease = received.payload
                     payload = bytes(lease.view)
@@ -498,12 +512,73 @@ def _check_cancel_close(world: RingWorld) -> None:
     world.log.check()
 
 
+def ring_descriptor(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """A descriptor get of k0's first version against a re-put and a get by key."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
+        )
+        r0, r1 = world.readers
+        first = (0, payload_for("k0", 0))  # k0 v0 was preloaded at position 0
+
+        def producer() -> None:
+            world.put("k0", 1)
+            world.put("k2", 0)
+
+        world.actors = [
+            ("P", producer),
+            ("R0", lambda: world.get("R0", r0, "k0", descriptor=first, retries=1)),
+            ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
+        ]
+        return world
+
+    return Scenario(
+        _named("ring_descriptor", channel_class, reader_class),
+        build,
+        "a descriptor get of k0 v0 against its re-put and a get by key",
+    )
+
+
+def ring_lap(
+    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
+) -> Scenario:
+    """A slow reader's index names k0 while a fast one takes it and k4 is written over it."""
+
+    def build(scheduler: Scheduler) -> RingWorld:
+        world = RingWorld(
+            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=4
+        )
+        fast, slow = world.readers
+
+        def slow_reader() -> None:
+            world.get("R1", slow, "k1", retries=0)  # indexes k0..k3 first
+            world.get("R1", slow, "k0", retries=0)  # k0 may be gone, and k4 over it
+
+        world.actors = [
+            ("P", lambda: world.put("k4", 0)),
+            ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
+            ("R1", slow_reader),
+        ]
+        return world
+
+    return Scenario(
+        _named("ring_lap", channel_class, reader_class),
+        build,
+        "a slow reader's index against a fast reader and a producer lapping the ring",
+    )
+
+
 RING_SCENARIOS: Final = (
     ring_claim_race,
     ring_publish,
     ring_wrap_reclaim,
     ring_lease_release,
     ring_cancel_close,
+    ring_descriptor,
+    ring_lap,
 )
 
 
@@ -833,6 +908,8 @@ SCENARIOS: Final = (
     ring_wrap_reclaim(),
     ring_lease_release(),
     ring_cancel_close(),
+    ring_descriptor(),
+    ring_lap(),
     fallback_claim_race(),
     fallback_handback(),
     arena_out_of_order(),
