@@ -132,9 +132,9 @@ class Deliveries:
             self.check_payload(key, payload, f"{who} delivered")
             _require(payload not in seen, f"{who} delivered {key!r} {payload[:12]!r} twice")
             seen.add(payload)
-        for key, payload in self.live.items():
-            if payload is not None:
-                _require(payload in seen, f"the newest version of {key!r} was never delivered")
+        for key, newest in self.live.items():
+            if newest is not None:
+                _require(newest in seen, f"the newest version of {key!r} was never delivered")
 
 
 class RingWorld:
@@ -174,7 +174,9 @@ class RingWorld:
         self.head = self.tail = 0
         self.leases: list[tuple[Any, bytes]] = []  # (lease, its payload) while not released
         self._snapshot: tuple[bytes, int] | None = None  # what the last check_step saw
-        self.actors: list[tuple[str, Callable[[], None]]] = []
+        self.closed_retired = 0  # ring_cancel_close: what the producer's close answered
+        self.live_at_close: list[str] = []  # ring_cancel_close: keys live when it closed
+        self.actors: list[tuple[str, Callable[[], object]]] = []
 
     # -- scripts' helpers -------------------------------------------------------------
 
@@ -202,6 +204,7 @@ class RingWorld:
         mode: ConsumeMode = ConsumeMode.COPY_OUT,
         retries: int = RETRIES,
         descriptor: tuple[int, bytes] | None = None,
+        decode: Callable[[memoryview], Any] | None = None,
     ) -> Any:
         """Get until delivered; BUSY and NOT_FOUND are retried after a yield.
 
@@ -212,7 +215,7 @@ class RingWorld:
         position = None if descriptor is None else descriptor[0]
         for attempt in range(retries + 1):
             scheduler.point(f"get {key}" + ("" if position is None else f"@{position}"))
-            received = reader.get(key, position, mode=mode)
+            received = reader.get(key, position, mode=mode, decode=decode)
             if received.status is ReceiveStatus.STALE:
                 break  # final: the descriptor's frame is gone for good
             if received.status is ReceiveStatus.DELIVERED:
@@ -247,7 +250,7 @@ class RingWorld:
         tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
         head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
         closed = _U32.unpack_from(view, RING_STATE_OFFSET)[0] == RING_STATE_CLOSED
-        frames = []
+        frames: list[Frame] = []
         position = tail
         while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
             offset = RING_HEADER_LENGTH + position % RING_CAPACITY
@@ -361,7 +364,8 @@ def ring_claim_race(
         world.actors = [
             ("P", lambda: world.put("k0", 1)),
             ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
-            ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
+            # R1 decodes in place under the lock (the connector's path).
+            ("R1", lambda: world.get("R1", r1, "k0", retries=1, decode=bytes)),
         ]
         return world
 
@@ -498,8 +502,8 @@ def _check_cancel_close(world: RingWorld) -> None:
     ring = world.decode()
     invariants.check_ring_closed_holds_nothing(ring)
     delivered = {key for _, key, _ in world.log.delivered}
-    retired_by_close = getattr(world, "closed_retired", 0)
-    live_at_close = getattr(world, "live_at_close", [])
+    retired_by_close = world.closed_retired
+    live_at_close = world.live_at_close
     undelivered_live = [key for key in live_at_close if key not in delivered]
     _require(
         retired_by_close == len(undelivered_live),
@@ -621,7 +625,7 @@ class FallbackWorld:
         self.readers = readers
         self._snapshot: bytes | None = None
         self.put(0, scheduled=False)
-        self.actors: list[tuple[str, Callable[[], None]]] = []
+        self.actors: list[tuple[str, Callable[[], object]]] = []
 
     def put(self, version: int, *, scheduled: bool = True) -> None:
         payload = payload_for(self.KEY, version)
@@ -672,6 +676,9 @@ class FallbackWorld:
         self.log.check_payload(self.KEY, payload, "the segment at its name")
 
     def check_end(self) -> None:
+        self.check_end_common()
+
+    def check_end_common(self) -> None:
         self.check_step("end")
         while True:
             claim = self.fallback.claim_segment(
@@ -743,6 +750,38 @@ def fallback_claim_race(claim_segment: Callable[..., Any] | None = None) -> Scen
     )
 
 
+def fallback_retire_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+    """The producer retires its segment (a cleanup) while a reader claims it: exactly one wins."""
+
+    def build(scheduler: Scheduler) -> FallbackWorld:
+        world = FallbackWorld(scheduler, 1, claim_segment)
+
+        def producer() -> None:
+            scheduler.point("fallback retire")
+            if world.writer.retire(world.EDGE, world.KEY):
+                world.log.retired(world.KEY)
+
+        world.actors = [("P", producer), ("R0", lambda: world.claim("R0", retries=1))]
+        world.check_end = lambda: _check_retire_race(world)  # type: ignore[method-assign]
+        return world
+
+    return Scenario(
+        _named_claim("fallback_retire_race", claim_segment),
+        build,
+        "a cleanup's retire against a claim of the same segment",
+    )
+
+
+def _check_retire_race(world: FallbackWorld) -> None:
+    retired = world.log.live.get(world.KEY) is None
+    delivered = [payload for _, _, payload in world.log.delivered]
+    _require(
+        len(delivered) + retired == 1,
+        f"retired={retired} and delivered {len(delivered)} times: exactly one may win",
+    )
+    world.check_end_common()
+
+
 # -- the arena: out-of-order release ------------------------------------------------------
 
 
@@ -778,7 +817,7 @@ class ArenaWorld:
         install_words(self.reader, scheduler)
         self.views: list[tuple[Any, int]] = []  # (borrowed array, its fill byte)
         self.released = 0
-        self.actors: list[tuple[str, Callable[[], None]]] = []
+        self.actors: list[tuple[str, Callable[[], object]]] = []
         path = os.path.join(self.registry.directory, self.arena.name)
         self._fd = os.open(path, os.O_RDONLY)
         self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
@@ -824,7 +863,7 @@ class ArenaWorld:
         self._snapshot = snapshot
         tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
         head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
-        frames = []
+        frames: list[Frame] = []
         position = tail
         while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
             offset = RING_HEADER_LENGTH + position % RING_CAPACITY
@@ -912,5 +951,6 @@ SCENARIOS: Final = (
     ring_lap(),
     fallback_claim_race(),
     fallback_handback(),
+    fallback_retire_race(),
     arena_out_of_order(),
 )
