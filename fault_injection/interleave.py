@@ -8,8 +8,9 @@ threads of one process over one real mapping, and only one thread holds the
 baton at a time: every call of the OS seam (`SchedulingOs._enter`) and every
 load or store of a shared word (`ScheduledWords`, which replaces a channel's
 `SharedWords`) is a schedule point where the explorer picks who runs next.
-Nothing in `impl` changes: the two substitutions go where a fault plan's
-facade goes, so a production object without them pays nothing.
+Nothing in `impl` changes: the facade goes in where a fault plan's goes
+(the `os_facade` argument) and the words replace the object's `_words`
+(`install_words`), so a production object, which has neither, pays nothing.
 
 Exploration is CHESS's iterative context bounding: a depth-first walk of
 the schedule tree by re-execution, every schedule with at most `k`
@@ -22,8 +23,10 @@ Larger scenarios take PCT-style random schedules (random actor priorities,
 `depth - 1` random priority drops).
 
 A schedule is a list of decisions, one per schedule point: the actor that
-runs next. `Schedule.encode` writes it as runs (`P3.R0x2` is "P for 3 steps,
-then R0 for 2"); `replay(scenario, text)` reruns it. See docs/interleavings.md.
+runs next. `Schedule.encode` writes it as runs (`P*3 R0*2` is "P for 3
+steps, then R0 for 2"); `replay(scenario, text)` reruns it, and so does
+`python -m shmring.fault_injection.interleave --scenario NAME --schedule
+TEXT`. Scenarios live in `interleave_scenarios`; see docs/interleavings.md.
 """
 
 from __future__ import annotations
@@ -401,7 +404,7 @@ class ScheduledWords(SharedWords):
 
     __slots__ = ("_inner",)
 
-    def __init__(self, inner: SharedWords, scheduler: Scheduler) -> None:  # noqa: D107
+    def __init__(self, inner: SharedWords, scheduler: Scheduler) -> None:
         self._inner = inner
         self.u16 = _ScheduledItems(inner.u16, 2, scheduler.point)  # type: ignore[assignment]
         self.u32 = _ScheduledItems(inner.u32, 4, scheduler.point)  # type: ignore[assignment]
