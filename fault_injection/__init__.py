@@ -7,6 +7,9 @@
   (`run_faults`, `run_crash`, `run_fuzz`).
 * `crash`: SIGKILL at named points; `fuzz`: corrupted bytes and forged input;
   `tmpfs`: real ENOSPC in a private mount namespace.
+* `interleave` / `interleave_scenarios`: producer and readers as cooperative
+  actors over one real mapping, every schedule up to a preemption bound
+  (`run_interleavings`; docs/interleavings.md).
 
 docs/faults.md is the catalogue and the reader's guide.
 """
