@@ -139,11 +139,27 @@ class TransferStreams:
             self._pending.pop(0)
 
 
+@dataclass(frozen=True)
+class CopyStatistics:
+    """What a driver's copies did: the evidence that a transfer took the asynchronous, registered way."""
+
+    copies_started: int  # copy_to_host calls that started a copy
+    # Of those, copies whose destination was page-locked (registered) host
+    # memory when the copy started: only these run asynchronously (a
+    # `non_blocking` copy into pageable memory is synchronous) and at full speed.
+    copies_into_page_locked: int
+    streams: int  # transfer streams made so far (one per source device)
+
+
 class CudaDriver(abc.ABC):
     """What the transport needs from CUDA. Every method raises `RegistrationError` on failure."""
 
     #: Whether `copy_to_host` takes CPU tensors as sources (only the simulation does).
     accepts_host_sources: bool = False
+
+    @abc.abstractmethod
+    def copy_statistics(self) -> CopyStatistics:
+        """Counters of the copies made through this driver."""
 
     @abc.abstractmethod
     def host_register(self, address: int, length: int) -> None:
@@ -197,6 +213,15 @@ class CudaRuntimeDriver(CudaDriver):
         )
         self._streams.stream_for(self._device)  # the driver's own device first
         self._streams.synchronize()
+        self._copies = 0
+        self._copies_pinned = 0
+
+    def copy_statistics(self) -> CopyStatistics:
+        return CopyStatistics(
+            copies_started=self._copies,
+            copies_into_page_locked=self._copies_pinned,
+            streams=len(self.streams.devices()),
+        )
 
     @property
     def device(self) -> Any:
@@ -228,8 +253,11 @@ class CudaRuntimeDriver(CudaDriver):
             # The stream of the source's device: torch runs the copy there.
             stream = self.streams.stream_for(src.device)
             stream.wait_stream(torch.cuda.current_stream(src.device))
+            pinned = dst.is_pinned()  # registered memory reads as pinned to torch
             with torch.cuda.stream(stream):
                 dst.copy_(src, non_blocking=True)
+            self._copies += 1
+            self._copies_pinned += int(pinned)
         except RuntimeError as exc:  # torch reports CUDA failures as RuntimeError subclasses
             name = torch_cuda_error_name(exc, self._runtime)
             raise driver_error(CALL_COPY_TO_HOST, name, str(exc)) from exc
@@ -316,6 +344,8 @@ class SimulatedDriverStatistics:
 @dataclass
 class _Counters:
     calls: int = 0
+    started: int = 0
+    started_registered: int = 0
     copies: int = 0
     copies_into_registered: int = 0
     injected_failures: int = 0
@@ -450,6 +480,15 @@ class SimulatedCudaDriver(CudaDriver):
             )
         registered = bool(dst.numel()) and self._containing(dst.data_ptr()) is not None
         self.streams.stream_for(src.device).queued.append((dst, src, registered))
+        self._counters.started += 1
+        self._counters.started_registered += int(registered)
+
+    def copy_statistics(self) -> CopyStatistics:
+        return CopyStatistics(
+            copies_started=self._counters.started,
+            copies_into_page_locked=self._counters.started_registered,
+            streams=len(self.streams.devices()),
+        )
 
     def synchronize(self) -> None:
         try:
@@ -510,6 +549,7 @@ __all__ = [
     "RUNTIME_NAMES",
     "CUDA_ERROR_INSUFFICIENT_DRIVER",
     "CUDA_PYTHON_REQUIREMENT",
+    "CopyStatistics",
     "CudaDriver",
     "CudaRuntimeDriver",
     "PlannedFault",
