@@ -25,7 +25,6 @@ from shmring.impl.transfer import (
     TransferReceiver,
     TransferSender,
 )
-from shmring.impl.video import encode_rgb_to_mp4
 from shmring.model_tests.registration_machine import DriverMachine, RegistryMachine, profile
 from shmring.spec import registration as spec
 
@@ -161,6 +160,9 @@ def test_copy_waits_for_work_queued_on_the_producer_stream(scope: str) -> None:
 
 
 def test_gpu_video_pipeline_matches_cpu_encoding(scope: str) -> None:
+    pytest.importorskip("av", reason="the video encoder needs PyAV")
+    from shmring.impl.video import encode_rgb_to_mp4  # PyAV costs only this test
+
     frames = torch.randint(0, 256, (4, 48, 64, 3), dtype=torch.uint8)
     options = TransferOptions(enable_registered_shm=True, enable_borrowed_frames=True)
     with TransferSender(scope, options) as sender, TransferReceiver(scope, options) as receiver:
