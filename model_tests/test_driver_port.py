@@ -293,3 +293,81 @@ def test_host_gather_of_a_strided_source_equals_torch_copy(make: Any) -> None:
     dst = torch.full(source.shape, 99, dtype=source.dtype)
     gather_through_host(dst, source)
     assert torch.equal(dst, source)
+
+
+class FakeCudaStream:
+    """What `CudaRuntimeDriver` asks of a torch CUDA stream, recorded."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.waited_for: list[Any] = []
+        self.synchronized = 0
+
+    def wait_stream(self, other: Any) -> None:
+        self.waited_for.append(other)
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+
+class FakeTorchCuda:
+    """torch.cuda as far as the real driver's copy uses it: current streams and the stream context."""
+
+    def __init__(self) -> None:
+        self.current: list[Any] = []  # the stream context entered, in order
+
+    def current_stream(self, device: Any) -> str:
+        return f"current stream of {device}"
+
+    def stream(self, stream: FakeCudaStream) -> Any:
+        import contextlib
+
+        self.current.append(stream)
+        return contextlib.nullcontext()
+
+
+class FakeSource:
+    """A tensor on some device: only what the driver reads of it."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+
+class FakeDestination:
+    def __init__(self) -> None:
+        self.copied_from: list[tuple[Any, bool]] = []
+
+    def is_pinned(self) -> bool:
+        return True
+
+    def copy_(self, src: Any, non_blocking: bool = False) -> None:
+        self.copied_from.append((src, non_blocking))
+
+
+def test_real_driver_copies_on_the_stream_of_the_source_device() -> None:
+    """Issue 9, the real driver's code (torch behind its seam): a tensor from another GPU
+    gets that GPU's stream, ordered after that GPU's current stream, and synchronize
+    waits for both streams."""
+    from types import SimpleNamespace
+
+    from shmring.impl.cuda_driver import CudaRuntimeDriver
+
+    cuda = FakeTorchCuda()
+    driver = object.__new__(CudaRuntimeDriver)  # no device here: build it around the seam
+    driver._torch = SimpleNamespace(cuda=cuda)
+    driver._runtime = None
+    driver._device = "cuda:0"
+    driver._streams = TransferStreams(FakeCudaStream)
+    driver._copies = driver._copies_pinned = 0
+    dst = FakeDestination()
+    driver.copy_to_host(dst, FakeSource("cuda:0"))  # type: ignore[arg-type]
+    driver.copy_to_host(dst, FakeSource("cuda:1"))  # type: ignore[arg-type]
+    first, second = driver.streams.existing("cuda:0"), driver.streams.existing("cuda:1")
+    assert cuda.current == [first, second]  # each copy ran inside its device's stream
+    assert first.waited_for == ["current stream of cuda:0"]
+    assert second.waited_for == ["current stream of cuda:1"]
+    assert [blocking for _, blocking in dst.copied_from] == [True, True]  # non_blocking
+    driver.synchronize()
+    assert first.synchronized == 1 and second.synchronized == 1
+    stats = driver.copy_statistics()
+    assert stats.copies_started == 2 == stats.copies_into_page_locked and stats.streams == 2
