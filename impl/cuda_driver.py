@@ -21,9 +21,9 @@ machine without a GPU. So the transport talks to CUDA only through a
   copies with torch on the CPU, and can be told to fail any call: the first,
   the nth, or every matching one. Its copies are asynchronous like the real
   ones: queued on the source device's stream, they land at `synchronize`, so
-  a caller that publishes before synchronizing is caught on a CPU too. It follows the driver part of
-  `shmring.spec.registration` (a lockstep test checks it), and the same test
-  runs against the real driver on a GPU.
+  a caller that publishes before synchronizing is caught on a CPU too. It
+  follows the driver part of `shmring.spec.registration` (a lockstep test
+  checks it), and the same test runs against the real driver on a GPU.
 
 Calls are named by the constants of `shmring.spec.registration`
 (`CALL_HOST_REGISTER`, ...), which fault plans use too.
