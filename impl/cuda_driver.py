@@ -7,16 +7,23 @@ machine without a GPU. So the transport talks to CUDA only through a
 `CudaDriver` object, the CUDA twin of `os_seam.OsFacade`:
 
 * `CudaRuntimeDriver` is the real one, on cuda-python's runtime bindings
-  (`cuda.bindings.runtime`, imported on first use) plus torch for the copy on
-  a dedicated stream. A failed call raises `RegistrationError` carrying the
-  CUDA error name (`cudaErrorHostMemoryNotRegistered`, ...).
+  (`cuda.bindings.runtime`, imported when a driver is made, so this module
+  loads without cuda-python; a missing one is a `ConfigurationError`) plus
+  torch for the copy, on one transfer stream per source device. A failed
+  call raises `RegistrationError` carrying the CUDA error name
+  (`cudaErrorHostMemoryNotRegistered`, ...); where torch reports a failure
+  only as text, the name is looked up from the runtime's own error strings,
+  and where none matches the error says the name is unknown
+  (`cuda_error=None`) instead of guessing.
 * `SimulatedCudaDriver` keeps the registered ranges itself and answers like
   the real driver (overlap -> `cudaErrorHostMemoryAlreadyRegistered`, unknown
   base -> `cudaErrorHostMemoryNotRegistered`, empty -> `cudaErrorInvalidValue`),
   copies with torch on the CPU, and can be told to fail any call: the first,
-  the nth, or every matching one. It follows the driver part of
-  `shmring.spec.registration` (a lockstep test checks it), and the same test
-  runs against the real driver on a GPU.
+  the nth, or every matching one. Its copies are asynchronous like the real
+  ones: queued on the source device's stream, they land at `synchronize`, so
+  a caller that publishes before synchronizing is caught on a CPU too. It
+  follows the driver part of `shmring.spec.registration` (a lockstep test
+  checks it), and the same test runs against the real driver on a GPU.
 
 Calls are named by the constants of `shmring.spec.registration`
 (`CALL_HOST_REGISTER`, ...), which fault plans use too.
@@ -26,8 +33,9 @@ from __future__ import annotations
 
 import abc
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from shmring.impl.errors import ConfigurationError, RegistrationError
 from shmring.spec.registration import (
@@ -38,6 +46,7 @@ from shmring.spec.registration import (
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_UNKNOWN,
     CUDA_SUCCESS,
     DRIVER_CALLS,
@@ -56,10 +65,90 @@ RUNTIME_NAMES = {
 }
 
 
-def driver_error(call: str, cuda_error: str, detail: str = "") -> RegistrationError:
-    """The typed error a failed driver call raises; the message names the runtime call."""
+# The driver is older than the runtime the bindings were built for: the
+# registered path cannot work in this process, the copying path can.
+CUDA_ERROR_INSUFFICIENT_DRIVER: Final = "cudaErrorInsufficientDriver"
+# cuda.bindings appeared in cuda-python 12.6.1; older releases have only `cuda.cudart`.
+CUDA_PYTHON_REQUIREMENT: Final = "cuda-python>=12.6.1"
+
+
+def driver_error(call: str, cuda_error: str | None, detail: str = "") -> RegistrationError:
+    """The typed error a failed driver call raises; the message names the runtime call.
+
+    `cuda_error=None` says the CUDA error name is unknown (torch gave text no
+    runtime error string matches); the message says so rather than guess.
+    """
     suffix = f" ({detail})" if detail else ""
-    return RegistrationError(f"{RUNTIME_NAMES[call]} failed: {cuda_error}{suffix}", cuda_error)
+    name = cuda_error if cuda_error is not None else "CUDA error name unknown"
+    return RegistrationError(f"{RUNTIME_NAMES[call]} failed: {name}{suffix}", cuda_error)
+
+
+def load_runtime() -> Any:
+    """`cuda.bindings.runtime`, or ConfigurationError naming the requirement when it is missing."""
+    try:
+        from cuda.bindings import runtime
+    except ImportError as error:
+        raise ConfigurationError(
+            f"the registered transfer path needs {CUDA_PYTHON_REQUIREMENT} "
+            f"(cuda.bindings): {type(error).__name__}: {error}"
+        ) from error
+    return runtime
+
+
+class TransferStreams:
+    """One transfer stream per source device, and the ones used since the last synchronize.
+
+    torch runs a device-to-host copy on a stream of the *source's* device, so
+    a copy from a second GPU on the first GPU's stream would not be ordered
+    by that stream: `synchronize` would return, and the mapping be
+    unregistered and published, while the DMA still writes. So every device
+    gets its own stream, made on first use, and `synchronize` waits for every
+    stream a copy went to. Both drivers keep their streams here.
+    """
+
+    def __init__(self, make_stream: Callable[[Any], Any]) -> None:
+        self._make_stream = make_stream
+        self._streams: dict[Any, Any] = {}  # device -> its transfer stream
+        self._pending: list[Any] = []  # devices with copies since the last synchronize, in order
+
+    def stream_for(self, device: Any) -> Any:
+        """The transfer stream of `device` (made on first use); it now counts as pending."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = self._make_stream(device)
+        if device not in self._pending:
+            self._pending.append(device)
+        return stream
+
+    def existing(self, device: Any) -> Any:
+        """The transfer stream `device` already has (KeyError if none); changes nothing."""
+        return self._streams[device]
+
+    def devices(self) -> list[Any]:
+        """Every device that has a transfer stream."""
+        return list(self._streams)
+
+    def pending(self) -> list[Any]:
+        """The devices whose streams took a copy since the last complete synchronize."""
+        return list(self._pending)
+
+    def synchronize(self) -> None:
+        """Wait for every pending stream; one that raises stays pending (and so do the rest)."""
+        while self._pending:
+            self._streams[self._pending[0]].synchronize()
+            self._pending.pop(0)
+
+
+@dataclass(frozen=True)
+class CopyStatistics:
+    """What a driver's copies did: the evidence that a transfer took the asynchronous, registered way."""
+
+    copies_started: int  # copy_to_host calls that started a copy
+    # Of those, copies whose destination was page-locked (registered) host
+    # memory when the copy started: only these run asynchronously (a
+    # `non_blocking` copy into pageable memory is synchronous) and at full speed.
+    copies_into_page_locked: int
+    streams: int  # transfer streams made so far (one per source device)
 
 
 class CudaDriver(abc.ABC):
@@ -67,6 +156,10 @@ class CudaDriver(abc.ABC):
 
     #: Whether `copy_to_host` takes CPU tensors as sources (only the simulation does).
     accepts_host_sources: bool = False
+
+    @abc.abstractmethod
+    def copy_statistics(self) -> CopyStatistics:
+        """Counters of the copies made through this driver."""
 
     @abc.abstractmethod
     def host_register(self, address: int, length: int) -> None:
@@ -92,18 +185,19 @@ class CudaRuntimeDriver(CudaDriver):
     """CUDA through cuda-python's runtime bindings, and torch for the copy.
 
     One runtime (the CUDA runtime API, sharing torch's primary context). The
-    copy is a `non_blocking` `copy_` on a dedicated stream that first waits
-    for the device's current stream, so the source is complete; the caller
-    synchronizes before anything is published.
+    copy is a `non_blocking` `copy_` on the transfer stream of the source's
+    device (`TransferStreams`), which first waits for that device's current
+    stream, so the source is complete; the caller synchronizes (every stream
+    used) before anything is published.
     """
 
     accepts_host_sources = False
-    _stream: Any = None
+    _streams: TransferStreams | None = None
 
     def __init__(self, device: int | None = None, flags: int | None = None) -> None:
         import torch
-        from cuda.bindings import runtime  # imported here: the module must load without CUDA
 
+        runtime = load_runtime()  # here, not at import: the module must load without cuda-python
         if not torch.cuda.is_available():
             raise ConfigurationError(
                 "CudaRuntimeDriver needs a CUDA device: torch.cuda.is_available()=False"
@@ -114,7 +208,30 @@ class CudaRuntimeDriver(CudaDriver):
             "cuda", torch.cuda.current_device() if device is None else device
         )
         self._flags = runtime.cudaHostRegisterDefault if flags is None else flags
-        self._stream = torch.cuda.Stream(device=self._device)  # type: ignore[no-untyped-call]
+        self._streams = TransferStreams(
+            lambda dev: torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
+        )
+        self._streams.stream_for(self._device)  # the driver's own device first
+        self._streams.synchronize()
+        self._copies = 0
+        self._copies_pinned = 0
+
+    def copy_statistics(self) -> CopyStatistics:
+        return CopyStatistics(
+            copies_started=self._copies,
+            copies_into_page_locked=self._copies_pinned,
+            streams=len(self.streams.devices()),
+        )
+
+    @property
+    def device(self) -> Any:
+        """The device the driver was made for (copies from other devices get their own stream)."""
+        return self._device
+
+    @property
+    def streams(self) -> TransferStreams:
+        assert self._streams is not None
+        return self._streams
 
     def _check(self, call: str, result: Any, detail: str) -> None:
         error = result[0] if isinstance(result, tuple) else result
@@ -133,25 +250,67 @@ class CudaRuntimeDriver(CudaDriver):
     def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         torch = self._torch
         try:
-            self._stream.wait_stream(torch.cuda.current_stream(src.device))
-            with torch.cuda.stream(self._stream):
+            # The stream of the source's device: torch runs the copy there.
+            stream = self.streams.stream_for(src.device)
+            stream.wait_stream(torch.cuda.current_stream(src.device))
+            pinned = dst.is_pinned()  # registered memory reads as pinned to torch
+            with torch.cuda.stream(stream):
                 dst.copy_(src, non_blocking=True)
+            self._copies += 1
+            self._copies_pinned += int(pinned)
         except RuntimeError as exc:  # torch reports CUDA failures as RuntimeError subclasses
-            raise driver_error(CALL_COPY_TO_HOST, _torch_cuda_error_name(exc), str(exc)) from exc
+            name = torch_cuda_error_name(exc, self._runtime)
+            raise driver_error(CALL_COPY_TO_HOST, name, str(exc)) from exc
 
     def synchronize(self) -> None:
         try:
-            self._stream.synchronize()
+            self.streams.synchronize()
         except RuntimeError as exc:
-            raise driver_error(CALL_SYNCHRONIZE, _torch_cuda_error_name(exc), str(exc)) from exc
+            name = torch_cuda_error_name(exc, self._runtime)
+            raise driver_error(CALL_SYNCHRONIZE, name, str(exc)) from exc
 
 
-def _torch_cuda_error_name(exc: BaseException) -> str:
-    """torch puts the CUDA error text, not its name, in the message; keep a name if one is there."""
-    for word in str(exc).replace(":", " ").split():
+_error_names_by_text: dict[str, str] | None = None
+
+
+def runtime_error_names(runtime: Any) -> dict[str, str]:
+    """The runtime's error string -> error name (`"out of memory"` -> `cudaErrorMemoryAllocation`).
+
+    Built once from `cudaGetErrorString` (works without a device); a string
+    two errors share maps to neither.
+    """
+    global _error_names_by_text
+    if _error_names_by_text is None:
+        names: dict[str, str | None] = {}
+        for error in runtime.cudaError_t:
+            result = runtime.cudaGetErrorString(error)
+            text = result[1] if isinstance(result, tuple) else result
+            text = text.decode() if isinstance(text, bytes) else str(text)
+            names[text] = None if text in names else error.name
+        _error_names_by_text = {t: n for t, n in names.items() if n is not None}
+    return _error_names_by_text
+
+
+def torch_cuda_error_name(exc: BaseException, runtime: Any | None) -> str | None:
+    """The CUDA error name behind a torch RuntimeError, or None when it cannot be told.
+
+    torch writes `CUDA error: <the runtime's error string>` (or `CUDA out of
+    memory.` from its allocator), not the name: a name in the text wins, then
+    the runtime's string table, then the allocator's wording.
+    """
+    text = str(exc)
+    for word in text.replace(":", " ").split():
         if word.startswith("cudaError"):
-            return word
-    return CUDA_ERROR_UNKNOWN
+            return word.rstrip(".,;)")
+    for line in text.splitlines():
+        _, marker, rest = line.partition("CUDA error: ")
+        if marker and runtime is not None:
+            name = runtime_error_names(runtime).get(rest.strip().rstrip("."))
+            if name is not None:
+                return name
+    if type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text:
+        return CUDA_ERROR_MEMORY_ALLOCATION
+    return None
 
 
 # -- the simulated driver ------------------------------------------------------
@@ -175,27 +334,46 @@ class SimulatedDriverStatistics:
     calls: int  # port calls made, failed ones included
     registered_ranges: int  # ranges registered now
     registered_bytes: int  # bytes in those ranges
-    copies: int  # copies completed
+    copies: int  # copies completed (landed at a synchronize)
     copies_into_registered: int  # of those, copies whose destination lay in a registered range
+    copies_pending: int  # copies started and not yet synchronized
+    streams: int  # transfer streams made (one per source device)
     injected_failures: int  # calls answered by a planned fault
 
 
 @dataclass
 class _Counters:
     calls: int = 0
+    started: int = 0
+    started_registered: int = 0
     copies: int = 0
     copies_into_registered: int = 0
     injected_failures: int = 0
     per_call: dict[str, int] = field(default_factory=dict)
 
 
+class SimulatedStream:
+    """A transfer stream of the simulated driver: copies queue here and land at `synchronize`."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.queued: list[tuple[torch.Tensor, torch.Tensor, bool]] = []  # (dst, src, registered)
+
+    def synchronize(self) -> None:
+        while self.queued:
+            dst, src, _ = self.queued.pop(0)
+            dst.copy_(src)
+
+
 class SimulatedCudaDriver(CudaDriver):
     """A CUDA driver for machines without one.
 
     Keeps registered ranges (never overlapping) and answers error names as
-    the real runtime does. `copy_to_host` copies with torch on the CPU and
-    accepts CPU sources. Planned faults (`fail`, `fail_first`, `fail_every`)
-    make a call raise the given error and change nothing.
+    the real runtime does. `copy_to_host` accepts CPU sources and is
+    asynchronous as the real one is: the copy is queued on the transfer
+    stream of the source's device (`TransferStreams`) and lands, with torch on
+    the CPU, when `synchronize` runs. Planned faults (`fail`, `fail_first`,
+    `fail_every`) make a call raise the given error and change nothing.
     """
 
     accepts_host_sources = True
@@ -205,6 +383,7 @@ class SimulatedCudaDriver(CudaDriver):
         self._lengths: dict[int, int] = {}
         self._faults: list[PlannedFault] = []
         self._counters = _Counters()
+        self.streams = TransferStreams(SimulatedStream)
 
     # -- fault planning ------------------------------------------------------
 
@@ -299,13 +478,32 @@ class SimulatedCudaDriver(CudaDriver):
                 CUDA_ERROR_INVALID_VALUE,
                 f"dst {tuple(dst.shape)} {dst.dtype} != src {tuple(src.shape)} {src.dtype}",
             )
-        dst.copy_(src)
-        self._counters.copies += 1
-        if dst.numel() and self._containing(dst.data_ptr()) is not None:
-            self._counters.copies_into_registered += 1
+        registered = bool(dst.numel()) and self._containing(dst.data_ptr()) is not None
+        self.streams.stream_for(src.device).queued.append((dst, src, registered))
+        self._counters.started += 1
+        self._counters.started_registered += int(registered)
+
+    def copy_statistics(self) -> CopyStatistics:
+        return CopyStatistics(
+            copies_started=self._counters.started,
+            copies_into_page_locked=self._counters.started_registered,
+            streams=len(self.streams.devices()),
+        )
 
     def synchronize(self) -> None:
-        self._enter(CALL_SYNCHRONIZE)
+        try:
+            self._enter(CALL_SYNCHRONIZE)
+        except RegistrationError:
+            # A failed synchronize leaves the destinations undefined: the
+            # queued copies never land (and hold no view of the mapping).
+            for device in self.streams.pending():
+                self.streams.existing(device).queued.clear()
+            raise
+        for device in self.streams.pending():
+            stream = self.streams.existing(device)
+            self._counters.copies += len(stream.queued)
+            self._counters.copies_into_registered += sum(1 for *_, r in stream.queued if r)
+        self.streams.synchronize()
 
     # -- inspection ------------------------------------------------------------
 
@@ -327,6 +525,10 @@ class SimulatedCudaDriver(CudaDriver):
             registered_bytes=sum(self._lengths.values()),
             copies=self._counters.copies,
             copies_into_registered=self._counters.copies_into_registered,
+            copies_pending=sum(
+                len(self.streams.existing(d).queued) for d in self.streams.pending()
+            ),
+            streams=len(self.streams.devices()),
             injected_failures=self._counters.injected_failures,
         )
 
@@ -345,12 +547,20 @@ def default_driver() -> CudaDriver | None:
 
 __all__ = [
     "RUNTIME_NAMES",
+    "CUDA_ERROR_INSUFFICIENT_DRIVER",
+    "CUDA_PYTHON_REQUIREMENT",
+    "CopyStatistics",
     "CudaDriver",
     "CudaRuntimeDriver",
     "PlannedFault",
     "SimulatedCudaDriver",
     "SimulatedDriverStatistics",
+    "SimulatedStream",
+    "TransferStreams",
     "cuda_available",
     "default_driver",
     "driver_error",
+    "load_runtime",
+    "runtime_error_names",
+    "torch_cuda_error_name",
 ]

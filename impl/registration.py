@@ -133,6 +133,41 @@ def host_view(buffer: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Ten
     return buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
 
 
+def copy_without_device_allocation(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy `src` into the host tensor `dst` (its `host_view`) without allocating device memory.
+
+    torch copies a strided device source by making it contiguous *on the
+    device* first (an allocation the size of the payload); such a source is
+    gathered on the host instead (`gather_through_host`). Anything else is
+    copied as it is. Synchronous.
+    """
+    source = copy_source(src)
+    if source.is_contiguous() or source.device.type == "cpu":
+        dst.copy_(source)
+    else:
+        gather_through_host(dst, source)
+
+
+def gather_through_host(dst: torch.Tensor, source: torch.Tensor) -> None:
+    """`dst.copy_(source)` through a host copy of the storage span `source` covers.
+
+    The span is contiguous in the source's storage, so copying it needs no
+    temporary on its device; the strided view is then taken of the host copy.
+    The span can be larger than the payload (a slice with a step): host
+    memory is spent, not device memory. Works for any device (tested on CPU).
+    """
+    if source.numel() == 0:
+        return
+    first = source.storage_offset()
+    last = first + sum(
+        (n - 1) * step for n, step in zip(source.shape, source.stride(), strict=True)
+    )
+    span = source.as_strided((last - first + 1,), (1,), first)  # no copy: the storage itself
+    staged = torch.empty(span.shape, dtype=span.dtype)  # pageable: the copy is synchronous
+    staged.copy_(span)
+    dst.copy_(staged.as_strided(source.shape, source.stride(), 0))
+
+
 def copy_into_host(driver: CudaDriver, dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy `src` into `dst` through the driver and wait for it; RegistrationError on failure.
 
@@ -687,6 +722,8 @@ __all__ = [
     "arena_file_name",
     "copy_into_host",
     "copy_source",
+    "copy_without_device_allocation",
+    "gather_through_host",
     "dtype_name",
     "host_view",
     "prune_taken_names",

@@ -17,11 +17,20 @@ channel the pipeline already has. Two opt-in switches, both off by default:
 bfloat16 travels as its uint16 bits (the copy reinterprets, nothing is
 widened on the device) and `restore_tensor` brings it back with a dtype view.
 A transfer of several fields publishes all of them or none.
+
+Two failures of the registered path send a transfer down the copying path
+instead of to the caller (docs/registered.md, "Falling back"): a driver older
+than the bindings (`cudaErrorInsufficientDriver`: the registered path is
+switched off for this sender, logged once), and a failed device allocation
+while a strided source is made contiguous on the device (this transfer only;
+the copying path then gathers on the host, `copy_without_device_allocation`).
+Both are counted in `SenderStatistics`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,7 +45,7 @@ from shmring.impl.arena import (
     ArenaReservation,
     RegisteredArena,
 )
-from shmring.impl.cuda_driver import CudaDriver, default_driver
+from shmring.impl.cuda_driver import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaDriver, default_driver
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -56,7 +65,7 @@ from shmring.impl.registration import (
     WIRE_DTYPES,
     Registry,
     ShmFile,
-    copy_source,
+    copy_without_device_allocation,
     dtype_name,
     host_view,
     prune_taken_names,
@@ -65,7 +74,10 @@ from shmring.impl.registration import (
     wire_dtype_of,
 )
 from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+from shmring.spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 from shmring.spec.ring import compute_capacity_error
+
+logger = logging.getLogger("shmring.transfer")
 
 CARRIER_ARENA: Final = "arena"  # a frame of the registered arena
 CARRIER_SEGMENT: Final = "segment"  # a per-transfer segment (registered or not)
@@ -213,6 +225,11 @@ class SenderStatistics:
     fields_in_arena: int  # fields that went into arena frames
     fields_in_segments: int  # fields that went into per-transfer segments (registered or not)
     arena_disabled: str | None  # why the arena could not be set up, if it could not
+    # Transfers the registered path was chosen for and the copying path
+    # carried, after a failure the registered path cannot serve (counted in
+    # transfers_plain too).
+    transfers_fell_back: int
+    registered_disabled: str | None  # why the registered path is off for this sender, if it is
 
 
 class TransferSender:
@@ -247,9 +264,11 @@ class TransferSender:
         if options.enable_registered_shm and driver is None:
             self._driver = default_driver()
         self._arena_disabled: str | None = None
+        self._registered_disabled: str | None = None
         self._published_paths: list[str] = []
         self._registered = 0
         self._plain = 0
+        self._fell_back = 0
         self._in_arena = 0
         self._in_segments = 0
 
@@ -258,6 +277,11 @@ class TransferSender:
         if self._directory is None:
             self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
         return self._directory
+
+    @property
+    def driver(self) -> CudaDriver | None:
+        """The CUDA driver port of the registered path (None: copying path only)."""
+        return self._driver
 
     @property
     def registry(self) -> Registry | None:
@@ -274,12 +298,16 @@ class TransferSender:
             fields_in_arena=self._in_arena,
             fields_in_segments=self._in_segments,
             arena_disabled=self._arena_disabled,
+            transfers_fell_back=self._fell_back,
+            registered_disabled=self._registered_disabled,
         )
 
     def uses_registered_path(self, tensors: list[torch.Tensor]) -> bool:
         """Registered path: switched on, a driver, and every tensor one the driver copies from."""
         driver = self._driver
         if not self.options.enable_registered_shm or driver is None:
+            return False
+        if self._registered_disabled is not None:
             return False
         return all(t.is_cuda or driver.accepts_host_sources for t in tensors)
 
@@ -304,12 +332,49 @@ class TransferSender:
             wire_dtype_of(tensor.dtype)
         registered = self.uses_registered_path(tensors)
         if registered:
-            descriptors = self._send_registered(names, tensors)
+            try:
+                descriptors = self._send_registered(names, tensors)
+            except RegistrationError as error:
+                # Nothing of the failed attempt is published (all or none).
+                if not self._falls_back(error, tensors):
+                    raise
+                registered = False
+                self._fell_back += 1
+        if registered:
             self._registered += 1
         else:
             descriptors = self._send_plain(names, tensors)
             self._plain += 1
         return TransferDescriptor(self.scope, tuple(descriptors), registered=registered)
+
+    def _falls_back(self, error: RegistrationError, tensors: list[torch.Tensor]) -> bool:
+        """Whether the copying path carries a transfer the registered path failed; logs why."""
+        if isinstance(error, RegistryPoisonedError):
+            return False  # the registered path's own safety rule: never silently bypassed
+        if error.cuda_error == CUDA_ERROR_INSUFFICIENT_DRIVER:
+            # Old driver, newer bindings: no registration will ever work in
+            # this process, the copying path does. Once, for good.
+            self._registered_disabled = f"{type(error).__name__}: {error}"
+            logger.warning(
+                "shmring: registered transfer path off for scope=%r, using the copying path: %s",
+                self.scope,
+                error,
+            )
+            return True
+        if error.cuda_error == CUDA_ERROR_MEMORY_ALLOCATION and any(
+            not t.is_contiguous() for t in tensors
+        ):
+            # Making a strided source contiguous on the device needs a device
+            # allocation the size of the payload; the copying path gathers on
+            # the host instead.
+            logger.warning(
+                "shmring: no device memory to make a strided source contiguous "
+                "(scope=%r), this transfer takes the copying path: %s",
+                self.scope,
+                error,
+            )
+            return True
+        return False
 
     def _ensure_registry(self) -> Registry:
         if self._registry is None:
@@ -370,7 +435,11 @@ class TransferSender:
         return descriptors
 
     def _send_plain(self, names: list[str], tensors: list[torch.Tensor]) -> list[FieldDescriptor]:
-        """The copying path: an unregistered segment per field, filled by torch `copy_`."""
+        """The copying path: an unregistered segment per field, filled by torch `copy_`.
+
+        A strided device source is gathered on the host, never made
+        contiguous on the device (`copy_without_device_allocation`).
+        """
         files: list[ShmFile] = []
         try:
             for tensor in tensors:
@@ -379,7 +448,7 @@ class TransferSender:
                     self.directory, segment_file_name(self._os), max(1, nbytes), self._os
                 )
                 files.append(file)
-                host_view(file.tensor, 0, tensor).copy_(copy_source(tensor))
+                copy_without_device_allocation(host_view(file.tensor, 0, tensor), tensor)
         except BaseException:
             for file in files:
                 file.unmap()

@@ -23,12 +23,16 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
-import av
 import numpy as np
 import torch
 
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.spec import leases
+
+try:  # PyAV frames are one derivation among many: without PyAV the others still run
+    import av
+except ImportError:
+    av = None
 
 WORKER_TIMEOUT: Final = 60.0
 
@@ -44,8 +48,8 @@ DERIVATIONS: Final = {
         leases.VIEW_RESHAPE: TAG_ARRAY,
         leases.VIEW_DTYPE: TAG_ARRAY,
         leases.VIEW_TORCH: TAG_TENSOR,
-        leases.VIEW_PYAV_FRAME: TAG_FRAME,
-    },
+    }
+    | ({leases.VIEW_PYAV_FRAME: TAG_FRAME} if av is not None else {}),
     TAG_ARRAY: {
         leases.VIEW_ASARRAY: TAG_ARRAY,
         leases.VIEW_SLICE: TAG_ARRAY,
@@ -82,7 +86,7 @@ def derive(parent: Any, kind: str) -> Any:
 
 def first_bytes(obj: Any, count: int = 8) -> bytes:
     """The first bytes an object sees (to check it looks at the payload)."""
-    if isinstance(obj, av.VideoFrame):
+    if av is not None and isinstance(obj, av.VideoFrame):
         return bytes(obj.planes[0])[:count]
     if isinstance(obj, torch.Tensor):
         obj = obj.numpy()

@@ -25,7 +25,6 @@ from shmring.impl.transfer import (
     TransferReceiver,
     TransferSender,
 )
-from shmring.impl.video import encode_rgb_to_mp4
 from shmring.model_tests.registration_machine import DriverMachine, RegistryMachine, profile
 from shmring.spec import registration as spec
 
@@ -142,6 +141,9 @@ def test_gpu_fields_arrive_through_arena_and_segments(scope: str) -> None:
         descriptor = sender.send(fields)
         carriers = {f.name: f.carrier for f in descriptor.fields}
         assert carriers["small"] == CARRIER_ARENA and carriers["large"] == CARRIER_SEGMENT
+        assert descriptor.registered and sender.driver is not None
+        copies = sender.driver.copy_statistics()
+        assert copies.copies_started == len(fields) == copies.copies_into_page_locked
         received = receiver.receive_tensors(descriptor)
         for name, tensor in fields.items():
             assert received[name].dtype == tensor.dtype
@@ -149,18 +151,64 @@ def test_gpu_fields_arrive_through_arena_and_segments(scope: str) -> None:
         del received
 
 
-def test_copy_waits_for_work_queued_on_the_producer_stream(scope: str) -> None:
+def sleep_cycles(milliseconds: float) -> int:
+    """GPU clock cycles `torch.cuda._sleep` needs to keep a stream busy for about `milliseconds`."""
+    probe = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(probe)  # warm-up: the first launch pays for loading the kernel
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return int(probe * milliseconds / max(start.elapsed_time(end), 1e-3))
+
+
+@pytest.mark.parametrize("elements", [1 << 14, 1 << 20], ids=["arena", "segment"])
+def test_copy_waits_for_work_queued_on_the_producer_stream(scope: str, elements: int) -> None:
+    """Issue 9: the producer's stream is busy (~200 ms) when send starts, so a copy that
+    did not wait for it would read the buffer before the last kernel wrote it."""
     options = TransferOptions(enable_registered_shm=True, arena_capacity=1 << 24)
+    cycles = sleep_cycles(200.0)
     with TransferSender(scope, options) as sender, TransferReceiver(scope, options) as receiver:
-        for _ in range(5):
-            x = torch.zeros(1 << 20, device="cuda")
-            for _ in range(50):
-                x.add_(1.0)  # queued, not finished, when send starts
-            got = receiver.receive(sender.send({"x": x}))["x"]
+        for _ in range(3):
+            x = torch.zeros(elements, device="cuda")
+            torch.cuda._sleep(cycles)  # the producer's stream: busy for ~200 ms ...
+            x.fill_(50.0)  # ... then this write, queued behind it
+            assert not torch.cuda.current_stream().query(), "the stream was not busy at send"
+            descriptor = sender.send({"x": x})
+            got = receiver.receive(descriptor)["x"]
             assert float(got.min()) == 50.0 and float(got.max()) == 50.0
+        carriers = {f.carrier for f in descriptor.fields}
+        assert carriers == {CARRIER_ARENA if elements < 1 << 16 else CARRIER_SEGMENT}
+
+
+def test_registered_copy_is_asynchronous_and_page_locked(registry: Registry) -> None:
+    """The copy returns before it is done (the host does not wait), into page-locked memory."""
+    driver = registry.driver
+    assert isinstance(driver, CudaRuntimeDriver)
+    segment = registry.allocate(1 << 20)
+    registry.register(segment)
+    source = torch.zeros(1 << 20, device="cuda", dtype=torch.uint8)
+    torch.cuda._sleep(sleep_cycles(100.0))
+    source.fill_(7)
+    before = driver.copy_statistics()
+    driver.copy_to_host(segment.file.tensor, source)
+    assert not driver.streams.existing(source.device).query()  # still queued: asynchronous
+    driver.synchronize()
+    assert driver.streams.existing(source.device).query()
+    assert int(segment.file.tensor.min()) == 7 == int(segment.file.tensor.max())
+    after = driver.copy_statistics()
+    assert after.copies_started - before.copies_started == 1
+    assert after.copies_into_page_locked - before.copies_into_page_locked == 1
+    registry.copy(segment, source)  # and through the lifecycle, so the segment can go
+    registry.unregister(segment)
+    registry.publish([segment])
 
 
 def test_gpu_video_pipeline_matches_cpu_encoding(scope: str) -> None:
+    pytest.importorskip("av", reason="the video encoder needs PyAV")
+    from shmring.impl.video import encode_rgb_to_mp4  # PyAV costs only this test
+
     frames = torch.randint(0, 256, (4, 48, 64, 3), dtype=torch.uint8)
     options = TransferOptions(enable_registered_shm=True, enable_borrowed_frames=True)
     with TransferSender(scope, options) as sender, TransferReceiver(scope, options) as receiver:

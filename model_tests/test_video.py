@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("av", reason="the video tests need PyAV")
+
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ConfigurationError
 from shmring.impl.registration import Registry
