@@ -146,7 +146,7 @@ def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> N
             name, args = command[0], command[1:]
             try:
                 if name == "identity":
-                    _reply(conn, current_producer_identity())
+                    _reply(conn, (*current_producer_identity(), connector.instance))
                 elif name == "put":
                     src, dst, key, tag, size = args
                     try:
@@ -212,7 +212,8 @@ class Worker:
         self.process.start()
         child.close()
         self.timeout = timeout
-        self.identity: tuple[int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
+        # (pid, start time, instance) of the worker's connector
+        self.identity: tuple[int, int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
 
     def call(self, *command: Any) -> Any:
         """Send one command and wait for its answer."""
