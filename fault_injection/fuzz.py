@@ -382,7 +382,7 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
         ):
             bad.put(EDGE, "a0", corrupt_payload)
             good.put(EDGE, "b0", good_payload)
-            path = ring_path(receiver.directory, EDGE[0], EDGE[1], identities.live_a)
+            path = ring_path(receiver.directory, EDGE[0], EDGE[1], bad.identity)
             with open(path, "r+b") as file:
                 data = apply(file.read(), planned)
                 file.seek(0)
@@ -664,9 +664,9 @@ def forged_battery(scope: str) -> int:
             directory = receiver.directory
             me = current_producer_identity()
             # 1. A symlink planted at a ring path: the producer refuses it and falls back.
-            path = ring_path(directory, EDGE[0], EDGE[1], me)
-            os.symlink(outside, path)
             with Connector(scope, ring_capacity=CAPACITY) as producer:
+                path = ring_path(directory, EDGE[0], EDGE[1], producer.identity)
+                os.symlink(outside, path)
                 descriptor = producer.put(EDGE, "k", b"payload")
                 check(
                     descriptor.route is Route.FALLBACK,

@@ -94,9 +94,9 @@ from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
     ConnectorIdentity,
     current_producer_identity,
-    next_instance,
     deployment_directory,
     ensure_deployment_directory,
+    next_instance,
     ring_path,
     validate_scope,
     validate_stage_name,
@@ -391,12 +391,13 @@ class Connector:
         self._spin = float(spin_seconds)
         self._max_sleep = float(max_sleep_seconds)
         self._lock = threading.RLock()
-        # Test seam: publish as another (pid, start time), so one process can
-        # stand in for several producers (fault campaigns); production leaves it None.
-        self._identity_override = identity
         self._publish_hook = publish_hook  # test seam handed to every ring (crash points of a put)
         self.instance = next_instance()  # which of this process's connectors (0, 1, ...)
-        self.identity: ConnectorIdentity | None = None  # (pid, start time, instance), once joined
+        # `identity` is a test seam: publish as another (pid, start time), so one process
+        # can stand in for several producers (fault campaigns); production leaves it None.
+        process = identity if identity is not None else current_producer_identity()
+        # This connector's producer identity: (pid, start time, instance).
+        self.identity: ConnectorIdentity = (process[0], process[1], self.instance)
         self._rings: dict[Edge, RingChannel] = {}
         self._failed_edges: dict[Edge, BaseException] = {}
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
@@ -439,8 +440,7 @@ class Connector:
         if fallback is not None:
             return fallback
         os_facade = self._os
-        process = self._identity_override or current_producer_identity(os_facade)
-        identity: ConnectorIdentity = (process[0], process[1], self.instance)
+        identity = self.identity
 
         def ensure() -> str:
             try:
@@ -475,7 +475,6 @@ class Connector:
         except BaseException:
             membership.leave()
             raise
-        self.identity = identity
         self._membership = membership
         self._stamp = stamp
         self._liveness = liveness
@@ -849,6 +848,7 @@ class Connector:
         descriptor: Descriptor | None = None,
         deadline: float | None = None,
         timeout: float | None = None,
+        wait_for_locks: bool = True,
     ) -> Delivery:
         """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
 
@@ -861,7 +861,9 @@ class Connector:
         (BUSY), or without futexes, it sleeps in short steps instead,
         backing off up to `max_sleep_seconds`. Answers the first final
         result (delivered, stale, producer gone) or the last one when time
-        runs out (NOT_FOUND or BUSY).
+        runs out (NOT_FOUND or BUSY). With `wait_for_locks=False` a BUSY
+        answer is final too: a receive loop that polls many keys never
+        spends its deadline on one that another process holds.
         """
         if deadline is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
@@ -873,6 +875,8 @@ class Connector:
             bell = self._doorbell()
             got = self._get(edge, key, descriptor, bell)
             if got.status in _FINAL_STATUSES:
+                return got
+            if got.status is GetStatus.BUSY and not wait_for_locks:
                 return got
             now = time.monotonic()
             if now >= deadline:
@@ -915,6 +919,26 @@ class Connector:
                     with contextlib.suppress(ClosedError):
                         values.append(reader.wakeup_sequence)
             return tuple(values)
+
+    def abandon_get(self, key: str) -> None:
+        """Forget what this receiver remembers about looking for `key` (nothing is retired)."""
+        with self._lock:
+            _validate_key(key)
+            miss = self._fallback_miss
+            if miss is not None and miss[1] == key:
+                self._fallback_miss = None
+
+    def reap_consumed(self) -> int:
+        """Drop this producer's records of segments readers claimed; answer the bytes freed."""
+        with self._lock:
+            fallback = self._fallback
+            return fallback.refresh() if fallback is not None and not self._closed else 0
+
+    def file_path(self, descriptor: Descriptor) -> str:
+        """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
+        if isinstance(descriptor, RingDescriptor):
+            return ring_path(self.directory, *descriptor.edge, descriptor.producer)
+        return os.path.join(self.directory, segment_file_name(descriptor.edge, descriptor.key))
 
     # -- cancellation ----------------------------------------------------------------------
 

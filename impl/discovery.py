@@ -63,9 +63,9 @@ from shmring.impl.errors import BrokenError, ShmringError
 from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
+    ConnectorIdentity,
     ProducerIdentity,
     parse_ring_file_name,
-    ConnectorIdentity,
     parse_start_time,
     parse_transfer_file_owner,
     process_of,
