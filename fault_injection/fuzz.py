@@ -421,7 +421,13 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
             "meta": [1, "a", None],
         },
         [np.zeros((2, 2, 3), dtype=np.uint8), torch.tensor([True, False])],
+        # Registered types (a tagged [tag, state] pair each) next to a slice and a leaf.
+        {"point": _FuzzPoint(3, np.arange(4, dtype=np.int32)), "s": slice(1, 9, 2)},
     ]
+    with contextlib.suppress(ImportError):
+        from PIL import Image
+
+        payloads.append({"image": Image.new("RGB", (4, 3), (1, 2, 3)), "tag": b"pil"})
     templates = []
     for payload in payloads:
         data = codec.encode(payload)
@@ -433,10 +439,30 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
     return templates
 
 
+class _FuzzPoint:
+    """A registered application type for the codec templates (`extensions.register_type`)."""
+
+    def __init__(self, x: int, data: Any) -> None:
+        self.x = x
+        self.data = data
+
+
+def _register_fuzz_types() -> None:
+    from shmring.impl import extensions
+
+    extensions.register_type(
+        _FuzzPoint,
+        lambda point: {"x": point.x, "data": point.data},
+        lambda state: _FuzzPoint(state["x"], state["data"]),
+        name="shmring.fuzz.Point",
+    )
+
+
 def fuzz_codec(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated tensor frames: decode returns something or raises CorruptFrameError."""
     from shmring.impl import codec
 
+    _register_fuzz_types()
     templates = _codec_templates()
 
     @_settings(cases)

@@ -148,7 +148,43 @@ def codec_for_name(name: str) -> TypeCodec | None:
 # -- PIL images ---------------------------------------------------------------------
 
 
+# Bits per pixel of the image modes that travel; the decoder checks the pixel
+# bytes against them before pillow allocates anything (a forged size cannot
+# make it allocate more than the frame holds).
+_IMAGE_MODE_BITS: Final = {
+    "1": 1,
+    "L": 8,
+    "P": 8,
+    "LA": 16,
+    "La": 16,
+    "PA": 16,
+    "I;16": 16,
+    "I;16L": 16,
+    "I;16B": 16,
+    "I;16N": 16,
+    "RGB": 24,
+    "YCbCr": 24,
+    "LAB": 24,
+    "HSV": 24,
+    "RGBA": 32,
+    "RGBa": 32,
+    "RGBX": 32,
+    "CMYK": 32,
+    "I": 32,
+    "F": 32,
+}
+
+
+def _image_bytes(mode: str, width: int, height: int) -> int:
+    bits = _IMAGE_MODE_BITS[mode]
+    if bits == 1:
+        return (width + 7) // 8 * height  # rows are packed to whole bytes
+    return width * height * (bits // 8)
+
+
 def _encode_image(image: Any) -> dict[str, Any]:
+    if image.mode not in _IMAGE_MODE_BITS:
+        raise UnsupportedPayloadError(f"PIL image mode does not travel: mode={image.mode!r}")
     state: dict[str, Any] = {
         "mode": image.mode,
         "size": list(image.size),
@@ -163,8 +199,18 @@ def _encode_image(image: Any) -> dict[str, Any]:
 def _decode_image(state: Any) -> Any:
     from PIL import Image
 
-    width, height = state["size"]
-    image = Image.frombytes(state["mode"], (width, height), state["data"])
+    mode, (width, height), data = state["mode"], state["size"], state["data"]
+    if (
+        mode not in _IMAGE_MODE_BITS
+        or not isinstance(width, int)
+        or not isinstance(height, int)
+        or width < 0
+        or height < 0
+        or not isinstance(data, bytes)
+        or len(data) != _image_bytes(mode, width, height)
+    ):
+        raise ValueError(f"bad image: mode={mode!r} size={(width, height)} bytes={len(data)}")
+    image = Image.frombytes(mode, (width, height), data)
     palette = state.get("palette")
     if palette is not None:
         image.putpalette(palette)

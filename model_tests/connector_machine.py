@@ -106,6 +106,7 @@ EVENT_LABELS = (
     "second connector in the same process",
     "delivered from the sibling's ring",
     "sibling closed",
+    "closed sibling's rings unmapped",
 )
 EVENTS_SEEN: Counter[str] = Counter()
 STEPS: Counter[str] = Counter()
@@ -133,6 +134,12 @@ settings.register_profile(
 def _label(name: str) -> None:
     event(name)
     EVENTS_SEEN[name] += 1
+
+
+def _mapped(path: str) -> bool:
+    """Whether this process maps the file at `path` (deleted or not)."""
+    with open("/proc/self/maps") as maps:
+        return any(path in line for line in maps)
 
 
 def _status_name(status: Any) -> str:
@@ -534,6 +541,14 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         STEPS["close_sibling"] += 1
         sibling, model = self.sibling, self.sibling_model
         assert sibling is not None and model is not None
+        ring_files = [ring.path for edge in EDGES if (ring := sibling.ring(edge)) is not None]
+        if self._main_open():
+            # Gets of a key nobody put (no model step) map the sibling's rings first.
+            connector, main_model = self._conn()
+            for edge in EDGES:
+                expected_get = connector_spec.process_get(main_model, edge, "never put")
+                assert connector.get(edge, "never put").status.value == expected_get.status.value
+            assert all(_mapped(path) for path in ring_files), "the sibling's rings were not mapped"
         expected = connector_spec.process_close(model)
         got = sibling.close()
         note(f"sibling.close() -> {got}, model {expected}")
@@ -541,15 +556,13 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         _label("sibling closed")
         if self._main_open():
             # The main connector's next get scans (the stamp moved) and unmaps the sibling's rings.
-            connector, model = self._conn()
-            expected_get = connector_spec.process_get(model, EDGES[0], "never put")
+            connector, main_model = self._conn()
+            expected_get = connector_spec.process_get(main_model, EDGES[0], "never put")
             assert connector.get(EDGES[0], "never put").status.value == expected_get.status.value
-            rings = [
-                f"{edge[0]}.{edge[1]}.{'.'.join(map(str, sibling.identity))}" for edge in EDGES
-            ]
-            with open("/proc/self/maps") as maps:
-                mapped = [line for line in maps if any(ring in line for ring in rings)]
-            assert not mapped, f"a closed sibling's ring is still mapped: {mapped}"
+            mapped = [path for path in ring_files if _mapped(path)]
+            assert not mapped, f"a closed sibling's rings are still mapped: {mapped}"
+            if ring_files:
+                _label("closed sibling's rings unmapped")
 
     @rule(now=st.sampled_from([False] * 29 + [True]))
     def close(self, now: bool) -> None:
