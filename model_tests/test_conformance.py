@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -512,3 +513,18 @@ def test_a_squatted_deployment_directory_fails_the_facade_at_construction(scope:
             SharedMemoryConnector({"wakeup_scope": scope})
     finally:
         os.rmdir(directory)
+
+
+# -- the README's examples ---------------------------------------------------------------
+
+
+def test_the_readme_examples_run(scope: str) -> None:
+    readme = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
+    if not os.path.exists(readme):  # an installed copy without the repository
+        readme = os.path.join(os.getcwd(), "README.md")
+    with open(readme) as handle:
+        blocks = re.findall(r"```python\n(.*?)```", handle.read(), re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        code = textwrap.dedent(block).replace('"demo"', repr(scope))
+        exec(compile(code, "README.md", "exec"), {})
