@@ -241,6 +241,14 @@ class SharedMemoryConnector:
         """Retire every `prefix` + digits key; answer how many versions."""
         return self.connector.cleanup_prefix(prefix)
 
+    def get_wakeup_generation(self) -> int | None:
+        """Snapshot before polling; a later put changes it (see `wait_for_change`). None: no doorbell."""
+        return self.connector.wakeup_generation()
+
+    def wait_for_change(self, generation: int | None, *, timeout: float) -> bool:
+        """Block until something was published since `generation`, or `timeout`; answer which."""
+        return self.connector.wait_for_change(generation, timeout)
+
     def abandon_get(self, get_key: str) -> None:
         """Stop looking for `get_key`: forget the receive state kept for it (retires nothing)."""
         self.connector.abandon_get(get_key)
@@ -275,6 +283,11 @@ class SharedMemoryConnector:
             "fallback_bytes": h.fallback_bytes,
             "failed_edges": h.failed_edges,
         }
+
+    @staticmethod
+    def _make_key(key: str, from_stage: str, to_stage: str, separator: str = "@") -> str:
+        """OmniConnectorBase's internal key: ``{key}{separator}{from_stage}_{to_stage}``."""
+        return f"{key}{separator}{from_stage}_{to_stage}"
 
     def __enter__(self) -> SharedMemoryConnector:
         return self

@@ -894,6 +894,27 @@ class Connector:
             time.sleep(min(sleep, deadline - now))
             sleep = min(sleep * 2, max(self._max_sleep, _MIN_SLEEP_SECONDS))
 
+    def wakeup_generation(self) -> int | None:
+        """The deployment doorbell now (read it before polling); None without one."""
+        with self._lock:
+            self._require_open()
+            self._join()
+        return self._doorbell()
+
+    def wait_for_change(self, generation: int | None, timeout: float) -> bool:
+        """Sleep until the doorbell moves past `generation` (something was published) or `timeout`.
+
+        Answers whether it moved. One call sleeps at most a second (so a
+        death, which rings no bell, is still looked for); without a doorbell
+        (None) it answers False at once: the caller keeps its timed poll.
+        """
+        stamp = self._stamp
+        if generation is None or stamp is None or self._doorbell() is None:
+            return False
+        if self._doorbell() == generation:
+            stamp.wait(generation, max(0.0, min(timeout, _MAX_DOORBELL_WAIT_SECONDS * 20)))
+        return self._doorbell() != generation
+
     def _doorbell(self) -> int | None:
         """The deployment doorbell's value, or None when there is none to wait on."""
         stamp = self._stamp

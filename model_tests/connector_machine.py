@@ -564,9 +564,9 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             if ring_files:
                 _label("closed sibling's rings unmapped")
 
-    @rule(now=st.sampled_from([False] * 29 + [True]))
+    @rule(now=st.sampled_from([False] * 19 + [True]))
     def close(self, now: bool) -> None:
-        """Close, rarely (one draw in thirty), so most runs keep going."""
+        """Close, rarely (one draw in twenty), so most runs keep going."""
         if not now:
             return
         STEPS["close"] += 1

@@ -528,3 +528,17 @@ def test_the_readme_examples_run(scope: str) -> None:
     for block in blocks:
         code = textwrap.dedent(block).replace('"demo"', repr(scope))
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_a_receive_loop_sleeps_on_the_wakeup_generation(pipeline: Any) -> None:
+    """vllm-omni's receive loop: snapshot the generation, poll, wait for a change."""
+    sender, receiver = pipeline
+    generation = receiver.get_wakeup_generation()
+    assert generation is not None  # futexes are available on Linux
+    assert receiver.get(0, 1, "next") is None
+    assert receiver.wait_for_change(generation, timeout=0.01) is False  # nothing happened
+    sender.put(0, 1, "next", 5)
+    with watchdog(60):
+        assert receiver.wait_for_change(generation, timeout=30) is True
+    assert receiver.get(0, 1, "next")[0] == 5
+    assert SharedMemoryConnector._make_key("req", "0", "1") == "req@0_1"
