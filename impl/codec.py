@@ -240,7 +240,7 @@ def _is_leaf(obj: object) -> bool:
 # -- encoding -----------------------------------------------------------------------
 
 
-def _scan(obj: Any, depth: int, exts: set[int], converted: dict[int, Any]) -> int:
+def _scan(obj: Any, depth: int, exts: set[int], converted: dict[int, Any] | None) -> int:
     """Count the leaves under `obj`, collect the user Ext codes, refuse what does not travel.
 
     The walk exists because msgspec would silently encode sets, dataclasses,
@@ -248,7 +248,9 @@ def _scan(obj: Any, depth: int, exts: set[int], converted: dict[int, Any]) -> in
     different kind of object than the caller sent without being documented.
     Slices and registered objects are converted here, once: `converted` maps
     the id of each to ``(obj, replacement)``, where the replacement is the
-    ``[start, stop, step]`` list or ``(type name, state)``.
+    ``[start, stop, step]`` list or ``(type name, state)``. Most payloads hold
+    neither, so the first walk goes without the dict (None) and `_Rescan`
+    asks for a second walk with one when it meets such an object.
     """
     cls = type(obj)
     if cls in _SCALAR_TYPES:
@@ -296,8 +298,16 @@ def _scan(obj: Any, depth: int, exts: set[int], converted: dict[int, Any]) -> in
     return leaves
 
 
-def _scan_converted(obj: Any, depth: int, exts: set[int], converted: dict[int, Any]) -> int:
+class _Rescan(Exception):
+    """The walk met a slice or a registered object without a `converted` dict."""
+
+
+def _scan_converted(obj: Any, depth: int, exts: set[int], converted: dict[int, Any] | None) -> int:
     """A slice or a registered object: convert it once, then scan what it became."""
+    if converted is None:
+        if type(obj) is slice or extensions.codec_for_object(obj) is not None:
+            raise _Rescan
+        raise _unsupported(obj, "register its class with shmring.register_type to send it")
     if type(obj) is slice:
         replacement: Any = [obj.start, obj.stop, obj.step]
         converted[id(obj)] = (obj, replacement)
@@ -581,8 +591,14 @@ def prepare(obj: Any) -> EncodePlan:
             raise _unsupported(obj, "memoryview is not C-contiguous")
         return _prepare_bytes(obj)
     exts: set[int] = set()
-    converted: dict[int, Any] = {}
-    if _scan(obj, 0, exts, converted) == 0 and not converted:
+    converted: dict[int, Any] = _NOTHING_CONVERTED
+    try:
+        leaf_count = _scan(obj, 0, exts, None)
+    except _Rescan:
+        exts.clear()
+        converted = {}
+        leaf_count = _scan(obj, 0, exts, converted)
+    if leaf_count == 0 and not converted:
         try:
             head = _plain_encoder.encode(obj)
         except (OverflowError, UnicodeEncodeError) as error:
