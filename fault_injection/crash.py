@@ -249,7 +249,7 @@ def _producer_child(
         producer = Connector(scope, ring_capacity=CAPACITY, os_facade=seam, publish_hook=hook)
         own_reader = Connector(scope, ring_capacity=CAPACITY)
         kept = _setup_state(producer, own_reader, cell.state)
-        identity = current_producer_identity()
+        identity = producer.identity  # (pid, start time, instance)
         ring = producer.ring(EDGE)
         assert ring is not None
         report({"identity": list(identity), "kept": sorted(kept), "head": ring.head})
@@ -284,7 +284,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         )
         info = reports[0]
         _require("identity" in info, f"child failed before its crash point: {reports}")
-        identity = (int(info["identity"][0]), int(info["identity"][1]))
+        identity = tuple(int(part) for part in info["identity"])
         kept = {key: _kept_payload(key) for key in info["kept"]}
         target = next((r for r in reports if "target" in r), None)
         published = cell.point in _PUBLISHED_POINTS or cell.point.startswith("close")

@@ -382,7 +382,7 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
         ):
             bad.put(EDGE, "a0", corrupt_payload)
             good.put(EDGE, "b0", good_payload)
-            path = ring_path(receiver.directory, EDGE[0], EDGE[1], identities.live_a)
+            path = ring_path(receiver.directory, EDGE[0], EDGE[1], bad.identity)
             with open(path, "r+b") as file:
                 data = apply(file.read(), planned)
                 file.seek(0)
@@ -421,7 +421,13 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
             "meta": [1, "a", None],
         },
         [np.zeros((2, 2, 3), dtype=np.uint8), torch.tensor([True, False])],
+        # Registered types (a tagged [tag, state] pair each) next to a slice and a leaf.
+        {"point": _FuzzPoint(3, np.arange(4, dtype=np.int32)), "s": slice(1, 9, 2)},
     ]
+    with contextlib.suppress(ImportError):
+        from PIL import Image
+
+        payloads.append({"image": Image.new("RGB", (4, 3), (1, 2, 3)), "tag": b"pil"})
     templates = []
     for payload in payloads:
         data = codec.encode(payload)
@@ -433,10 +439,30 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
     return templates
 
 
+class _FuzzPoint:
+    """A registered application type for the codec templates (`extensions.register_type`)."""
+
+    def __init__(self, x: int, data: Any) -> None:
+        self.x = x
+        self.data = data
+
+
+def _register_fuzz_types() -> None:
+    from shmring.impl import extensions
+
+    extensions.register_type(
+        _FuzzPoint,
+        lambda point: {"x": point.x, "data": point.data},
+        lambda state: _FuzzPoint(state["x"], state["data"]),
+        name="shmring.fuzz.Point",
+    )
+
+
 def fuzz_codec(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated tensor frames: decode returns something or raises CorruptFrameError."""
     from shmring.impl import codec
 
+    _register_fuzz_types()
     templates = _codec_templates()
 
     @_settings(cases)
@@ -664,9 +690,9 @@ def forged_battery(scope: str) -> int:
             directory = receiver.directory
             me = current_producer_identity()
             # 1. A symlink planted at a ring path: the producer refuses it and falls back.
-            path = ring_path(directory, EDGE[0], EDGE[1], me)
-            os.symlink(outside, path)
             with Connector(scope, ring_capacity=CAPACITY) as producer:
+                path = ring_path(directory, EDGE[0], EDGE[1], producer.identity)
+                os.symlink(outside, path)
                 descriptor = producer.put(EDGE, "k", b"payload")
                 check(
                     descriptor.route is Route.FALLBACK,

@@ -159,10 +159,11 @@ def _segment_owner(path: str) -> ProducerIdentity | None:
     return int(pid), int(start_time)
 
 
-def observe(directory: str, producer: ProducerIdentity, edge: Edge, key: str) -> Observed:
+def observe(directory: str, producer: tuple[int, ...], edge: Edge, key: str) -> Observed:
+    """The key's files of `producer` (a connector's (pid, start time, instance))."""
     ring = _read_ring_keys(ring_path(directory, edge[0], edge[1], producer)).get(key, [])
     owner = _segment_owner(segment_path(directory, edge, key))
-    return Observed(tuple(ring), owner == producer)
+    return Observed(tuple(ring), owner == producer[:2])
 
 
 def expected_of(conn: connector_spec.ConnectorState, edge: Edge, key: str) -> Observed:
@@ -318,7 +319,7 @@ class Deployment:
         """Follow the outcome the failed put had, if the contract allows it."""
         connector = self.producers[identity]
         self.keys.add((identity, edge, key))
-        seen = observe(self.directory or connector.directory, identity, edge, key)
+        seen = observe(self.directory or connector.directory, connector.identity, edge, key)
         setup_ok = failed_before or edge not in connector.failed_edges()
         has_ring = connector.ring(edge) is not None
         candidates = []
@@ -376,7 +377,7 @@ class Deployment:
         except BaseException as error:  # noqa: BLE001 - judged below
             self._failed(what, error)
             for identity, held in before.items():
-                seen = observe(receiver.directory, identity, edge, key)
+                seen = observe(receiver.directory, self.producers[identity].identity, edge, key)
                 if seen != held:
                     raise ScenarioFailure(
                         f"{what} failed and consumed or changed a version: files {seen}, model {held}"
@@ -385,8 +386,10 @@ class Deployment:
         if got.status is GetStatus.BUSY:
             discovery_spec.process_refresh(self.model, name)
             return got
-        if got.delivered and got.producer in self.closing:
-            left = self.closing[got.producer]
+        # The harness names producers by their (borrowed) process; each runs one connector.
+        producer_of = got.producer[:2] if got.producer is not None else None
+        if got.delivered and producer_of in self.closing:
+            left = self.closing[producer_of]
             leftover = connector_spec.process_get(left, edge, key)
             require(
                 leftover.status is connector_spec.ConnectorGetStatus.DELIVERED
@@ -406,7 +409,7 @@ class Deployment:
         )
         if expected.status is DeploymentGetStatus.DELIVERED:
             require(
-                got.producer == expected.producer and got.route is expected.route,
+                producer_of == expected.producer and got.route is expected.route,
                 lambda: (
                     f"{what}: delivered from {got.producer} {got.route}, model {expected.producer} {expected.route}"
                 ),
@@ -449,7 +452,7 @@ class Deployment:
             producer = self.model.producers[identity]
             if not producers_spec.is_delivering(producer):
                 continue
-            seen = observe(self.directory, identity, edge, key)
+            seen = observe(self.directory, self.producers[identity].identity, edge, key)
             expected = expected_of(producer.connector, edge, key)
             if seen != expected:
                 raise ScenarioFailure(

@@ -125,7 +125,7 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import current_producer_identity
+from shmring.impl.naming import current_producer_identity, instance_of
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -425,12 +425,13 @@ class RingChannel(_RingFile):
         path: str,
         capacity: int,
         os_facade: OsFacade,
-        producer: tuple[int, int],
+        producer: tuple[int, ...],
         publish_hook: PublishHook | None,
     ) -> None:
         super().__init__(path, os_facade)
         self._capacity = capacity
-        self.producer = producer  # (pid, start time) written in the ring header
+        # (pid, start time) or (pid, start time, instance), written in the ring header
+        self.producer = producer
         self._publish_hook = publish_hook
         self._head = 0  # our copy of head (we are its only writer)
         self._tail = 0  # our copy of tail (we are its only writer)
@@ -454,7 +455,7 @@ class RingChannel(_RingFile):
         capacity: int,
         *,
         os_facade: OsFacade = DEFAULT_OS,
-        producer: tuple[int, int] | None = None,
+        producer: tuple[int, ...] | None = None,
         publish_hook: PublishHook | None = None,
     ) -> RingChannel:
         """Create the ring file at `path` (it must not exist) and map it.
@@ -465,8 +466,9 @@ class RingChannel(_RingFile):
         NoSpaceError, not later as SIGBUS) and every page is touched once, so
         puts never page-fault. On any failure nothing is left behind.
 
-        `producer` is the (pid, start time) written into the header; the
-        default is this process (`naming.current_producer_identity`).
+        `producer` is the (pid, start time[, instance]) written into the
+        header; the default is this process (`naming.current_producer_identity`),
+        instance 0.
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
         production passes None.
         """
@@ -496,7 +498,9 @@ class RingChannel(_RingFile):
             channel._words = SharedWords(buf)
             # Fault every page in once, here, rather than on the put path.
             buf[::_PAGE_SIZE] = bytes(len(range(0, file_length, _PAGE_SIZE)))
-            write_ring_header(buf, capacity, producer[0], producer[1], RING_STATE_OPEN)
+            write_ring_header(
+                buf, capacity, producer[0], producer[1], RING_STATE_OPEN, instance_of(producer)
+            )
         except BaseException:
             channel._closed = True
             channel._teardown()
@@ -866,6 +870,7 @@ class RingReader(_RingFile):
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         super().__init__(path, os_facade)
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
+        self.instance = 0  # the producer's connector instance, from the ring header
         self._seen_head = 0  # head at the last scan
         self._scanned_to = 0  # a frame boundary; frames below it are in the index (if published)
         # key bytes -> the frame seen PUBLISHED at the last scan, its header
@@ -940,6 +945,7 @@ class RingReader(_RingFile):
         self._capacity = capacity
         self._shapes = _FrameShapes(capacity)
         self.producer = (header.producer_pid, header.producer_start_time)
+        self.instance = header.producer_instance
         bytes(buf[::_PAGE_SIZE])  # fault every page in once, not on the receive path
         tail, _head = self._load_positions()
         self._scanned_to = tail

@@ -64,6 +64,11 @@ What travels, and how it comes back:
 * msgspec Structs -> their msgpack form: dicts (or lists for
   ``array_like``), or the Struct itself when `decode` is given ``type=``.
 * ``msgspec.msgpack.Ext`` (code != -1, the msgpack timestamp) -> an equal Ext.
+* ``slice`` -> ``[start, stop, step]`` (a list, as on vllm-omni's wire).
+* ``PIL.Image.Image`` and every class registered with
+  `shmring.impl.extensions.register_type` -> an object of that class, built
+  by its registered decode function (see that module; a tagged two-item
+  array on the wire, never pickle).
 
 Everything else (GPU, meta, sparse, quantized or nested tensors; numpy
 scalars, object or string arrays; sets, datetimes, dataclasses, enums,
@@ -87,6 +92,7 @@ from typing import Any, Final
 import msgspec
 from msgspec.msgpack import Decoder, Encoder, Ext
 
+from shmring.impl import extensions
 from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError
 
 # -- wire format ----------------------------------------------------------------
@@ -113,6 +119,10 @@ DESCRIPTOR_LENGTH: Final = _DESCRIPTOR.size
 _DESCRIPTOR_BY_NDIM: Final = tuple(struct.Struct(f"<BBBBQ{n}Q") for n in range(MAX_NDIM + 1))
 _DIMS_BY_NDIM: Final = tuple(struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1))
 _NUMPY_FLAG: Final = 0x80
+# First byte of an Ext(leaf code) that tags a registered object (no dtype code reaches it).
+_TYPE_TAG: Final = 0xFE
+# Registered objects rebuilt from nesting deeper than this are refused as corrupt.
+_MAX_REBUILD_DEPTH: Final = 4 * MAX_NESTING
 _SHARED_AREA: Final = 0
 _OWN_AREA: Final = 1
 _ALIGN_MASK: Final = REGION_ALIGNMENT - 1
@@ -150,6 +160,7 @@ _NUMPY_STRIDED: Final = 3  # strided or swapped byte order: numpy copies and con
 _RAW_BYTES: Final = 4  # a top-level bytes-like payload
 
 _NO_LEAVES: Final[list[Any]] = []  # never appended to: set while no message is being built
+_NOTHING_CONVERTED: Final[dict[int, Any]] = {}  # likewise, never written
 _SCALAR_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes, bytearray})
 _KEY_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes})
 
@@ -229,12 +240,17 @@ def _is_leaf(obj: object) -> bool:
 # -- encoding -----------------------------------------------------------------------
 
 
-def _scan(obj: Any, depth: int, exts: set[int]) -> int:
+def _scan(obj: Any, depth: int, exts: set[int], converted: dict[int, Any] | None) -> int:
     """Count the leaves under `obj`, collect the user Ext codes, refuse what does not travel.
 
     The walk exists because msgspec would silently encode sets, dataclasses,
     datetimes and enums; the codec refuses them so nothing comes back as a
     different kind of object than the caller sent without being documented.
+    Slices and registered objects are converted here, once: `converted` maps
+    the id of each to ``(obj, replacement)``, where the replacement is the
+    ``[start, stop, step]`` list or ``(type name, state)``. Most payloads hold
+    neither, so the first walk goes without the dict (None) and `_Rescan`
+    asks for a second walk with one when it meets such an object.
     """
     cls = type(obj)
     if cls in _SCALAR_TYPES:
@@ -257,11 +273,13 @@ def _scan(obj: Any, depth: int, exts: set[int]) -> int:
             return 0
         if isinstance(obj, msgspec.Struct):
             fields = [getattr(obj, name) for name in obj.__struct_fields__]
-            return _scan([value for value in fields if value is not msgspec.UNSET], depth, exts)
+            return _scan(
+                [value for value in fields if value is not msgspec.UNSET], depth, exts, converted
+            )
         if _is_leaf(obj):
             return 1
         if not isinstance(obj, (dict, list, tuple)):  # subclasses travel as their base type
-            raise _unsupported(obj)
+            return _scan_converted(obj, depth, exts, converted)
     leaves = 0
     if isinstance(obj, dict):
         for key, value in obj.items():
@@ -270,14 +288,43 @@ def _scan(obj: Any, depth: int, exts: set[int]) -> int:
                     key, "as a dict key; keys must be str, int, float, bool, None or bytes"
                 )
             if type(value) not in _SCALAR_TYPES:
-                leaves += _scan(value, depth + 1, exts)
+                leaves += _scan(value, depth + 1, exts, converted)
         return leaves
     if len(obj) > 8 and _SCALAR_TYPES.issuperset(map(type, obj)):
         return 0
     for value in obj:
         if type(value) not in _SCALAR_TYPES:
-            leaves += _scan(value, depth + 1, exts)
+            leaves += _scan(value, depth + 1, exts, converted)
     return leaves
+
+
+class _Rescan(Exception):
+    """The walk met a slice or a registered object without a `converted` dict."""
+
+
+def _scan_converted(obj: Any, depth: int, exts: set[int], converted: dict[int, Any] | None) -> int:
+    """A slice or a registered object: convert it once, then scan what it became."""
+    if converted is None:
+        if type(obj) is slice or extensions.codec_for_object(obj) is not None:
+            raise _Rescan
+        raise _unsupported(obj, "register its class with shmring.register_type to send it")
+    if type(obj) is slice:
+        replacement: Any = [obj.start, obj.stop, obj.step]
+        converted[id(obj)] = (obj, replacement)
+        return _scan(replacement, depth + 1, exts, converted)
+    codec = extensions.codec_for_object(obj)
+    if codec is None:
+        raise _unsupported(obj, "register its class with shmring.register_type to send it")
+    if id(obj) in converted:
+        return 0  # the same object twice: already converted (its leaves counted once per use)
+    try:
+        state = codec.encode(obj)
+    except UnsupportedPayloadError:
+        raise
+    except Exception as error:
+        raise _unsupported(obj, f"its registered encode failed: {error!r}") from error
+    converted[id(obj)] = (obj, (codec.name, state))
+    return _scan(state, depth + 1, exts, converted)
 
 
 def _choose_leaf_code(exts: set[int]) -> int:
@@ -303,10 +350,11 @@ class _HeaderBuilder:
     messages instead of rebuilding them on every put.
     """
 
-    __slots__ = ("busy", "code", "encoder", "leaves", "own_cursor", "shared_cursor")
+    __slots__ = ("busy", "code", "converted", "encoder", "leaves", "own_cursor", "shared_cursor")
 
     def __init__(self) -> None:
         self.encoder = Encoder(enc_hook=self._leaf_descriptor)
+        self.converted: dict[int, Any] = _NOTHING_CONVERTED
         self.busy = False
         self.code = DEFAULT_LEAF_EXT_CODE
         self.leaves: list[tuple[int, int, int, int, Any, Any]] = _NO_LEAVES
@@ -324,7 +372,15 @@ class _HeaderBuilder:
         self.own_cursor = cursor + padded
         return _OWN_AREA, cursor
 
-    def _leaf_descriptor(self, obj: Any) -> Ext:
+    def _leaf_descriptor(self, obj: Any) -> Any:
+        if self.converted:
+            entry = self.converted.get(id(obj))
+            if entry is not None and entry[0] is obj:
+                replacement = entry[1]
+                if type(replacement) is list:  # a slice
+                    return replacement
+                name, state = replacement
+                return [Ext(self.code, bytes((_TYPE_TAG,)) + name.encode()), state]
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor_descriptor(obj)
@@ -407,7 +463,7 @@ class EncodePlan:
         self._own_start = own_start  # where the own area starts
         self._leaves = leaves or ()  # (area, offset in area, nbytes, copy kind, source, dtype code)
         self.nbytes = nbytes
-        raw = leaves is not None and leaves[0][3] == _RAW_BYTES
+        raw = bool(leaves) and leaves[0][3] == _RAW_BYTES  # type: ignore[index]
         self.leaf_count = 0 if raw else len(self._leaves)
 
     def __repr__(self) -> str:
@@ -444,11 +500,11 @@ class EncodePlan:
         head = self._head
         head_end = len(head)
         mv[:head_end] = head
+        data_start = self._data_start
+        if data_start > head_end:  # framed: zero fill after the header
+            mv[head_end:data_start] = _ZEROS[: data_start - head_end]
         if not self._leaves:
             return nbytes
-        data_start = self._data_start
-        if data_start > head_end:
-            mv[head_end:data_start] = _ZEROS[: data_start - head_end]
         own_start = self._own_start
         address = 0  # of mv[0], looked up once for the first contiguous tensor
         for area, offset, size, kind, source, code in self._leaves:
@@ -535,7 +591,14 @@ def prepare(obj: Any) -> EncodePlan:
             raise _unsupported(obj, "memoryview is not C-contiguous")
         return _prepare_bytes(obj)
     exts: set[int] = set()
-    if _scan(obj, 0, exts) == 0:
+    converted: dict[int, Any] = _NOTHING_CONVERTED
+    try:
+        leaf_count = _scan(obj, 0, exts, None)
+    except _Rescan:
+        exts.clear()
+        converted = {}
+        leaf_count = _scan(obj, 0, exts, converted)
+    if leaf_count == 0 and not converted:
         try:
             head = _plain_encoder.encode(obj)
         except (OverflowError, UnicodeEncodeError) as error:
@@ -548,6 +611,7 @@ def prepare(obj: Any) -> EncodePlan:
             _local.builder = builder
     builder.busy = True
     builder.code = _choose_leaf_code(exts)
+    builder.converted = converted
     leaves: list[tuple[int, int, int, int, Any, Any]] = []
     builder.leaves = leaves
     builder.shared_cursor = builder.own_cursor = 0
@@ -558,6 +622,7 @@ def prepare(obj: Any) -> EncodePlan:
     finally:
         builder.busy = False
         builder.leaves = _NO_LEAVES  # the plan owns the list; the builder pins no tensor
+        builder.converted = _NOTHING_CONVERTED
     header_length = len(header)
     shared_length = builder.shared_cursor
     if header_length > _U32_MAX:
@@ -575,7 +640,7 @@ def prepare(obj: Any) -> EncodePlan:
 def encode(obj: Any) -> bytes:
     """The whole encoding of `obj` as bytes (convenience; the ring uses `prepare`)."""
     plan = prepare(obj)
-    if not plan._leaves:
+    if plan.nbytes == len(plan._head):
         return plan._head
     out = bytearray(plan.nbytes)
     plan.write_into(out)
@@ -616,11 +681,13 @@ class _LeafReader:
         "shared_cursor",
         "shared_length",
         "src",
+        "tagged",
         "typed",
     )
 
     def __init__(self) -> None:
         self.decoder = Decoder(ext_hook=self._leaf)
+        self.tagged = False  # the message holds registered objects (rebuilt after decoding)
         self.typed: dict[Any, Decoder[Any]] = {}
         self.busy = False
         self.src: memoryview | None = None
@@ -641,6 +708,12 @@ class _LeafReader:
     def _leaf(self, code: int, data: memoryview) -> Any:
         if code != self.code:
             return Ext(code, bytes(data))
+        if len(data) and data[0] == _TYPE_TAG:
+            self.tagged = True
+            try:
+                return _TypeTag(bytes(data[1:]).decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise _corrupt(f"type tag is not UTF-8: {error}") from None
         if len(data) < DESCRIPTOR_LENGTH:
             raise _corrupt(f"leaf descriptor too short: length={len(data)}")
         dtype_code, area, ndim, reserved, offset = _DESCRIPTOR.unpack_from(data)
@@ -701,6 +774,48 @@ class _LeafReader:
             if isinstance(error, CorruptFrameError):
                 raise
             raise _corrupt(f"leaf shape={shape} does not make an array: {error}") from error
+
+
+class _TypeTag:
+    """A decoded type tag: the name of the registered class whose state follows it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _rebuild(obj: Any, depth: int) -> Any:
+    """Replace every ``[tag, state]`` pair in a freshly decoded tree by its registered object."""
+    if depth > _MAX_REBUILD_DEPTH:
+        raise _corrupt(f"registered objects nested deeper than {_MAX_REBUILD_DEPTH}")
+    cls = type(obj)
+    if cls is list:
+        if len(obj) == 2 and type(obj[0]) is _TypeTag:
+            name = obj[0].name
+            state = _rebuild(obj[1], depth + 1)
+            codec = extensions.codec_for_name(name)
+            if codec is None:
+                raise _corrupt(
+                    f"payload holds an object of unregistered type name={name!r}; "
+                    "register it with shmring.register_type on this side too"
+                )
+            try:
+                return codec.decode(state)
+            except Exception as error:
+                raise _corrupt(f"cannot rebuild a {name}: {error!r}") from error
+        for index, value in enumerate(obj):
+            if type(value) is list or type(value) is dict or type(value) is _TypeTag:
+                obj[index] = _rebuild(value, depth + 1)
+    elif cls is dict:
+        for key, value in obj.items():
+            if type(key) is _TypeTag:
+                raise _corrupt("a type tag as a dict key")
+            if type(value) is list or type(value) is dict or type(value) is _TypeTag:
+                obj[key] = _rebuild(value, depth + 1)
+    elif cls is _TypeTag:
+        raise _corrupt(f"type tag name={obj.name!r} outside a [tag, state] pair")
+    return obj
 
 
 def _has_non_bool_byte(storage: Any, start: int, nbytes: int) -> bool:
@@ -792,6 +907,7 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
     reader.own_cursor = 0
     reader.own_start = own_start
     reader.own_length = length - own_start
+    reader.tagged = False
     try:
         # The header is copied (it is small) so that the ext_hook's views, which
         # an error's traceback may keep, never point into the caller's buffer.
@@ -801,6 +917,8 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
                 f"leaves do not cover the data: shared={reader.shared_cursor}/{shared_length} "
                 f"own={reader.own_cursor}/{reader.own_length}"
             )
+        if reader.tagged:
+            return _rebuild(result, 0)
         return result
     except CorruptFrameError:
         raise

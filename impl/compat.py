@@ -1,29 +1,40 @@
 """A facade with the call shapes of vllm-omni's ``SharedMemoryConnector``.
 
 Design rationale. A pipeline that already talks to vllm-omni's connector
-should switch by changing one import: same constructor (a config dict),
-same `put` / `get` / `get_with_deadline` / `cleanup` / `close` / `health`
-signatures and return shapes. Underneath is one `Connector`; nothing here
-decides routing, it only translates:
+(and its base, ``OmniConnectorBase``) should switch by changing one import:
+same constructor (a config dict), same `put` / `get` / `get_with_deadline`
+/ `cleanup` / `abandon_get` / `reap_consumed` / `close` / `health`
+signatures and return shapes, the static `serialize_obj` /
+`deserialize_obj`, `supports_raw_data`, close on ``__del__`` and as a
+context manager. Underneath is one `Connector` (one producer: each facade
+publishes on its own rings, so a process may hold several on one edge);
+nothing here decides routing, it only translates:
 
-* config: ``stage_id``, ``wakeup_scope``, ``host_ring_bytes`` and
-  ``fallback_budget_bytes``, at the top level or nested under ``extra``
-  (the top level wins). Without a scope the stage processes of one
-  deployment share their launching parent, so the parent pid names it. A
-  scope that is not a valid directory name is replaced by a digest of it.
+* config: ``stage_id``, ``wakeup_scope``, ``host_ring_bytes``,
+  ``fallback_budget_bytes`` and ``shm_root``, at the top level or nested
+  under ``extra`` (the top level wins). Without a scope the stage processes
+  of one deployment share their launching parent, so the parent pid names
+  it. A scope that is not a valid directory name is replaced by a digest of
+  it. The constructor joins the deployment at once, so an unusable
+  deployment directory is a ConfigurationError there, not a refused put later.
 * put metadata: ``{"host_ring": <descriptor>, "size": n}`` for a ring frame,
   ``{"shm": <descriptor>, "size": n}`` for a fallback segment; both
-  descriptors are plain dicts (msgpack/JSON friendly). A refused put
+  descriptors are plain dicts (msgpack/JSON friendly) whose ``"name"`` is
+  the file's path relative to the shm root, as vllm-omni's segment names
+  are (``os.path.join("/dev/shm", name)`` is the file). A refused put
   (back-pressure, no space, an unsupported payload) answers
-  ``(False, 0, None)`` as vllm-omni's does, and is logged.
+  ``(False, 0, None)`` as vllm-omni's does, and is logged; an invalid key
+  or stage id raises InvalidKeyError.
 * get metadata may be the put's metadata, or a dict keyed by the get key
   holding it; anything else (missing, foreign, malformed) falls back to a
-  lookup by key. A get answers ``(obj, size)`` or None.
+  lookup by key. A get answers ``(obj, size)`` or None; a frame another
+  process holds locked answers None at once (vllm-omni's non-blocking lock).
 * deadlines are `time.monotonic()` values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -32,6 +43,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
+from shmring.impl import codec, extensions
 from shmring.impl.connector import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_RING_CAPACITY,
@@ -40,7 +52,13 @@ from shmring.impl.connector import (
     Descriptor,
     descriptor_from_dict,
 )
-from shmring.impl.errors import ConfigurationError, CorruptFrameError, ShmringError
+from shmring.impl.errors import (
+    ConfigurationError,
+    CorruptFrameError,
+    InvalidKeyError,
+    ShmringError,
+)
+from shmring.impl.naming import DEFAULT_SHM_ROOT
 from shmring.impl.os_seam import OsFacade
 from shmring.spec.connector import Route
 
@@ -73,11 +91,16 @@ def scope_from_config(config: Mapping[str, Any]) -> str:
     return "h" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:_SCOPE_DIGEST_LENGTH]
 
 
-class SharedMemoryConnector:
-    """vllm-omni's ``SharedMemoryConnector`` call shapes over a shmring `Connector`."""
+# vLLM's RequestOutput / CompletionOutput travel as themselves when vllm is installed.
+extensions.register_vllm_types()
 
-    # vllm-omni's connectors serialize themselves; this one carries raw trees.
+
+class SharedMemoryConnector:
+    """vllm-omni's ``SharedMemoryConnector`` (and ``OmniConnectorBase``) over a shmring `Connector`."""
+
+    # As vllm-omni's shared-memory connector: payloads go through `serialize_obj`'s codec.
     supports_raw_data: bool = False
+    _connector: Connector | None = None  # set once construction succeeded (see __del__)
 
     def __init__(self, config: Mapping[str, Any], *, os_facade: OsFacade | None = None) -> None:
         if not isinstance(config, Mapping):
@@ -86,38 +109,73 @@ class SharedMemoryConnector:
         self.stage_id = _config_value(config, "stage_id", -1)
         ring_bytes = _config_value(config, "host_ring_bytes", DEFAULT_RING_CAPACITY)
         budget = _config_value(config, "fallback_budget_bytes", DEFAULT_FALLBACK_BUDGET)
+        shm_root = _config_value(config, "shm_root", DEFAULT_SHM_ROOT)
         self.scope = scope_from_config(config)
-        self._connector = Connector(
-            self.scope, ring_capacity=ring_bytes, fallback_budget=budget, os_facade=os_facade
+        connector = Connector(
+            self.scope,
+            ring_capacity=ring_bytes,
+            fallback_budget=budget,
+            os_facade=os_facade,
+            shm_root=shm_root,
         )
+        try:
+            connector.join()  # an unusable deployment directory fails here, with its remedy
+        except BaseException:
+            with contextlib.suppress(OSError, ShmringError):
+                connector.close()
+            raise
+        self.shm_root = shm_root
+        self._connector = connector
         self._failed_puts = 0
 
     @property
     def connector(self) -> Connector:
         """The shmring connector underneath."""
+        assert self._connector is not None
         return self._connector
+
+    # -- the wire codec ---------------------------------------------------------------------
+
+    @staticmethod
+    def serialize_obj(obj: Any) -> bytes:
+        """The payload's wire encoding (shmring's codec; UnsupportedPayloadError if it does not travel)."""
+        return codec.encode(obj)
+
+    @staticmethod
+    def deserialize_obj(data: bytes | memoryview) -> Any:
+        """The object `serialize_obj` encoded (CorruptFrameError for anything else)."""
+        return codec.decode(data)
 
     # -- put / get ----------------------------------------------------------------------
 
     def put(
         self, from_stage: Any, to_stage: Any, put_key: str, data: Any
     ) -> tuple[bool, int, dict[str, Any] | None]:
-        """Publish `data`; answers (ok, payload bytes, metadata for the receiver)."""
+        """Publish `data`; answers (ok, payload bytes, metadata for the receiver).
+
+        InvalidKeyError for a key or stage id that cannot name anything; every
+        other refusal answers ``(False, 0, None)`` and is logged.
+        """
+        connector = self.connector
         try:
-            descriptor = self._connector.put(from_stage, to_stage, put_key, data)
+            descriptor = connector.put(from_stage, to_stage, put_key, data)
+        except InvalidKeyError:
+            raise
         except ShmringError as error:
             self._failed_puts += 1
             logger.error("shmring: put failed for key=%r: %s", put_key, error)
             return False, 0, None
         name = RING_METADATA_KEY if descriptor.route is Route.RING else SEGMENT_METADATA_KEY
-        return True, descriptor.size, {name: descriptor.to_dict(), "size": descriptor.size}
+        fields = descriptor.to_dict()
+        fields["name"] = os.path.relpath(connector.file_path(descriptor), self.shm_root)
+        return True, descriptor.size, {name: fields, "size": descriptor.size}
 
     def get(
         self, from_stage: Any, to_stage: Any, get_key: str, metadata: Any = None
     ) -> tuple[Any, int] | None:
-        """Claim the key's payload; answers (obj, payload bytes) or None."""
+        """Claim the key's payload; answers (obj, payload bytes) or None (also when locked)."""
         descriptor = self._descriptor(get_key, metadata)
-        got = self._connector.get(from_stage, to_stage, get_key, descriptor=descriptor)
+        got = self.connector.get(from_stage, to_stage, get_key, descriptor=descriptor)
         return _answer(got)
 
     def get_with_deadline(
@@ -129,12 +187,24 @@ class SharedMemoryConnector:
         *,
         deadline: float,
     ) -> tuple[Any, int] | None:
-        """Like `get`, waiting (spin, then sleep) until `deadline`, a `time.monotonic()` value."""
+        """Like `get`, waiting until `deadline` (a `time.monotonic()` value) for an absent key.
+
+        A key that is not there yet is waited for (spin, then the deployment
+        doorbell) until the deadline. A key whose frame is there but locked
+        by another process (BUSY) answers None at once, as does a deadline
+        already past (vllm-omni's semantics: a receive loop polls many keys
+        and must never stall on one).
+        """
         if time.monotonic() >= deadline:
-            return self.get(from_stage, to_stage, get_key, metadata)
+            return None
         descriptor = self._descriptor(get_key, metadata)
-        got = self._connector.get_with_deadline(
-            from_stage, to_stage, get_key, descriptor=descriptor, deadline=deadline
+        got = self.connector.get_with_deadline(
+            from_stage,
+            to_stage,
+            get_key,
+            descriptor=descriptor,
+            deadline=deadline,
+            wait_for_locks=False,
         )
         return _answer(got)
 
@@ -163,20 +233,43 @@ class SharedMemoryConnector:
 
     # -- cancellation and shutdown ----------------------------------------------------------
 
-    def cleanup(self, request_id: str) -> int:
-        """Retire the exact key `request_id` (never a prefix); answer how many versions."""
-        return self._connector.cleanup(request_id)
+    def cleanup(self, request_id: str) -> bool:
+        """Retire the exact key `request_id` (never a prefix); answer whether anything was retired."""
+        return self.connector.cleanup(request_id) > 0
 
     def cleanup_prefix(self, prefix: str) -> int:
         """Retire every `prefix` + digits key; answer how many versions."""
-        return self._connector.cleanup_prefix(prefix)
+        return self.connector.cleanup_prefix(prefix)
+
+    def get_wakeup_generation(self) -> int | None:
+        """Snapshot before polling; a later put changes it (see `wait_for_change`). None: no doorbell."""
+        return self.connector.wakeup_generation()
+
+    def wait_for_change(self, generation: int | None, *, timeout: float) -> bool:
+        """Block until something was published since `generation`, or `timeout`; answer which."""
+        return self.connector.wait_for_change(generation, timeout)
+
+    def abandon_get(self, get_key: str) -> None:
+        """Stop looking for `get_key`: forget the receive state kept for it (retires nothing)."""
+        self.connector.abandon_get(get_key)
+
+    def reap_consumed(self) -> None:
+        """Drop the bookkeeping of payloads other processes consumed (their budget frees)."""
+        self.connector.reap_consumed()
 
     def close(self) -> None:
         """Remove everything this connector published. Idempotent."""
-        self._connector.close()
+        connector = self._connector
+        if connector is not None:
+            connector.close()
+
+    def __del__(self) -> None:
+        # As OmniConnectorBase: a dropped connector closes itself. Never raise here.
+        with contextlib.suppress(Exception):
+            self.close()
 
     def health(self) -> dict[str, Any]:
-        h = self._connector.health()
+        h = self.connector.health()
         return {
             "status": "closed" if h.closed else "healthy",
             "puts": h.puts,
@@ -190,6 +283,11 @@ class SharedMemoryConnector:
             "fallback_bytes": h.fallback_bytes,
             "failed_edges": h.failed_edges,
         }
+
+    @staticmethod
+    def _make_key(key: str, from_stage: str, to_stage: str, separator: str = "@") -> str:
+        """OmniConnectorBase's internal key: ``{key}{separator}{from_stage}_{to_stage}``."""
+        return f"{key}{separator}{from_stage}_{to_stage}"
 
     def __enter__(self) -> SharedMemoryConnector:
         return self

@@ -37,6 +37,12 @@ A receive never waits for another process's lock (BUSY instead, which
 shared-memory load per producer plus one `open` of the key's segment name:
 no lock, no directory scan.
 
+A producer is one connector instance, identified by (pid, process start
+time, instance): each connector publishes on its own rings, markers and live
+file, so a process may hold any number of producers on one edge, each
+discovered like any other and closed on its own. Liveness is the process's,
+so every instance of a killed process is dead at once.
+
 A connector is thread-safe (one lock around each operation; a waiting
 `get_with_deadline` sleeps without it). It is not fork-safe: a child process
 makes its own.
@@ -48,6 +54,7 @@ import contextlib
 import enum
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -85,10 +92,11 @@ from shmring.impl.fallback import (
 )
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
-    ProducerIdentity,
+    ConnectorIdentity,
     current_producer_identity,
     deployment_directory,
     ensure_deployment_directory,
+    next_instance,
     ring_path,
     validate_scope,
     validate_stage_name,
@@ -106,6 +114,11 @@ DEFAULT_RING_CAPACITY: Final = 4 * 1024 * 1024
 DEFAULT_FALLBACK_BUDGET: Final = 16 * 1024 * 1024 * 1024
 DEFAULT_SPIN_SECONDS: Final = 0.0002  # get_with_deadline polls without sleeping this long
 DEFAULT_MAX_SLEEP_SECONDS: Final = 0.001  # then sleeps, backing off up to this between polls
+# Bounds of the wait tuning: a longer spin only burns a core, a longer sleep step only adds latency.
+MAX_SPIN_SECONDS: Final = 1.0
+MAX_SLEEP_SECONDS: Final = 1.0
+# No deployment has more shared memory than this; a larger budget is a mistake, not a wish.
+MAX_FALLBACK_BUDGET: Final = (1 << 63) - 1
 _MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again
 # for what rings no bell (a producer that died).
@@ -123,7 +136,7 @@ class RingDescriptor:
     """Names the exact ring frame a put published (`spec.connector.RingDescriptor`)."""
 
     route: ClassVar[Route] = Route.RING
-    producer: ProducerIdentity  # (pid, start time) of the publishing process
+    producer: ConnectorIdentity  # (pid, start time, instance) of the publishing connector
     edge: Edge
     key: str
     position: int  # the frame's logical position in that producer's ring
@@ -142,7 +155,7 @@ class FallbackDescriptor:
     """Names the exact fallback segment a put created (`spec.connector.FallbackDescriptor`)."""
 
     route: ClassVar[Route] = Route.FALLBACK
-    producer: ProducerIdentity
+    producer: ConnectorIdentity  # (pid, start time, instance) of the publishing connector
     edge: Edge
     key: str
     generation: int  # unique per producer process; a re-put makes a new one
@@ -159,7 +172,7 @@ class FallbackDescriptor:
 Descriptor = RingDescriptor | FallbackDescriptor
 
 
-def _common_fields(producer: ProducerIdentity, edge: Edge, key: str, size: int) -> dict[str, Any]:
+def _common_fields(producer: ConnectorIdentity, edge: Edge, key: str, size: int) -> dict[str, Any]:
     """The fields every descriptor's `to_dict` carries (read back by `descriptor_from_dict`)."""
     return {
         "producer": list(producer),
@@ -173,8 +186,14 @@ def _common_fields(producer: ProducerIdentity, edge: Edge, key: str, size: int) 
 def descriptor_from_dict(route: Route, data: Mapping[str, Any]) -> Descriptor:
     """Rebuild a descriptor from `to_dict`'s form; CorruptFrameError when it is malformed."""
     try:
-        pid, start_time = data["producer"]
-        producer = (_plain_int(pid, "producer pid"), _plain_int(start_time, "producer start time"))
+        pid, start_time, *rest = data["producer"]
+        if len(rest) > 1:
+            raise ValueError(f"producer must be [pid, start time, instance]: {data['producer']!r}")
+        producer = (
+            _plain_int(pid, "producer pid"),
+            _plain_int(start_time, "producer start time"),
+            _plain_int(rest[0], "producer instance") if rest else 0,
+        )
         edge = (str(data["source"]), str(data["destination"]))
         key = data["key"]
         size = _plain_int(data["size"], "size")
@@ -224,7 +243,7 @@ class Delivery:
     value: Any = None  # the payload, in independently owned memory (DELIVERED only)
     size: int = 0  # encoded payload bytes (DELIVERED only)
     route: Route | None = None  # where it came from (DELIVERED only)
-    producer: ProducerIdentity | None = None  # whose frame it was (DELIVERED only)
+    producer: ConnectorIdentity | None = None  # whose frame it was (DELIVERED only)
 
     @property
     def delivered(self) -> bool:
@@ -270,14 +289,6 @@ class ConnectorHealth:
     fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
 
 
-# -- in-process bookkeeping of the "live" file ------------------------------------
-
-# One live file per producer process and deployment, shared by the process's
-# connectors: it exists while at least one of them that has put is open.
-_live_lock: Final = threading.Lock()
-_live_refs: Final[dict[str, int]] = {}
-
-
 # -- the connector -------------------------------------------------------------------
 
 
@@ -293,10 +304,16 @@ class Connector:
     reader hands it back when it claims it, and a later put of the same
     file size writes into it instead of allocating, mapping and faulting a
     new one (`shmring.impl.fallback`). `os_facade` is the seam fault
-    plans use; production leaves it None. `identity` (tests only) makes the
+    plans use; production leaves it None. `shm_root` must be an existing
+    directory. `spin_seconds` (at most `MAX_SPIN_SECONDS`) and
+    `max_sleep_seconds` (at most `MAX_SLEEP_SECONDS`) tune
+    `get_with_deadline`. `identity` (tests only) makes the
     connector publish as another live or dead process (pid, start time);
     `publish_hook` (tests only) is handed to every ring it creates (crash
     tests stop the producer at a stage of a put).
+
+    Each connector is its own producer, (pid, start time, instance): two
+    connectors of one process on one edge publish on two rings.
 
     Use as a context manager, or call `close()` (idempotent).
     """
@@ -315,7 +332,7 @@ class Connector:
         shm_root: str = DEFAULT_SHM_ROOT,
         spin_seconds: float = DEFAULT_SPIN_SECONDS,
         max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
-        identity: ProducerIdentity | None = None,
+        identity: tuple[int, int] | None = None,
         publish_hook: PublishHook | None = None,
     ) -> None:
         validate_scope(scope)
@@ -332,6 +349,10 @@ class Connector:
             raise ConfigurationError(
                 f"fallback budget must be an int >= 0 bytes: fallback_budget={fallback_budget!r}"
             )
+        if fallback_budget > MAX_FALLBACK_BUDGET:
+            raise ConfigurationError(
+                f"fallback budget must be at most 2**63 - 1 bytes: fallback_budget={fallback_budget!r}"
+            )
         for name, count in (
             ("fallback_spare_bytes", fallback_spare_bytes),
             ("fallback_spare_min_bytes", fallback_spare_min_bytes),
@@ -344,6 +365,21 @@ class Connector:
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigurationError(f"{name} must be a number >= 0: {name}={value!r}")
+        for name, value, bound in (
+            ("spin_seconds", spin_seconds, MAX_SPIN_SECONDS),
+            ("max_sleep_seconds", max_sleep_seconds, MAX_SLEEP_SECONDS),
+        ):
+            if not math.isfinite(value) or value > bound:
+                raise ConfigurationError(
+                    f"{name} must be at most {bound} seconds (a longer spin only burns a core, "
+                    f"a longer sleep step only adds latency): {name}={value!r}"
+                )
+        if not isinstance(shm_root, str) or not os.path.isdir(shm_root):
+            what = "does not exist" if not os.path.lexists(str(shm_root)) else "is not a directory"
+            raise ConfigurationError(
+                f"shm_root {what} (it must be an existing directory, e.g. /dev/shm): "
+                f"shm_root={shm_root!r}"
+            )
         self.scope = scope
         self.ring_capacity = ring_capacity
         self.fallback_budget = fallback_budget
@@ -355,15 +391,17 @@ class Connector:
         self._spin = float(spin_seconds)
         self._max_sleep = float(max_sleep_seconds)
         self._lock = threading.RLock()
-        # Test seam: publish as another (pid, start time), so one process can
-        # stand in for several producers (fault campaigns); production leaves it None.
-        self._identity_override = identity
         self._publish_hook = publish_hook  # test seam handed to every ring (crash points of a put)
-        self.identity: ProducerIdentity | None = None  # known once joined
+        self.instance = next_instance()  # which of this process's connectors (0, 1, ...)
+        # `identity` is a test seam: publish as another (pid, start time), so one process
+        # can stand in for several producers (fault campaigns); production leaves it None.
+        process = identity if identity is not None else current_producer_identity()
+        # This connector's producer identity: (pid, start time, instance).
+        self.identity: ConnectorIdentity = (process[0], process[1], self.instance)
         self._rings: dict[Edge, RingChannel] = {}
         self._failed_edges: dict[Edge, BaseException] = {}
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
-        self._readers: dict[tuple[Edge, ProducerIdentity], RingReader] = {}
+        self._readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}
         # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
         self._fallback_miss: tuple[Edge, str, int, float] | None = None
         # Mappings of handed-back fallback files, kept between this reader's claims.
@@ -402,10 +440,16 @@ class Connector:
         if fallback is not None:
             return fallback
         os_facade = self._os
-        identity = self._identity_override or current_producer_identity(os_facade)
+        identity = self.identity
 
         def ensure() -> str:
-            return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
+            try:
+                return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
+            except ConfigurationError as error:
+                raise ConfigurationError(
+                    f"{error}; remedy: remove that path (if it is yours) or pick another "
+                    f"scope or shm_root"
+                ) from error
 
         directory = ensure()
         membership = Membership.join(directory, os_facade, ensure_directory=ensure)
@@ -431,44 +475,44 @@ class Connector:
         except BaseException:
             membership.leave()
             raise
-        self.identity = identity
         self._membership = membership
         self._stamp = stamp
         self._liveness = liveness
         self._fallback = fallback
         return fallback
 
+    def join(self) -> None:
+        """Join the deployment now instead of at the first put or get.
+
+        ConfigurationError (with its remedy) when the deployment directory
+        is unusable: not a directory, another uid's, or open to others.
+        """
+        with self._lock:
+            self._require_open()
+            self._join()
+
     def _ensure_live_file(self) -> None:
         """Say "this producer's connector is open" (for fallback descriptors after close)."""
         if self._live_path is not None or self.identity is None:
             return
         path = os.path.join(self.directory, live_file_name(self.identity))
-        with _live_lock:
-            if not _live_refs.get(path):
-                try:
-                    fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
-                except FileExistsError:
-                    pass
-                except OSError as error:
-                    logger.warning("shmring: cannot create %s: %s", path, error)
-                    return
-                else:
-                    self._os.close(fd)
-            _live_refs[path] = _live_refs.get(path, 0) + 1
+        try:
+            fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        except FileExistsError:
+            pass  # left by our own earlier, failed close
+        except OSError as error:
+            logger.warning("shmring: cannot create %s: %s", path, error)
+            return
+        else:
+            self._os.close(fd)
         self._live_path = path
 
     def _release_live_file(self) -> None:
         path = self._live_path
         if path is None:
             return
-        with _live_lock:
-            left = _live_refs.get(path, 1) - 1
-            if left <= 0:
-                _live_refs.pop(path, None)
-                with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(path)
-            else:
-                _live_refs[path] = left
+        with contextlib.suppress(FileNotFoundError):
+            self._os.unlink(path)
         self._live_path = None
 
     # -- rings -------------------------------------------------------------------------------
@@ -592,7 +636,8 @@ class Connector:
             self._join()
             discovery = self._discovery
             assert discovery is not None
-            discovery.refresh()
+            if discovery.refresh():
+                self._release_departed()
             if descriptor is None:
                 return self._get_by_key(edge, key, bell)
             if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
@@ -721,7 +766,7 @@ class Connector:
             return _STALE
         return _NOT_FOUND
 
-    def _is_delivering(self, producer: ProducerIdentity) -> bool:
+    def _is_delivering(self, producer: ConnectorIdentity) -> bool:
         """The producer is running and its connector is open (its live file exists)."""
         liveness = self._liveness
         assert liveness is not None
@@ -734,7 +779,7 @@ class Connector:
         return True
 
     def _delivered(
-        self, route: Route, value: Any, size: int, producer: ProducerIdentity
+        self, route: Route, value: Any, size: int, producer: ConnectorIdentity
     ) -> Delivery:
         self._gets += 1
         self._bytes += size
@@ -742,7 +787,7 @@ class Connector:
             self._ring_gets += 1
         return Delivery(GetStatus.DELIVERED, value, size, route, producer)
 
-    def _reader(self, edge: Edge, producer: ProducerIdentity) -> RingReader | None:
+    def _reader(self, edge: Edge, producer: ConnectorIdentity) -> RingReader | None:
         """The mapped ring of `producer` on `edge`; None (and released) when it is gone."""
         reader = self._readers.get((edge, producer))
         if reader is None:
@@ -756,9 +801,10 @@ class Connector:
                 logger.warning("shmring: ignoring a corrupt ring %s: %s", path, error)
                 self._release(edge, producer)
                 return None
-            if reader.producer != producer:
+            if (*reader.producer, reader.instance) != producer:
+                named = (*reader.producer, reader.instance)
                 reader.close()
-                logger.warning("shmring: ring %s names producer=%s", path, reader.producer)
+                logger.warning("shmring: ring %s names producer=%s", path, named)
                 self._release(edge, producer)
                 return None
             self._readers[(edge, producer)] = reader
@@ -767,7 +813,26 @@ class Connector:
             return None
         return reader
 
-    def _release(self, edge: Edge, producer: ProducerIdentity) -> None:
+    def _release_departed(self) -> None:
+        """After a scan: unmap every ring whose producer closed, died or lost its marker.
+
+        A get by key visits only the producers discovery still lists, so a
+        producer that left would otherwise stay mapped (fd and mapping of a
+        deleted file) until this connector closes.
+        """
+        discovery = self._discovery
+        liveness = self._liveness
+        assert discovery is not None and liveness is not None
+        for edge, producer in list(self._readers):
+            reader = self._readers[(edge, producer)]
+            if (
+                producer not in discovery.producers.get(edge, ())
+                or reader.producer_closed
+                or not liveness.is_alive(producer)
+            ):
+                self._release(edge, producer)
+
+    def _release(self, edge: Edge, producer: ConnectorIdentity) -> None:
         """Drop our mapping of a producer that closed or exited."""
         reader = self._readers.pop((edge, producer), None)
         if reader is not None:
@@ -783,6 +848,7 @@ class Connector:
         descriptor: Descriptor | None = None,
         deadline: float | None = None,
         timeout: float | None = None,
+        wait_for_locks: bool = True,
     ) -> Delivery:
         """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
 
@@ -795,7 +861,9 @@ class Connector:
         (BUSY), or without futexes, it sleeps in short steps instead,
         backing off up to `max_sleep_seconds`. Answers the first final
         result (delivered, stale, producer gone) or the last one when time
-        runs out (NOT_FOUND or BUSY).
+        runs out (NOT_FOUND or BUSY). With `wait_for_locks=False` a BUSY
+        answer is final too: a receive loop that polls many keys never
+        spends its deadline on one that another process holds.
         """
         if deadline is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
@@ -807,6 +875,8 @@ class Connector:
             bell = self._doorbell()
             got = self._get(edge, key, descriptor, bell)
             if got.status in _FINAL_STATUSES:
+                return got
+            if got.status is GetStatus.BUSY and not wait_for_locks:
                 return got
             now = time.monotonic()
             if now >= deadline:
@@ -823,6 +893,27 @@ class Connector:
                 sleep = _MIN_SLEEP_SECONDS
             time.sleep(min(sleep, deadline - now))
             sleep = min(sleep * 2, max(self._max_sleep, _MIN_SLEEP_SECONDS))
+
+    def wakeup_generation(self) -> int | None:
+        """The deployment doorbell now (read it before polling); None without one."""
+        with self._lock:
+            self._require_open()
+            self._join()
+        return self._doorbell()
+
+    def wait_for_change(self, generation: int | None, timeout: float) -> bool:
+        """Sleep until the doorbell moves past `generation` (something was published) or `timeout`.
+
+        Answers whether it moved. One call sleeps at most a second (so a
+        death, which rings no bell, is still looked for); without a doorbell
+        (None) it answers False at once: the caller keeps its timed poll.
+        """
+        stamp = self._stamp
+        if generation is None or stamp is None or self._doorbell() is None:
+            return False
+        if self._doorbell() == generation:
+            stamp.wait(generation, max(0.0, min(timeout, _MAX_DOORBELL_WAIT_SECONDS * 20)))
+        return self._doorbell() != generation
 
     def _doorbell(self) -> int | None:
         """The deployment doorbell's value, or None when there is none to wait on."""
@@ -849,6 +940,26 @@ class Connector:
                     with contextlib.suppress(ClosedError):
                         values.append(reader.wakeup_sequence)
             return tuple(values)
+
+    def abandon_get(self, key: str) -> None:
+        """Forget what this receiver remembers about looking for `key` (nothing is retired)."""
+        with self._lock:
+            _validate_key(key)
+            miss = self._fallback_miss
+            if miss is not None and miss[1] == key:
+                self._fallback_miss = None
+
+    def reap_consumed(self) -> int:
+        """Drop this producer's records of segments readers claimed; answer the bytes freed."""
+        with self._lock:
+            fallback = self._fallback
+            return fallback.refresh() if fallback is not None and not self._closed else 0
+
+    def file_path(self, descriptor: Descriptor) -> str:
+        """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
+        if isinstance(descriptor, RingDescriptor):
+            return ring_path(self.directory, *descriptor.edge, descriptor.producer)
+        return os.path.join(self.directory, segment_file_name(descriptor.edge, descriptor.key))
 
     # -- cancellation ----------------------------------------------------------------------
 
@@ -991,19 +1102,25 @@ def _decode_sized(view: memoryview) -> tuple[int, Any]:
 
 
 @functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not hit 1's entry
-def _stage(value: object) -> str:
-    """A validated stage name (ints, as vllm-omni's stage ids, become their decimal string)."""
+def _cached_stage(value: str | int) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     return validate_stage_name(value)
 
 
+def _stage(value: object, argument: str) -> str:
+    """A validated stage name (ints, as vllm-omni's stage ids, become their decimal string)."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise InvalidKeyError(f"{argument} must be a str or an int: {argument}={value!r}")
+    return _cached_stage(value)
+
+
 def _split_edge(args: tuple[Any, ...], rest: int, what: str) -> tuple[Edge, tuple[Any, ...]]:
     """(edge, remaining args) from ``(src, dst, *rest)`` or ``((src, dst), *rest)``."""
     if len(args) == rest + 2:
-        return (_stage(args[0]), _stage(args[1])), args[2:]
+        return (_stage(args[0], "from_stage"), _stage(args[1], "to_stage")), args[2:]
     if len(args) == rest + 1 and isinstance(args[0], tuple) and len(args[0]) == 2:
-        return (_stage(args[0][0]), _stage(args[0][1])), args[1:]
+        return (_stage(args[0][0], "from_stage"), _stage(args[0][1], "to_stage")), args[1:]
     raise TypeError(
         f"{what}() takes (src, dst, ...) or ((src, dst), ...) and {rest} more: got {len(args)} arguments"
     )
@@ -1012,6 +1129,11 @@ def _split_edge(args: tuple[Any, ...], rest: int, what: str) -> tuple[Edge, tupl
 def _validate_key(key: object) -> None:
     if not isinstance(key, str):
         raise InvalidKeyError(f"key must be a str: key={key!r}")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidKeyError(f"key is not valid UTF-8 text: key={key!r}") from error
 
 
 __all__ = [

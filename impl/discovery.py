@@ -6,7 +6,7 @@ receiver rescans only when the stamp moved, and records the stamp it read
 *before* scanning. This module is that, over files in the deployment
 directory:
 
-* A marker is an empty file ``marker.<src>.<dst>.<pid>.<start time>``,
+* A marker is an empty file ``marker.<src>.<dst>.<pid>.<start time>.<instance>``,
   created (O_EXCL, 0600, O_NOFOLLOW) by a producer only after its ring on
   the edge is ready, and removed when it closes.
 * The stamp is a u64 counter in the small file ``stamp``. Writers (a
@@ -20,7 +20,9 @@ directory:
   it scanned is still current; a producer that registered during the scan
   bumped past s, and the next refresh rescans.
 
-Liveness. A producer's identity is (pid, start time). `Liveness` opens a
+Liveness. A producer's identity is (pid, start time, instance); liveness
+belongs to the process part (pid, start time), so every instance of a killed
+process is dead at once. `Liveness` opens a
 pidfd for a producer once, checks ``/proc/<pid>/stat`` field 22 against the
 recorded start time *after* opening it (so the pidfd is known to name that
 process and not a later one reusing the pid), and from then on asks the
@@ -61,10 +63,12 @@ from shmring.impl.errors import BrokenError, ShmringError
 from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
+    ConnectorIdentity,
     ProducerIdentity,
     parse_ring_file_name,
     parse_start_time,
     parse_transfer_file_owner,
+    process_of,
     validate_stage_name,
 )
 from shmring.impl.os_seam import (
@@ -91,9 +95,9 @@ STAMP_FILE_LENGTH: Final = 64
 _STAMP_WORD: Final = STAMP_OFFSET // 8  # the stamp's index in the file's u64 words
 
 _MARKER_PATTERN: Final = re.compile(
-    r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)"
+    r"marker\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)(?:\.([0-9]+))?"
 )
-_LIVE_PATTERN: Final = re.compile(r"live\.([0-9]+)\.([0-9]+)")
+_LIVE_PATTERN: Final = re.compile(r"live\.([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
 _PROC_STAT_READ_LENGTH: Final = 4096
 _DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
 
@@ -106,31 +110,30 @@ _JOIN_TIMEOUT: Final = 10.0
 # -- names ---------------------------------------------------------------------
 
 
-def marker_file_name(edge: Edge, producer: ProducerIdentity) -> str:
-    """``marker.<src>.<dst>.<pid>.<start time>`` for validated stage names."""
+def marker_file_name(edge: Edge, producer: tuple[int, ...]) -> str:
+    """``marker.<src>.<dst>.<pid>.<start time>[.<instance>]`` for validated stage names."""
     source, destination = edge
     validate_stage_name(source)
     validate_stage_name(destination)
-    pid, start_time = producer
-    return NAME_SEPARATOR.join((MARKER_FILE_PREFIX, source, destination, str(pid), str(start_time)))
+    return NAME_SEPARATOR.join((MARKER_FILE_PREFIX, source, destination, *map(str, producer)))
 
 
-def parse_marker_file_name(name: str) -> tuple[Edge, ProducerIdentity] | None:
-    """(edge, producer) of a marker file name, or None when `name` is not one."""
+def parse_marker_file_name(name: str) -> tuple[Edge, ConnectorIdentity] | None:
+    """(edge, producer (pid, start time, instance)) of a marker file name, or None."""
     match = _MARKER_PATTERN.fullmatch(name)
     if match is None:
         return None
-    source, destination, pid, start_time = match.groups()
-    return (source, destination), (int(pid), int(start_time))
+    source, destination, pid, start_time, instance = match.groups()
+    return (source, destination), (int(pid), int(start_time), int(instance) if instance else 0)
 
 
-def live_file_name(producer: ProducerIdentity) -> str:
-    """``live.<pid>.<start time>``: a producer's connector is open (not closed)."""
-    pid, start_time = producer
-    return NAME_SEPARATOR.join((LIVE_FILE_PREFIX, str(pid), str(start_time)))
+def live_file_name(producer: tuple[int, ...]) -> str:
+    """``live.<pid>.<start time>[.<instance>]``: that producer's connector is open (not closed)."""
+    return NAME_SEPARATOR.join((LIVE_FILE_PREFIX, *map(str, producer)))
 
 
 def parse_live_file_name(name: str) -> ProducerIdentity | None:
+    """The process (pid, start time) a live file belongs to, or None."""
     match = _LIVE_PATTERN.fullmatch(name)
     if match is None:
         return None
@@ -201,17 +204,22 @@ class Liveness:
 
     _closed: bool = False
 
-    def __init__(self, os_facade: OsFacade, own_identity: ProducerIdentity | None = None) -> None:
+    def __init__(self, os_facade: OsFacade, own_identity: tuple[int, ...] | None = None) -> None:
         self._os = os_facade
-        self._own = own_identity
+        self._own = process_of(own_identity) if own_identity is not None else None
         self._pidfds: dict[ProducerIdentity, int] = {}
         self._dead: set[ProducerIdentity] = set()
         self._pidfd_supported = hasattr(os, "pidfd_open")
         self.checks = 0  # liveness questions answered (statistics)
 
-    def is_alive(self, producer: ProducerIdentity) -> bool:
-        """Whether the process (pid, start time) is running; False once is False forever."""
+    def is_alive(self, producer: tuple[int, ...]) -> bool:
+        """Whether the process (pid, start time) is running; False once is False forever.
+
+        `producer` may be a producer's (pid, start time, instance): only its
+        process part matters, so all instances of a process live and die together.
+        """
         self.checks += 1
+        producer = process_of(producer)
         if producer == self._own:
             return True
         if producer in self._dead:
@@ -280,9 +288,9 @@ class Liveness:
         self._dead.add(producer)
         self.forget(producer)
 
-    def forget(self, producer: ProducerIdentity) -> None:
-        """Drop the pidfd of `producer` (its verdict, if dead, is kept)."""
-        pidfd = self._pidfds.pop(producer, None)
+    def forget(self, producer: tuple[int, ...]) -> None:
+        """Drop the pidfd of `producer`'s process (its verdict, if dead, is kept)."""
+        pidfd = self._pidfds.pop(process_of(producer), None)
         if pidfd is not None:
             self._os.close(pidfd)
 
@@ -544,7 +552,7 @@ class Registrar:
     """A producer's markers: added after a ring is ready, removed at close."""
 
     def __init__(
-        self, directory: str, os_facade: OsFacade, stamp: Stamp, producer: ProducerIdentity
+        self, directory: str, os_facade: OsFacade, stamp: Stamp, producer: tuple[int, ...]
     ) -> None:
         self.directory = directory
         self._os = os_facade
@@ -614,7 +622,7 @@ class DiscoveryCache:
         self.pruned = 0
         # Producers with a live marker at the last scan, per edge; entries are
         # dropped (`release`) once a producer is found closed or dead.
-        self.producers: dict[Edge, set[ProducerIdentity]] = {}
+        self.producers: dict[Edge, set[ConnectorIdentity]] = {}
 
     def refresh(self) -> bool:
         """Rescan if the stamp moved; answer whether a scan happened."""
@@ -630,7 +638,7 @@ class DiscoveryCache:
 
     def _scan(self, scanned_at: int) -> None:
         self.scans += 1
-        found: dict[Edge, set[ProducerIdentity]] = {}
+        found: dict[Edge, set[ConnectorIdentity]] = {}
         stale: list[str] = []
         for entry in self._os.scandir(self.directory):
             parsed = parse_marker_file_name(entry.name)
@@ -653,12 +661,12 @@ class DiscoveryCache:
         self.seen_stamp = seen
         self.producers = found
 
-    def producers_of(self, edge: Edge) -> list[ProducerIdentity]:
+    def producers_of(self, edge: Edge) -> list[ConnectorIdentity]:
         """Producers of `edge` known from the last scan, in a stable order."""
         known = self.producers.get(edge)
         return sorted(known) if known else []
 
-    def release(self, edge: Edge, producer: ProducerIdentity) -> None:
+    def release(self, edge: Edge, producer: ConnectorIdentity) -> None:
         """Forget `producer` on `edge` (it closed or exited) until a scan shows it again."""
         known = self.producers.get(edge)
         if known is not None:
@@ -689,7 +697,7 @@ def file_owner(name: str) -> ProducerIdentity | None:
 
     marker = parse_marker_file_name(name)
     if marker is not None:
-        return marker[1]
+        return process_of(marker[1])
     ring = parse_ring_file_name(name)
     if ring is not None:
         return ring.producer

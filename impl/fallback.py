@@ -183,8 +183,8 @@ def is_segment_file_name(name: str) -> bool:
     return _SEGMENT_PATTERN.fullmatch(name) is not None
 
 
-def temp_file_name(producer: ProducerIdentity, generation: int) -> str:
-    pid, start_time = producer
+def temp_file_name(producer: tuple[int, ...], generation: int) -> str:
+    pid, start_time = producer[:2]  # generations are unique per process
     return NAME_SEPARATOR.join((TEMP_FILE_PREFIX, str(pid), str(start_time), str(generation)))
 
 
@@ -196,9 +196,9 @@ def parse_temp_file_name(name: str) -> ProducerIdentity | None:
     return int(match.group(1)), int(match.group(2))
 
 
-def spare_file_name(producer: ProducerIdentity, generation: int) -> str:
+def spare_file_name(producer: tuple[int, ...], generation: int) -> str:
     """Where a reader hands back the producer's segment of `generation` for reuse."""
-    pid, start_time = producer
+    pid, start_time = producer[:2]  # generations are unique per process
     return NAME_SEPARATOR.join((SPARE_FILE_PREFIX, str(pid), str(start_time), str(generation)))
 
 
@@ -347,7 +347,7 @@ class FallbackWriter:
     def __init__(
         self,
         directory: str,
-        producer: ProducerIdentity,
+        producer: tuple[int, ...],
         budget: int,
         os_facade: OsFacade,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
@@ -630,6 +630,7 @@ class FallbackWriter:
                     self.producer[0],
                     self.producer[1],
                     RING_STATE_SPARE_WANTED if keep else RING_STATE_OPEN,
+                    self.producer[2] if len(self.producer) > 2 else 0,
                 )
                 write_data_frame_fields(
                     buf,
@@ -767,7 +768,7 @@ class Claim:
     status: ClaimStatus
     value: Any = None  # the decoded, independently owned payload (DELIVERED)
     payload_length: int = 0  # encoded payload bytes (DELIVERED)
-    owner: ProducerIdentity | None = None  # producer identity recorded in the segment
+    owner: tuple[int, ...] | None = None  # producer identity recorded in the segment
     generation: int = 0  # the segment's generation
 
 
@@ -838,9 +839,9 @@ def claim_segment(
     key: str,
     *,
     os_facade: OsFacade,
-    is_alive: Callable[[ProducerIdentity], bool],
+    is_alive: Callable[[tuple[int, ...]], bool],
     decode: Callable[[memoryview], Any],
-    owner: ProducerIdentity | None = None,
+    owner: tuple[int, ...] | None = None,
     generation: int | None = None,
     mappings: SegmentMappings | None = None,
 ) -> Claim:
@@ -879,9 +880,9 @@ def _claim_locked(
     fd: int,
     key: str,
     os_facade: OsFacade,
-    is_alive: Callable[[ProducerIdentity], bool],
+    is_alive: Callable[[tuple[int, ...]], bool],
     decode: Callable[[memoryview], Any],
-    owner: ProducerIdentity | None,
+    owner: tuple[int, ...] | None,
     generation: int | None,
     mappings: SegmentMappings | None,
 ) -> Claim:
@@ -938,7 +939,7 @@ def _claim_locked(
 
 
 def _commit(
-    path: str, state: int, producer: ProducerIdentity, generation: int, os_facade: OsFacade
+    path: str, state: int, producer: tuple[int, ...], generation: int, os_facade: OsFacade
 ) -> bool:
     """Take the segment name away: from here the claimed segment is this reader's alone.
 
@@ -961,10 +962,10 @@ def _commit(
 
 def _check_segment(
     buf: memoryview, size: int, key_bytes: bytes
-) -> tuple[str | None, ProducerIdentity, int, int, int, int]:
+) -> tuple[str | None, tuple[int, ...], int, int, int, int]:
     """(problem or None, owner, generation, payload length, checksum, ring state) of a segment."""
     header = read_ring_header(buf)
-    owner = (header.producer_pid, header.producer_start_time)
+    owner = (header.producer_pid, header.producer_start_time, header.producer_instance)
     if header.magic != RING_MAGIC:
         return f"bad magic={header.magic:#x}", owner, 0, 0, 0, 0
     if header.version != RING_VERSION or header.header_length != RING_HEADER_LENGTH:
@@ -1010,7 +1011,7 @@ def _check_segment(
 
 
 def remove_if_orphaned(
-    path: str, os_facade: OsFacade, is_alive: Callable[[ProducerIdentity], bool]
+    path: str, os_facade: OsFacade, is_alive: Callable[[tuple[int, ...]], bool]
 ) -> int:
     """Remove the segment at `path` if its owner is not running; answer 0 or 1."""
     held = _open_locked(path, os_facade, wait=False)

@@ -48,6 +48,7 @@ from shmring.spec.layout import (
     RING_HEADER_LENGTH_OFFSET,
     RING_MAGIC,
     RING_MAGIC_OFFSET,
+    RING_PRODUCER_INSTANCE_OFFSET,
     RING_PRODUCER_PID_OFFSET,
     RING_PRODUCER_START_TIME_OFFSET,
     RING_STATE_OFFSET,
@@ -124,13 +125,19 @@ class RingHeader:
     producer_pid: int
     producer_start_time: int
     state: int
+    producer_instance: int = 0  # which connector of the producer process
 
 
 # -- ring header -------------------------------------------------------------
 
 
 def write_ring_header(
-    buf: memoryview, capacity: int, producer_pid: int, producer_start_time: int, state: int
+    buf: memoryview,
+    capacity: int,
+    producer_pid: int,
+    producer_start_time: int,
+    state: int,
+    producer_instance: int = 0,
 ) -> None:
     """Initialise a new ring's header; the magic goes last so a half-made file reads as invalid."""
     _U32.pack_into(buf, RING_VERSION_OFFSET, RING_VERSION)
@@ -139,6 +146,7 @@ def write_ring_header(
     _U64.pack_into(buf, RING_PRODUCER_PID_OFFSET, producer_pid)
     _U64.pack_into(buf, RING_PRODUCER_START_TIME_OFFSET, producer_start_time)
     _U32.pack_into(buf, RING_STATE_OFFSET, state)
+    _U32.pack_into(buf, RING_PRODUCER_INSTANCE_OFFSET, producer_instance)
     _U64.pack_into(buf, RING_HEAD_OFFSET, 0)
     _U64.pack_into(buf, RING_TAIL_OFFSET, 0)
     _U64.pack_into(buf, RING_WAKEUP_SEQUENCE_OFFSET, 0)
@@ -154,6 +162,7 @@ def read_ring_header(buf: memoryview) -> RingHeader:
         producer_pid=_U64.unpack_from(buf, RING_PRODUCER_PID_OFFSET)[0],
         producer_start_time=_U64.unpack_from(buf, RING_PRODUCER_START_TIME_OFFSET)[0],
         state=_U32.unpack_from(buf, RING_STATE_OFFSET)[0],
+        producer_instance=_U32.unpack_from(buf, RING_PRODUCER_INSTANCE_OFFSET)[0],
     )
 
 

@@ -10,12 +10,18 @@ validated parts: a scope or stage name can never smuggle in a path separator,
 
 A ring file is named for its edge and its producer's identity::
 
-    ring.<source stage>.<destination stage>.<producer pid>.<producer start time>
+    ring.<source stage>.<destination stage>.<pid>.<start time>.<instance>
 
 Stage names may not contain ``.``, so the name parses back unambiguously
-(`parse_ring_file_name`). The producer identity is (pid, start time): the
+(`parse_ring_file_name`). A producer is one connector instance; its identity
+(`ConnectorIdentity`) is (pid, start time, instance). The process part
+(`ProducerIdentity`, (pid, start time)) owns files and answers liveness: the
 start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot) tells a
-reused pid from the process that first had it.
+reused pid from the process that first had it, and every instance of a
+process dies with it. The instance numbers the connectors a process made
+(`next_instance`), so one process may hold any number of producers on one
+edge. A name without the instance (a ring made by a bare `RingChannel`)
+reads as instance 0.
 
 Every system call goes through the `OsFacade` given by the caller.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import re
 import stat
@@ -46,7 +53,7 @@ _SCOPE_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # Stage names sit between dots in a ring file name: no dot allowed.
 _STAGE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]+")
 _RING_NAME_PATTERN: Final = re.compile(
-    r"ring\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)"
+    r"ring\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)(?:\.([0-9]+))?"
 )
 
 # Field 22 of /proc/<pid>/stat (1-based) is the start time; fields after the
@@ -73,7 +80,25 @@ def parse_transfer_file_owner(name: str) -> tuple[int, int] | None:
 _STAT_FIELDS_BEFORE_STATE: Final = 2
 _PROC_STAT_READ_LENGTH: Final = 4096
 
-ProducerIdentity = tuple[int, int]  # (pid, start time in clock ticks since boot)
+ProducerIdentity = tuple[int, int]  # (pid, start time in clock ticks since boot): a process
+ConnectorIdentity = tuple[int, int, int]  # (pid, start time, instance): one producer
+
+_instances: Final = itertools.count()
+
+
+def next_instance() -> int:
+    """A number no other connector of this process has (0, 1, 2, ...)."""
+    return next(_instances)
+
+
+def process_of(producer: tuple[int, ...]) -> ProducerIdentity:
+    """The process part (pid, start time) of a producer or process identity."""
+    return (producer[0], producer[1])
+
+
+def instance_of(producer: tuple[int, ...]) -> int:
+    """The instance part of a producer identity; 0 for a bare process identity."""
+    return producer[2] if len(producer) > 2 else 0
 
 
 # -- validation ----------------------------------------------------------------
@@ -120,16 +145,23 @@ def deployment_directory(
     return os.path.join(shm_root, f"{DIRECTORY_PREFIX}{owner}-{scope}")
 
 
-def ring_file_name(source: str, destination: str, producer: ProducerIdentity) -> str:
-    """The ring file's name (no directory) for an edge and a producer identity."""
+def ring_file_name(source: str, destination: str, producer: tuple[int, ...]) -> str:
+    """The ring file's name (no directory) for an edge and a producer identity.
+
+    `producer` is (pid, start time, instance), or (pid, start time) for a
+    ring outside any connector (its name carries no instance).
+    """
     validate_stage_name(source)
     validate_stage_name(destination)
-    pid, start_time = producer
-    if not (isinstance(pid, int) and pid > 0 and isinstance(start_time, int) and start_time >= 0):
+    if len(producer) not in (2, 3) or not all(
+        isinstance(part, int) and part >= 0 for part in producer
+    ):
         raise ConfigurationError(
-            f"producer identity must be (pid > 0, start time >= 0): producer={producer!r}"
+            f"producer identity must be (pid > 0, start time >= 0[, instance >= 0]): producer={producer!r}"
         )
-    return NAME_SEPARATOR.join((RING_FILE_PREFIX, source, destination, str(pid), str(start_time)))
+    if producer[0] <= 0:
+        raise ConfigurationError(f"producer pid must be > 0: producer={producer!r}")
+    return NAME_SEPARATOR.join((RING_FILE_PREFIX, source, destination, *map(str, producer)))
 
 
 @dataclass(frozen=True)
@@ -139,6 +171,12 @@ class RingFileName:
     source: str  # source stage
     destination: str  # destination stage
     producer: ProducerIdentity  # (pid, start time) of the process that created the ring
+    instance: int = 0  # which of that process's connectors (0 when the name has none)
+
+    @property
+    def identity(self) -> ConnectorIdentity:
+        """(pid, start time, instance) of the producer."""
+        return (*self.producer, self.instance)
 
 
 def parse_ring_file_name(name: str) -> RingFileName | None:
@@ -146,13 +184,15 @@ def parse_ring_file_name(name: str) -> RingFileName | None:
     match = _RING_NAME_PATTERN.fullmatch(name)
     if match is None:
         return None
-    source, destination, pid, start_time = match.groups()
+    source, destination, pid, start_time, instance = match.groups()
     if len(source) > MAX_STAGE_NAME_LENGTH or len(destination) > MAX_STAGE_NAME_LENGTH:
         return None
-    return RingFileName(source, destination, (int(pid), int(start_time)))
+    return RingFileName(
+        source, destination, (int(pid), int(start_time)), int(instance) if instance else 0
+    )
 
 
-def ring_path(directory: str, source: str, destination: str, producer: ProducerIdentity) -> str:
+def ring_path(directory: str, source: str, destination: str, producer: tuple[int, ...]) -> str:
     return os.path.join(directory, ring_file_name(source, destination, producer))
 
 
@@ -265,6 +305,7 @@ def current_producer_identity(os_facade: OsFacade = DEFAULT_OS) -> ProducerIdent
 
 
 __all__ = [
+    "ConnectorIdentity",
     "DEFAULT_SHM_ROOT",
     "MAX_SCOPE_LENGTH",
     "MAX_STAGE_NAME_LENGTH",
@@ -274,8 +315,11 @@ __all__ = [
     "current_producer_identity",
     "deployment_directory",
     "ensure_deployment_directory",
+    "instance_of",
+    "next_instance",
     "parse_ring_file_name",
     "parse_start_time",
+    "process_of",
     "read_start_time",
     "remove_deployment_directory_if_empty",
     "ring_file_name",

@@ -18,6 +18,16 @@ the planned fault fired. A fallback put may also meet ENOSPC, which the
 model does not know: the rule checks that the put raised `NoSpaceError` and
 that nothing changed (the model is not stepped).
 
+A second connector in the same process (`sibling`, opened by a rule) is a
+producer of its own: it publishes `SIBLING_KEYS` on the same edges, on its
+own rings, and has its own model connector; the main connector gets those
+keys (by key and by descriptor) from the sibling's rings or segments, so the
+sibling's frames are compared against the sibling's model. Each connector's
+puts and refusals agree with its model; the gets and bytes agree summed over
+both (the model counts a get at the producer, the implementation at the
+receiver). Closing the sibling leaves the main connector working, and the
+main connector's next scan unmaps the sibling's rings.
+
 Capacities are small (4096 or 8192 bytes, or 0: rings disabled) and payloads up to 3000 bytes, so
 "not admitted", "full", wraparound and the budget are reached in a few steps.
 """
@@ -45,7 +55,7 @@ from hypothesis.stateful import (
 )
 
 from shmring.impl import codec
-from shmring.impl.connector import Connector, FallbackDescriptor, RingDescriptor
+from shmring.impl.connector import Connector, FallbackDescriptor, GetStatus, RingDescriptor
 from shmring.impl.errors import BackPressureError, ClosedError, NoSpaceError
 from shmring.model_tests.connector_support import FaultyOs, payload_tag, tagged_payload
 from shmring.spec import connector as connector_spec
@@ -63,6 +73,7 @@ BUDGETS = (0, 1500, 4000, 1 << 20, 1 << 20)
 EDGES = (("a", "b"), ("a", "c"))
 KEYS = ("k0", "k1", "k2", "req_1_0", "req_1_12", "req_1_3x", "request_1_0")
 PREFIXES = ("req_1_", "req_1_1", "req_", "request_1_", "k", "")
+SIBLING_KEYS = ("s0", "s1", "s_2")  # no prefix in PREFIXES matches them
 SIZES = st.one_of(
     st.sampled_from((8, 60, 400, 900, 960, 1000, 1900, 2100, 3000)),
     st.integers(600, 960),  # admitted by a 4096 ring, four of them fill it
@@ -92,6 +103,10 @@ EVENT_LABELS = (
     "no space",
     "close",
     "get after close",
+    "second connector in the same process",
+    "delivered from the sibling's ring",
+    "sibling closed",
+    "closed sibling's rings unmapped",
 )
 EVENTS_SEEN: Counter[str] = Counter()
 STEPS: Counter[str] = Counter()
@@ -121,6 +136,12 @@ def _label(name: str) -> None:
     EVENTS_SEEN[name] += 1
 
 
+def _mapped(path: str) -> bool:
+    """Whether this process maps the file at `path` (deleted or not)."""
+    with open("/proc/self/maps") as maps:
+        return any(path in line for line in maps)
+
+
 def _status_name(status: Any) -> str:
     return status.value
 
@@ -137,6 +158,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         self.os = FaultyOs()
         self.tags = itertools.count(1)
         self.routes: dict[tuple[tuple[str, str], str], Route] = {}
+        self.sibling: Connector | None = None  # a second connector in this process
+        self.sibling_model: connector_spec.ConnectorState | None = None
 
     # -- setup ------------------------------------------------------------------------
 
@@ -169,6 +192,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if connector is None:
             return
         self.os.disarm()
+        if self.sibling is not None:
+            self.sibling.close()
         connector.close()
         connector.close()  # idempotent
         assert not os.path.exists(connector.directory), (
@@ -353,6 +378,24 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         STEPS["get_with_descriptor"] += 1
         connector, model = self._conn()
         model_descriptor, descriptor = pair
+        if (
+            self.sibling is not None
+            and self.sibling_model is not None
+            and descriptor.producer == self.sibling.identity
+            and not model.closed
+        ):
+            expected = connector_spec.process_get(
+                self.sibling_model, model_descriptor.edge, model_descriptor.key, model_descriptor
+            )
+            note(f"get(sibling's {descriptor}) -> model {expected.status.value}")
+            got = connector.get(descriptor.edge, descriptor.key, descriptor=descriptor)
+            if expected.status is ConnectorGetStatus.CLOSED:
+                assert got.status is GetStatus.PRODUCER_GONE, (
+                    f"descriptor of a closed sibling: {got.status}"
+                )
+                return
+            self._compare_get(expected, lambda: got)
+            return
         expected = connector_spec.process_get(
             model, model_descriptor.edge, model_descriptor.key, model_descriptor
         )
@@ -408,9 +451,122 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if got:
             _label("prefix cleanup")
 
-    @rule(now=st.sampled_from([False] * 29 + [True]))
+    # -- the second connector in the same process ------------------------------------------
+
+    def _sibling_open(self) -> bool:
+        return self.sibling_model is not None and not self.sibling_model.closed
+
+    def _main_open(self) -> bool:
+        return self.model is not None and not self.model.closed
+
+    @precondition(lambda self: self._main_open() and self.sibling is None)
+    @rule()
+    def open_sibling(self) -> None:
+        """Open another connector of this process on the same deployment."""
+        STEPS["open_sibling"] += 1
+        connector, model = self._conn()
+        self.sibling = Connector(
+            connector.scope,
+            ring_capacity=model.ring_capacity,
+            fallback_budget=model.fallback_budget,
+        )
+        self.sibling_model = connector_spec.initialize_connector(
+            model.ring_capacity, model.fallback_budget
+        )
+        assert self.sibling.identity[:2] == connector.identity[:2]
+        assert self.sibling.identity != connector.identity
+        note(f"open_sibling() -> {self.sibling.identity}")
+        _label("second connector in the same process")
+
+    @precondition(lambda self: self._sibling_open() and self._main_open())
+    @rule(
+        target=descriptors,
+        edge=st.sampled_from(EDGES),
+        key=st.sampled_from(SIBLING_KEYS),
+        size=SIZES,
+    )
+    def sibling_put(self, edge: tuple[str, str], key: str, size: int) -> Any:
+        STEPS["sibling_put"] += 1
+        sibling, model = self.sibling, self.sibling_model
+        assert sibling is not None and model is not None
+        tag = next(self.tags)
+        payload = tagged_payload(tag, size)
+        payload_length = codec.prepare(payload).nbytes
+        expected = connector_spec.process_put(model, edge, key, payload_length, tag)
+        note(f"sibling.put({edge}, {key!r}, tag={tag}, payload_length={payload_length})")
+        try:
+            got: Any = sibling.put(edge, key, payload)
+        except BackPressureError:
+            got = ConnectorPutStatus.REFUSED
+        if expected.status is not ConnectorPutStatus.ACCEPTED:
+            assert got is expected.status, f"model {expected.status}, implementation {got!r}"
+            return multiple()
+        assert got.route is expected.route, f"model route {expected.route}, impl {got.route}"
+        assert got.producer == sibling.identity
+        if isinstance(got, RingDescriptor):
+            # Its own ring: no collision with the main connector's ring of the edge.
+            assert isinstance(expected.descriptor, connector_spec.RingDescriptor)
+            assert got.position == expected.descriptor.position
+            assert sibling.file_path(got) != sibling.file_path(
+                RingDescriptor(self._conn()[0].identity, edge, key, 0, 0)
+            )
+        return (expected.descriptor, got)
+
+    @precondition(lambda self: self.sibling_model is not None and self._main_open())
+    @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(SIBLING_KEYS))
+    def get_sibling_key(self, edge: tuple[str, str], key: str) -> None:
+        """The main connector gets a key only the sibling publishes."""
+        STEPS["get_sibling_key"] += 1
+        connector, _ = self._conn()
+        model = self.sibling_model
+        assert model is not None
+        expected = connector_spec.process_get(model, edge, key)
+        if expected.status is ConnectorGetStatus.CLOSED:
+            # The sibling closed: by key, its frames are simply not there any more.
+            expected = connector_spec.ConnectorGetResult(ConnectorGetStatus.NOT_FOUND)
+        note(f"get sibling key ({edge}, {key!r}) -> model {expected.status.value}")
+        got = connector.get(edge, key)
+        self._compare_get(expected, lambda: got)
+        if got.delivered:
+            assert got.producer == self.sibling.identity if self.sibling else False
+            if got.route is Route.RING:
+                _label("delivered from the sibling's ring")
+
+    @precondition(lambda self: self._sibling_open())
+    @rule(now=st.sampled_from([False] * 9 + [True]))
+    def close_sibling(self, now: bool) -> None:
+        """The sibling closes; the main connector keeps going and unmaps its rings."""
+        if not now:
+            return
+        STEPS["close_sibling"] += 1
+        sibling, model = self.sibling, self.sibling_model
+        assert sibling is not None and model is not None
+        ring_files = [ring.path for edge in EDGES if (ring := sibling.ring(edge)) is not None]
+        if self._main_open():
+            # Gets of a key nobody put (no model step) map the sibling's rings first.
+            connector, main_model = self._conn()
+            for edge in EDGES:
+                expected_get = connector_spec.process_get(main_model, edge, "never put")
+                assert connector.get(edge, "never put").status.value == expected_get.status.value
+            assert all(_mapped(path) for path in ring_files), "the sibling's rings were not mapped"
+        expected = connector_spec.process_close(model)
+        got = sibling.close()
+        note(f"sibling.close() -> {got}, model {expected}")
+        assert got == expected, f"sibling close: model retired {expected}, implementation {got}"
+        _label("sibling closed")
+        if self._main_open():
+            # The main connector's next get scans (the stamp moved) and unmaps the sibling's rings.
+            connector, main_model = self._conn()
+            expected_get = connector_spec.process_get(main_model, EDGES[0], "never put")
+            assert connector.get(EDGES[0], "never put").status.value == expected_get.status.value
+            mapped = [path for path in ring_files if _mapped(path)]
+            assert not mapped, f"a closed sibling's rings are still mapped: {mapped}"
+            if ring_files:
+                _label("closed sibling's rings unmapped")
+
+    @rule(now=st.sampled_from([False] * 19 + [True]))
     def close(self, now: bool) -> None:
-        """Close, rarely (one draw in thirty), so most runs keep going."""
+        """Close, rarely (one draw in twenty), so most runs keep going."""
         if not now:
             return
         STEPS["close"] += 1
@@ -432,18 +588,33 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         invariants.check_connector(model)
         health = connector.health()
         expected = model.health
-        for name in (
-            "puts",
-            "gets",
-            "bytes_transferred",
-            "ring_puts",
-            "ring_gets",
-            "fallbacks",
-            "refusals",
-        ):
-            assert getattr(health, name) == getattr(expected, name), (
-                f"health.{name}: model {getattr(expected, name)}, implementation {getattr(health, name)}"
+        pairs = [(health, expected)]
+        if self.sibling is not None and self.sibling_model is not None:
+            invariants.check_connector(self.sibling_model)
+            pairs.append((self.sibling.health(), self.sibling_model.health))
+        for name in ("puts", "ring_puts", "fallbacks", "refusals"):
+            for got_health, model_health in pairs:
+                assert getattr(got_health, name) == getattr(model_health, name), (
+                    f"health.{name}: model {getattr(model_health, name)}, "
+                    f"implementation {getattr(got_health, name)}"
+                )
+        # The model counts a get at the producer, the implementation at the receiver.
+        for name in ("gets", "bytes_transferred", "ring_gets"):
+            got_total = sum(getattr(h, name) for h, _ in pairs)
+            model_total = sum(getattr(m, name) for _, m in pairs)
+            assert got_total == model_total, (
+                f"health.{name} over both connectors: model {model_total}, "
+                f"implementation {got_total}"
             )
+        if self._sibling_open():
+            sibling, sibling_model = self.sibling, self.sibling_model
+            assert sibling is not None and sibling_model is not None
+            assert sibling.fallback_bytes() == sibling_model.fallback_bytes
+            for edge in EDGES:
+                ring, model_ring = sibling.ring(edge), sibling_model.rings.get(edge)
+                assert (ring is None) == (model_ring is None)
+                if ring is not None and model_ring is not None:
+                    assert (ring.head, ring.tail) == (model_ring.head, model_ring.tail)
         if model.closed:
             assert health.closed
             return

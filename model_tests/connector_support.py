@@ -123,30 +123,39 @@ def _reply(conn: Connection, value: Any) -> None:
 
 
 def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> None:
-    """A process that owns one Connector and runs the commands it is sent.
+    """A process that owns Connectors (one at first) and runs the commands it is sent.
 
     Commands are tuples ``(name, *args)``: ``identity``, ``put(src, dst, key,
     tag, size)`` -> ("ring"|"fallback"|"refused", descriptor dict or None),
     ``get(src, dst, key, descriptor dict or None, route)`` -> (status, tag,
-    producer), ``close`` -> retired, ``health``, ``stop``. Errors come back as
-    ("error", type name, message).
+    producer), ``close`` -> retired, ``health``, ``stop``; they address the
+    first connector. ``open`` makes another connector in the same process
+    (another producer) and answers its index; ``("on", index, name, *args)``
+    runs a command on that one. Errors come back as ("error", type name, message).
     """
     from shmring.impl.connector import Connector, descriptor_from_dict
     from shmring.impl.errors import BackPressureError
     from shmring.impl.naming import current_producer_identity
     from shmring.spec.connector import Route
 
-    connector = Connector(scope, **options)
+    connectors = [Connector(scope, **options)]
     try:
         while True:
             try:
                 command = conn.recv()
             except EOFError:
                 return
+            connector = connectors[0]
+            if command[0] == "on":
+                connector = connectors[command[1]]
+                command = command[2:]
             name, args = command[0], command[1:]
             try:
-                if name == "identity":
-                    _reply(conn, current_producer_identity())
+                if name == "open":
+                    connectors.append(Connector(scope, **options))
+                    _reply(conn, len(connectors) - 1)
+                elif name == "identity":
+                    _reply(conn, (*current_producer_identity(), connector.instance))
                 elif name == "put":
                     src, dst, key, tag, size = args
                     try:
@@ -173,8 +182,9 @@ def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> N
             except Exception as error:  # report, keep serving
                 conn.send(("error", type(error).__name__, f"{error}\n{traceback.format_exc()}"))
     finally:
-        with contextlib.suppress(Exception):
-            connector.close()
+        for connector in connectors:
+            with contextlib.suppress(Exception):
+                connector.close()
         conn.close()
 
 
@@ -212,7 +222,8 @@ class Worker:
         self.process.start()
         child.close()
         self.timeout = timeout
-        self.identity: tuple[int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
+        # (pid, start time, instance) of the worker's connector
+        self.identity: tuple[int, int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
 
     def call(self, *command: Any) -> Any:
         """Send one command and wait for its answer."""
@@ -269,6 +280,28 @@ class Worker:
         self.exitcode = self.process.exitcode
         self.process.close()
         self._reaped = True
+
+
+class SiblingWorker:
+    """Another connector inside a `Worker`'s process: a second producer of the same process.
+
+    Commands go to that connector; killing it kills the whole process (every
+    producer in it), and stopping it is left to the process's own `Worker`.
+    """
+
+    def __init__(self, base: Worker) -> None:
+        self.base = base
+        self.index: int = base.call("open")
+        self.identity: tuple[int, int, int] = tuple(self.call("identity"))  # type: ignore[assignment]
+
+    def call(self, *command: Any) -> Any:
+        return self.base.call("on", self.index, *command)
+
+    def kill(self) -> None:
+        self.base.kill()
+
+    def stop(self) -> None:
+        """Nothing of its own: the process stops with its `Worker`."""
 
 
 def stop_worker(worker: Worker | None) -> None:
@@ -329,6 +362,7 @@ __all__ = [
     "ERRNO_FAULTS",
     "CountingOs",
     "FaultyOs",
+    "SiblingWorker",
     "Worker",
     "connector_worker",
     "hold_file_lock",

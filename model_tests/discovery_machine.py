@@ -16,7 +16,11 @@ many directory scans (counted at its OS seam) as the model's receiver.
 Producers occupy *slots*: a slot's keys are published by at most one live
 producer (the contract: one active publisher per key), several slots share
 an edge, and a producer started in a slot whose producer was killed or
-closed reuses that slot's keys.
+closed reuses that slot's keys. A producer is a connector, not a process:
+`start_sibling_producer` opens a second connector inside a live producer's
+process (its own slot, ring and markers on the same edges); closing it
+leaves its sibling publishing, and killing the process kills both
+(`spec.discovery.process_exit_process`).
 
 (d) `RestartLockstepMachine`: the same machine with one slot and a kill
 rule drawn far more often, so producers die with frames on the ring and
@@ -55,7 +59,13 @@ from shmring.impl.discovery import (
     parse_marker_file_name,
 )
 from shmring.impl.os_seam import DEFAULT_OS
-from shmring.model_tests.connector_support import CountingOs, Worker, payload_tag, tagged_payload
+from shmring.model_tests.connector_support import (
+    CountingOs,
+    SiblingWorker,
+    Worker,
+    payload_tag,
+    tagged_payload,
+)
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
 from shmring.spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
@@ -72,6 +82,8 @@ EVENT_LABELS = (
     "producer restarted in a used slot",
     "producer killed",
     "producer closed",
+    "second connector in the same process",
+    "killed process ran several producers",
     "delivered from ring",
     "delivered from fallback",
     "several producers on an edge",
@@ -127,7 +139,7 @@ def slot_keys(slot: int) -> tuple[str, ...]:
 class DiscoveryLockstepMachine(RuleBasedStateMachine):
     """`spec.discovery` against producer processes and in-process receivers."""
 
-    SLOTS: int = 2
+    SLOTS: int = 3
     LIFECYCLE_ODDS: int = 4  # a kill rule acts on one draw in this many
     CLOSE_ODDS: int = 4  # a close rule acts on one draw in this many
     published = Bundle("published")  # (model PublishedDescriptor, descriptor dict, route)
@@ -137,14 +149,15 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.dep: discovery_spec.DeploymentState | None = None
         self.scope = ""
         self.directory = ""
-        self.workers: dict[tuple[int, int], Worker] = {}  # by identity, every one started
-        self.slot_of: dict[tuple[int, int], int] = {}
-        self.live_in_slot: dict[int, tuple[int, int]] = {}
+        # By producer identity (pid, start time, instance), every one started.
+        self.workers: dict[tuple[int, ...], Worker | SiblingWorker] = {}
+        self.slot_of: dict[tuple[int, ...], int] = {}
+        self.live_in_slot: dict[int, tuple[int, ...]] = {}
         self.used_slots: set[int] = set()
         self.receivers: dict[str, Connector] = {}
         self.seams: dict[str, CountingOs] = {}
         self.tags = itertools.count(1)
-        self.tag_owner: dict[int, tuple[int, int]] = {}
+        self.tag_owner: dict[int, tuple[int, ...]] = {}
         self.previous_directory: DirectoryState | None = None
 
     # -- setup and teardown -------------------------------------------------------------
@@ -179,7 +192,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         assert self.dep is not None
         return self.dep
 
-    def _alive(self) -> list[tuple[int, int]]:
+    def _alive(self) -> list[tuple[int, ...]]:
         """Live producers in slot order (not pid order, so draws do not depend on pids)."""
         return [self.live_in_slot[slot] for slot in sorted(self.live_in_slot)]
 
@@ -205,6 +218,32 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         note(f"start_producer(slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
         _label("producer started")
+        if slot in self.used_slots:
+            _label("producer restarted in a used slot")
+        self.used_slots.add(slot)
+
+    @precondition(lambda self: self.dep is not None and 0 < len(self.live_in_slot) < self.SLOTS)
+    @rule(data=st.data())
+    def start_sibling_producer(self, data: st.DataObject) -> None:
+        """A second connector in a live producer's process: another producer, same process."""
+        if not data.draw(_one_in(2), label="open a sibling now?"):
+            return
+        STEPS["start_sibling_producer"] += 1
+        dep = self._model()
+        host = data.draw(st.sampled_from(self._alive()))
+        slot = data.draw(
+            st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot])
+        )
+        base = self.workers[host]
+        sibling = SiblingWorker(base.base if isinstance(base, SiblingWorker) else base)
+        identity = sibling.identity
+        assert identity[:2] == host[:2] and identity != host, (host, identity)
+        self.workers[identity] = sibling
+        self.slot_of[identity] = slot
+        self.live_in_slot[slot] = identity
+        note(f"start_sibling_producer(of={host}, slot={slot}) -> {identity}")
+        discovery_spec.process_start_producer(dep, identity)
+        _label("second connector in the same process")
         if slot in self.used_slots:
             _label("producer restarted in a used slot")
         self.used_slots.add(slot)
@@ -266,11 +305,15 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         STEPS["kill_producer"] += 1
         dep = self._model()
         identity = data.draw(st.sampled_from(self._alive()))
-        note(f"kill({identity})")
+        note(f"kill(process of {identity})")
         self.workers[identity].kill()
-        del self.live_in_slot[self.slot_of[identity]]
-        discovery_spec.process_exit(dep, identity)
+        # Every producer of that process dies with it.
+        gone = discovery_spec.process_exit_process(dep, (identity[0], identity[1]))
+        for producer in gone:
+            del self.live_in_slot[self.slot_of[producer]]
         _label("producer killed")
+        if len(gone) > 1:
+            _label("killed process ran several producers")
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
     @rule(data=st.data())

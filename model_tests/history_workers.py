@@ -93,10 +93,10 @@ def history_producer(
     from shmring.impl.errors import BackPressureError
     from shmring.impl.naming import current_producer_identity
 
-    identity = current_producer_identity()
     puts: list[PutRecord] = []
     cleanups: list[CleanupRecord] = []
     connector = Connector(scope, **options)
+    identity = (*current_producer_identity(), connector.instance)  # the producer's identity
     try:
         conn.send(("identity", identity))
         for index, step in enumerate(plan):

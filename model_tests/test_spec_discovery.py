@@ -397,3 +397,37 @@ def test_invalid_call_leaves_state_untouched(name: str) -> None:
     with pytest.raises(AssertionError):
         INVALID_CALLS[name](dep)
     assert dep == before
+
+
+# -- several producers in one process (issue 10) -------------------------------------------
+
+A0, A1 = (400, 7, 0), (400, 7, 1)  # two connectors of one process
+B0 = (500, 7, 0)
+
+
+def test_two_producers_of_one_process_share_an_edge_and_close_independently() -> None:
+    dep = fresh()
+    for identity in (A0, A1, B0):
+        start(dep, identity)
+    assert producers_spec.is_same_process(A0, A1) and not producers_spec.is_same_process(A0, B0)
+    first, second = put(dep, A0, "a"), put(dep, A1, "b")
+    assert first is not None and second is not None
+    assert {(A0, EDGE), (A1, EDGE)} <= dep.directory.markers
+    assert close(dep, A0) == 1  # retires its own frame only
+    assert get(dep, "a").status is DeploymentGetStatus.NOT_FOUND
+    assert get(dep, "b").producer == A1
+
+
+def test_killing_a_process_kills_every_producer_in_it() -> None:
+    dep = fresh()
+    for identity in (A0, A1, B0):
+        start(dep, identity)
+    published = [put(dep, identity, f"k{i}") for i, identity in enumerate((A0, A1, B0))]
+    gone = step(dep, lambda: spec.process_exit_process(dep, (400, 7)))
+    assert gone == [A0, A1]
+    for index, descriptor in enumerate(published[:2]):
+        assert get(dep, f"k{index}").status is DeploymentGetStatus.NOT_FOUND
+        assert get(dep, f"k{index}", descriptor).status is DeploymentGetStatus.PRODUCER_GONE
+    assert get(dep, "k2").producer == B0
+    with pytest.raises(AssertionError):  # no live producer left in that process
+        spec.process_exit_process(dep, (400, 7))

@@ -17,6 +17,11 @@ Frames of a producer that is not alive are never delivered: a get with a
 descriptor of a dead producer answers PRODUCER_GONE; a get by key looks only
 at live producers, so a new producer's reused key is never served an old
 frame.
+
+A producer is one connector instance, (pid, start time, instance)
+(`spec.producers`): a process may run several producers on one edge, each
+with its own marker, each discovered and closed on its own. A killed process
+takes every one of its producers with it (`process_exit_process`).
 """
 
 from __future__ import annotations
@@ -187,6 +192,20 @@ def process_exit(dep: DeploymentState, identity: ProducerId) -> None:
     # Verify the producer exists and is alive
     assert producer is not None and producer.alive
     producers_spec.process_producer_exit(producer)
+
+
+def process_exit_process(dep: DeploymentState, process: tuple[int, int]) -> list[ProducerId]:
+    """A process was killed: every live producer it ran exits; answers them in order."""
+    # Verify the process ran at least one live producer
+    gone = sorted(
+        identity
+        for identity, producer in dep.producers.items()
+        if producer.alive and producers_spec.get_process(identity) == process
+    )
+    assert gone
+    for identity in gone:
+        producers_spec.process_producer_exit(dep.producers[identity])
+    return gone
 
 
 def process_close(dep: DeploymentState, identity: ProducerId) -> int:

@@ -48,6 +48,7 @@ from shmring.spec.layout import (
     FRAME_STATE_PUBLISHED,
     PADDING_FRAME_TYPE,
 )
+from shmring.spec.producers import ProducerId
 from shmring.spec.ring import ConsumeMode, Frame, GetStatus, RingState
 
 S = TypeVar("S")
@@ -516,10 +517,8 @@ RECEIVER = "r"
 class DeploymentWorld:
     dep: DeploymentState
     # The last descriptor each producer issued
-    issued: dict[tuple[int, int], PublishedDescriptor] = field(default_factory=dict)
-    puts: dict[tuple[int, int], int] = field(
-        default_factory=dict
-    )  # puts made per producer (bounded)
+    issued: dict[ProducerId, PublishedDescriptor] = field(default_factory=dict)
+    puts: dict[ProducerId, int] = field(default_factory=dict)  # puts made per producer (bounded)
 
 
 def clone_deployment(dep: DeploymentState) -> DeploymentState:
@@ -624,7 +623,7 @@ def deployment_actions(
 
 
 def _deployment_put(
-    identity: tuple[int, int], key: str, length: int, ok: bool
+    identity: ProducerId, key: str, length: int, ok: bool
 ) -> Callable[[DeploymentWorld], None]:
     def apply(world: DeploymentWorld) -> None:
         payload = compute_payload_length(key, length)
@@ -639,9 +638,7 @@ def _deployment_put(
     return apply
 
 
-def _deployment_get(
-    key: str, identity: tuple[int, int] | None
-) -> Callable[[DeploymentWorld], None]:
+def _deployment_get(key: str, identity: ProducerId | None) -> Callable[[DeploymentWorld], None]:
     def apply(world: DeploymentWorld) -> None:
         published = world.issued.get(identity) if identity is not None else None
         got = discovery_spec.process_get(world.dep, RECEIVER, EDGE, key, published)

@@ -9,7 +9,7 @@ A ring file::
     +--------------------------- ring header ---------------------------+
     | magic u64 | version u32 | header length u32 | capacity u64        |  0..24
     | producer pid u64 | producer start time u64                        | 24..40
-    | ring state u32 | reserved u32 | ...padding to the next cache line |  40..64
+    | ring state u32 | producer instance u32 | ...padding to cache line  |  40..64
     | head position u64 (written by the producer only)    ...           |  64..128
     | tail position u64 (written by the producer only)    ...           | 128..192
     | wake-up sequence u64 (bumped after every publication) ...         | 192..256
@@ -59,6 +59,9 @@ RING_CAPACITY_OFFSET: Final = RING_HEADER_LENGTH_OFFSET + 4
 RING_PRODUCER_PID_OFFSET: Final = RING_CAPACITY_OFFSET + 8
 RING_PRODUCER_START_TIME_OFFSET: Final = RING_PRODUCER_PID_OFFSET + 8
 RING_STATE_OFFSET: Final = RING_PRODUCER_START_TIME_OFFSET + 8
+# Which connector of the producer process made the file: a process may hold
+# several producers (connector instances) on one edge, each with its own ring.
+RING_PRODUCER_INSTANCE_OFFSET: Final = RING_STATE_OFFSET + 4
 
 CACHE_LINE_LENGTH: Final = 64
 # Head, tail and the wake-up sequence each own a cache line so that the

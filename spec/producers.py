@@ -1,18 +1,21 @@
 """Producer identity, exit and restart.
 
-A producer is a process publishing on one or more edges. Its identity is
-(pid, process start time): a pid alone may be reused by a later process, the
-pair may not. Each producer owns a connector (its rings and fallback
-segments, see `connector`).
+A producer is one connector instance publishing on one or more edges. Its
+identity is (pid, process start time, instance): a pid alone may be reused
+by a later process, the pair (the *process*) may not, and the instance
+numbers the connectors one process made, so a process may hold any number
+of producers, several on the same edge, each with its own rings, fallback
+segments and markers (see `connector`), each closing on its own.
 
 A producer leaves in one of two ways:
 
 * `process_producer_close`: it closes its connector (everything it holds is
-  retired) and removes its markers.
-* `process_producer_exit`: it dies (SIGKILL, crash). Its files and markers
-  stay behind until a receiver prunes the markers or `gc` removes the files,
-  but nothing it published is ever delivered again, not even to a new
-  producer that reuses its keys or its pid.
+  retired) and removes its markers. Other producers of its process go on.
+* `process_producer_exit`: its process dies (SIGKILL, crash), and with it
+  every producer of that process (`spec.discovery.process_exit_process`).
+  Its files and markers stay behind until a receiver prunes the markers or
+  `gc` removes the files, but nothing it published is ever delivered again,
+  not even to a new producer that reuses its keys or its pid.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 from shmring.spec import connector as connector_spec
 from shmring.spec.connector import ConnectorState
 
-ProducerId = tuple[int, int]  # (pid, process start time in clock ticks)
+# (pid, process start time in clock ticks, instance); the first two name the process
+ProducerId = tuple[int, ...]
+ProcessId = tuple[int, int]  # (pid, process start time): what lives and dies
 
 
 @dataclass
@@ -38,9 +43,14 @@ class ProducerState:
 # -- predicates --------------------------------------------------------------
 
 
+def get_process(identity: ProducerId) -> ProcessId:
+    """The process a producer belongs to: (pid, start time)."""
+    return (identity[0], identity[1])
+
+
 def is_same_process(a: ProducerId, b: ProducerId) -> bool:
-    """Same pid *and* same start time; a reused pid is another process."""
-    return a == b
+    """Same pid *and* same start time (any instances); a reused pid is another process."""
+    return get_process(a) == get_process(b)
 
 
 def is_pid_reuse(a: ProducerId, b: ProducerId) -> bool:
@@ -58,8 +68,8 @@ def is_delivering(producer: ProducerState) -> bool:
 def initialize_producer(
     identity: ProducerId, ring_capacity: int, fallback_budget: int
 ) -> ProducerState:
-    # Verify the identity is a (pid, start time) pair of positive pid
-    assert identity[0] > 0 and identity[1] >= 0
+    # Verify the identity is (pid, start time[, instance]) with a positive pid
+    assert len(identity) in (2, 3) and identity[0] > 0 and all(part >= 0 for part in identity)
     return ProducerState(
         identity=identity,
         connector=connector_spec.initialize_connector(ring_capacity, fallback_budget),

@@ -41,6 +41,8 @@ _LAZY: dict[str, str] = {
     "Route": "shmring.impl.connector",
     "descriptor_from_dict": "shmring.impl.connector",
     "SharedMemoryConnector": "shmring.impl.compat",
+    "register_type": "shmring.impl.extensions",
+    "unregister_type": "shmring.impl.extensions",
 }
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
         ShmringError,
         UnsupportedPayloadError,
     )
+    from shmring.impl.extensions import register_type, unregister_type
 
 
 def __getattr__(name: str) -> Any:
@@ -110,5 +113,7 @@ __all__ = [
     "ShmringError",
     "UnsupportedPayloadError",
     "__version__",
+    "register_type",
+    "unregister_type",
     "descriptor_from_dict",
 ]
