@@ -469,6 +469,15 @@ class EncodePlan:
     def __repr__(self) -> str:
         return f"EncodePlan(nbytes={self.nbytes}, leaf_count={self.leaf_count})"
 
+    def whole(self) -> bytes | None:
+        """The whole encoding as one immutable bytes object when it is one, else None.
+
+        A plain msgpack plan (no tensors, arrays or large bytes) already holds
+        its encoding: a transport may copy it as is instead of calling
+        `write_into` (what `write_into` would write, byte for byte).
+        """
+        return self._head if not self._leaves else None
+
     def write_into(self, buf: Any) -> int:
         """Write the encoding into the first `nbytes` bytes of a writable buffer; return `nbytes`.
 
@@ -584,7 +593,13 @@ def prepare(obj: Any) -> EncodePlan:
     Raises `UnsupportedPayloadError` for anything the codec does not carry.
     """
     cls = type(obj)
-    if (cls is bytes or cls is bytearray) and len(obj) >= DIRECT_BYTES_MIN:
+    if cls is bytes:
+        if len(obj) >= DIRECT_BYTES_MIN:
+            return _prepare_bytes(obj)
+        # Small bytes: msgpack bin, nothing to scan (what the general path encodes).
+        head = _plain_encoder.encode(obj)
+        return EncodePlan(head, len(head))
+    if cls is bytearray and len(obj) >= DIRECT_BYTES_MIN:
         return _prepare_bytes(obj)
     if cls is memoryview and obj.nbytes >= DIRECT_BYTES_MIN:
         if not obj.c_contiguous:

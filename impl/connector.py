@@ -402,12 +402,16 @@ class Connector:
         self._failed_edges: dict[Edge, BaseException] = {}
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         self._readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}
+        # Per edge, the (producer, reader) pairs a get by key visits, in discovery's
+        # order; dropped whenever discovery scans or a producer is released.
+        self._edge_readers: dict[Edge, list[tuple[ConnectorIdentity, RingReader]]] = {}
         # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
         self._fallback_miss: tuple[Edge, str, int, float] | None = None
         # Mappings of handed-back fallback files, kept between this reader's claims.
         self._segment_mappings = SegmentMappings()
         self._membership: Membership | None = None
         self._stamp: Stamp | None = None
+        self._wake: Callable[[], None] | None = None  # the doorbell's wake (`Stamp.waker`)
         self._liveness: Liveness | None = None
         self._discovery: DiscoveryCache | None = None
         self._registrar: Registrar | None = None
@@ -477,6 +481,7 @@ class Connector:
             raise
         self._membership = membership
         self._stamp = stamp
+        self._wake = stamp.waker() if stamp is not None else None
         self._liveness = liveness
         self._fallback = fallback
         return fallback
@@ -578,30 +583,45 @@ class Connector:
         """
         edge, (key, obj) = _split_edge(args, 2, "put")
         with self._lock:
-            self._require_open()
-            _validate_key(key)
+            if self._closed:
+                self._require_open()
+            if type(key) is not str or not key.isascii():
+                _validate_key(key)
             plan = codec.prepare(obj)
-            fallback = self._join()
-            self._ensure_live_file()
+            fallback = self._fallback
+            if fallback is None:
+                fallback = self._join()
+            if self._live_path is None:
+                self._ensure_live_file()
             identity = self.identity
             assert identity is not None
             size = plan.nbytes
-            ring = self._ring_for(edge)
+            ring = self._rings.get(edge)
+            if ring is None:
+                ring = self._ring_for(edge)
             if ring is not None:
+                whole = plan.whole()
+                if whole is not None and not fallback.has(edge, key):
+                    # A plain encoding with no segment to retire: the ring copies
+                    # the bytes as they are (what the writer below would write).
+                    outcome = ring.put(key, whole)
+                else:
 
-                def write(view: memoryview) -> None:
-                    plan.write_into(view)
-                    # The ring has room: retire the key's segment before the frame shows.
-                    if fallback.has(edge, key):
-                        fallback.retire(edge, key)
+                    def write(view: memoryview) -> None:
+                        plan.write_into(view)
+                        # The ring has room: retire the key's segment before the frame shows.
+                        if fallback.has(edge, key):
+                            fallback.retire(edge, key)
 
-                outcome = ring.put_with_writer(key, size, write)
+                    outcome = ring.put_with_writer(key, size, write)
                 if outcome.status is PutStatus.PUBLISHED:
                     assert outcome.position is not None
                     self._puts += 1
                     self._ring_puts += 1
                     self._bytes += size
-                    self._ring_doorbell()
+                    wake = self._wake
+                    if wake is not None:
+                        wake()  # what `_ring_doorbell` does, one call shorter
                     return RingDescriptor(identity, edge, key, outcome.position, size)
             cancel: Callable[[], object] | None = (lambda: ring.cancel(key)) if ring else None
             try:
@@ -631,12 +651,16 @@ class Connector:
     ) -> Delivery:
         """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll."""
         with self._lock:
-            self._require_open()
-            _validate_key(key)
-            self._join()
+            if self._closed:
+                self._require_open()
+            if type(key) is not str or not key.isascii():
+                _validate_key(key)
+            if self._fallback is None:  # not (fully) joined yet: `_join` retries what failed
+                self._join()
             discovery = self._discovery
             assert discovery is not None
             if discovery.refresh():
+                self._edge_readers.clear()
                 self._release_departed()
             if descriptor is None:
                 return self._get_by_key(edge, key, bell)
@@ -657,9 +681,13 @@ class Connector:
         assert discovery is not None and liveness is not None
         busy = False
         corrupt: CorruptFrameError | None = None
-        for producer in discovery.producers_of(edge):
-            reader = self._reader(edge, producer)
-            if reader is None:
+        pairs = self._edge_readers.get(edge)
+        fresh = pairs is None
+        if pairs is None:
+            pairs = self._resolve_readers(edge)  # `_reader` checked each for a close just now
+        for producer, reader in pairs:
+            if not fresh and reader.producer_closed:
+                self._release(edge, producer)
                 continue
             try:
                 got = reader.get(key, decode=_decode_sized)
@@ -673,7 +701,10 @@ class Connector:
                     self._release(edge, producer)  # a dead producer's frame is never delivered
                     continue
                 size, value = got.payload
-                return self._delivered(Route.RING, value, size, producer)
+                self._gets += 1  # `_delivered`, inline on the hot path
+                self._bytes += size
+                self._ring_gets += 1
+                return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer)
             if got.status is ReceiveStatus.BUSY:
                 busy = True
             elif reader.producer_closed:
@@ -689,6 +720,24 @@ class Connector:
         if corrupt is not None and not delivery.delivered:
             raise corrupt
         return delivery
+
+    def _resolve_readers(self, edge: Edge) -> list[tuple[ConnectorIdentity, RingReader]]:
+        """The edge's (producer, mapped ring) pairs, attached now and kept until they change.
+
+        What a get by key visits, resolved once per discovery state: the list
+        is dropped when a scan ran or a producer was released, so an
+        unchanged edge costs a get no discovery work beyond the stamp load.
+        """
+        discovery = self._discovery
+        assert discovery is not None
+        pairs = []
+        for producer in discovery.producers_of(edge):
+            reader = self._reader(edge, producer)
+            if reader is not None:
+                pairs.append((producer, reader))
+        # Attaching may have released producers (and so emptied the cache): store last.
+        self._edge_readers[edge] = pairs
+        return pairs
 
     def _fallback_unchanged(self, edge: Edge, key: str, bell: int | None) -> bool:
         """Whether a polling get may skip looking for the key's segment (one failing openat).
@@ -834,6 +883,7 @@ class Connector:
 
     def _release(self, edge: Edge, producer: ConnectorIdentity) -> None:
         """Drop our mapping of a producer that closed or exited."""
+        self._edge_readers.clear()
         reader = self._readers.pop((edge, producer), None)
         if reader is not None:
             reader.close()
@@ -1026,6 +1076,7 @@ class Connector:
                     failures.append(error)
             with contextlib.suppress(OSError):
                 self._release_live_file()
+            self._edge_readers.clear()
             for key in list(self._readers):
                 self._readers.pop(key).close()
             self._segment_mappings.close()
@@ -1115,12 +1166,36 @@ def _stage(value: object, argument: str) -> str:
     return _cached_stage(value)
 
 
+# Validated edges by the (src, dst) a caller passed, when both are exactly str
+# or int (never bool: True == 1 must not find 1's entry).
+_EDGE_CACHE: dict[tuple[Any, Any], Edge] = {}
+_EDGE_CACHE_LIMIT: Final = 1024
+
+
+def _edge_of(source: Any, destination: Any) -> Edge:
+    kind, other = type(source), type(destination)
+    if (kind is str or kind is int) and (other is str or other is int):
+        edge = _EDGE_CACHE.get((source, destination))
+        if edge is None:
+            edge = (_stage(source, "from_stage"), _stage(destination, "to_stage"))
+            if len(_EDGE_CACHE) >= _EDGE_CACHE_LIMIT:
+                _EDGE_CACHE.clear()
+            _EDGE_CACHE[source, destination] = edge
+        return edge
+    return (_stage(source, "from_stage"), _stage(destination, "to_stage"))
+
+
 def _split_edge(args: tuple[Any, ...], rest: int, what: str) -> tuple[Edge, tuple[Any, ...]]:
     """(edge, remaining args) from ``(src, dst, *rest)`` or ``((src, dst), *rest)``."""
     if len(args) == rest + 2:
-        return (_stage(args[0], "from_stage"), _stage(args[1], "to_stage")), args[2:]
+        source, destination = args[0], args[1]
+        if type(source) is str and type(destination) is str:  # the hot path: one dict look-up
+            edge = _EDGE_CACHE.get((source, destination))
+            if edge is not None:
+                return edge, args[2:]
+        return _edge_of(source, destination), args[2:]
     if len(args) == rest + 1 and isinstance(args[0], tuple) and len(args[0]) == 2:
-        return (_stage(args[0][0], "from_stage"), _stage(args[0][1], "to_stage")), args[1:]
+        return _edge_of(args[0][0], args[0][1]), args[1:]
     raise TypeError(
         f"{what}() takes (src, dst, ...) or ((src, dst), ...) and {rest} more: got {len(args)} arguments"
     )

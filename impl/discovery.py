@@ -54,7 +54,7 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -383,6 +383,11 @@ class Stamp:
         doorbell = self._doorbell
         if doorbell is not None:
             doorbell.bump_and_wake()
+
+    def waker(self) -> Callable[[], None] | None:
+        """`ring` as one bound call for a hot path (None without futexes); a no-op once closed."""
+        doorbell = self._doorbell
+        return doorbell.bump_and_wake if doorbell is not None else None
 
     def wait(self, seen: int | None, timeout: float) -> None:
         """Sleep until the doorbell moves past `seen`, or `timeout` seconds.

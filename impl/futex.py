@@ -55,6 +55,7 @@ class FutexWord:
         assert offset % 4 == 0 and 0 <= offset <= len(mapping) - 4
         self._word = ctypes.c_uint32.from_buffer(mapping, offset)
         self._address = ctypes.addressof(self._word)
+        self._pointer = ctypes.c_void_p(self._address)  # made once: every put wakes
 
     def load(self) -> int:
         """The word's value; no system call."""
@@ -70,9 +71,7 @@ class FutexWord:
             return
         word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
-            _syscall(
-                _SYS_FUTEX, ctypes.c_void_p(self._address), _FUTEX_WAKE, _WAKE_ALL, None, None, 0
-            )
+            _syscall(_SYS_FUTEX, self._pointer, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
 
     def wait(self, expected: int, timeout: float) -> None:
         """Sleep while the word still holds `expected`, at most `timeout` seconds.
