@@ -99,6 +99,9 @@ class Transport:
 
     name = "?"
     kinds: tuple[str, ...] = (TREE, BYTES)  # payload kinds it is measured with
+    # Whether a sender may put a whole burst before the receiver starts
+    # (False: a bounded kernel buffer would block the sender for good).
+    buffers_bursts = True
 
     def __init__(self, spec: CaseSpec, me: str, peer: str, shared: dict[str, Any]) -> None:
         self.spec = spec
@@ -247,6 +250,22 @@ class ConnectorTransport(Transport):
         connector, self._connector = self._connector, None
         if connector is not None:
             connector.close()
+
+
+class ConnectorPollTransport(ConnectorTransport):
+    """`Connector.put` / a busy-polling `Connector.get` (no doorbell wait, no sleep)."""
+
+    name = "connector/poll"
+
+    def recv(self, seq: int, deadline: float) -> Any:
+        get = self._connector.get
+        key = str(seq)
+        while True:
+            got = get(self.peer, self.me, key)
+            if got:
+                return got.value
+            if time.monotonic() >= deadline:
+                raise BenchTimeout(f"connector/poll recv seq={seq}: {got.status}")
 
 
 # -- baseline: one POSIX shared-memory segment per message -----------------------------
@@ -425,6 +444,7 @@ class PipeTransport(Transport):
     """A duplex `multiprocessing.Pipe` made at spawn; the tree travels as pickle bytes."""
 
     name = "mp.Pipe"
+    buffers_bursts = False  # the kernel's 64 KiB pipe buffer
 
     def send(self, seq: int, obj: Any) -> None:
         data = pickle.dumps(obj, _PICKLE_PROTOCOL) if self.spec.kind == TREE else obj
@@ -640,6 +660,7 @@ class Iceoryx2(Transport):
 TRANSPORTS: dict[str, type[Transport]] = {
     RingRaw.name: RingRaw,
     ConnectorTransport.name: ConnectorTransport,
+    ConnectorPollTransport.name: ConnectorPollTransport,
     ShmPerKey.name: ShmPerKey,
     ShmPerKeyLocked.name: ShmPerKeyLocked,
     ShmPerKeyPickle.name: ShmPerKeyPickle,

@@ -885,7 +885,8 @@ def decode(buf: Any, *, type: Any = None) -> Any:
             raise _corrupt("empty payload")
         if src[0] != FRAMED_MARKER:
             try:
-                return _plain_decoder_for(type).decode(src)
+                decoder = _plain_decoder if type is None else _plain_decoder_for(type)
+                return decoder.decode(src)
             except _MSGPACK_ERRORS as error:  # DecodeError, bad UTF-8, nesting
                 raise _corrupt(f"msgpack: {error}: nbytes={length}") from error
         return _decode_framed(src, length, type)

@@ -2,7 +2,8 @@
 
 Not a timing test: nothing here looks at a number except to check that it
 was measured. It runs `benchmarks/bench_ring.py --smoke` (one repeat, a few
-round trips of the tree and of 64 B, one small 64 KiB batch) in a child
+round trips of the tree and of 64 B, one small 64 KiB batch, one small burst,
+the PNG plot) in a child
 process, so a change to the ring, the connector or the codec that breaks
 the benchmark scripts fails CI instead of being found at the next
 measurement. Transports whose package is missing are reported by the script
@@ -56,10 +57,13 @@ def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
 
     transports = result["transports"]
-    assert {"ring", "connector", "shm-per-key", "mp.Pipe", "mp.Queue"} <= set(transports)
+    assert {"ring", "connector", "connector/poll", "shm-per-key", "mp.Pipe", "mp.Queue"} <= set(
+        transports
+    )
     assert set(transports) | set(result["unavailable"]) == {
         "ring",
         "connector",
+        "connector/poll",
         "shm-per-key",
         "shm-per-key+lock",
         "shm-per-key/pickle",
@@ -82,8 +86,16 @@ def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
     assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in rates.values())
     # The connector's 64 KiB frames fit its ring, and it says so.
     assert result["routes"]["throughput 64 KiB"]["connector"] == ["ring"]
+    # The burst: every transport that can buffer a whole batch ran it; the Pipe cannot.
+    (burst,) = [label for label in result["throughput_mib_s"] if "burst" in label]
+    bursts = result["throughput_mib_s"][burst]
+    assert set(bursts) == set(transports) - tree_only - {"mp.Pipe"}
+    assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in bursts.values())
+    assert "mp.Pipe" in result["not_run"][burst]
     assert any(row["target"].startswith("tree one-way latency") for row in result["targets"])
     assert "One-way latency" in completed.stdout and "Throughput" in completed.stdout
+    # The plot lies next to the JSON.
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_ring_steps_smoke_measures_every_step(tmp_path: Path) -> None:
