@@ -476,7 +476,10 @@ class EncodePlan:
         its encoding: a transport may copy it as is instead of calling
         `write_into` (what `write_into` would write, byte for byte).
         """
-        return self._head if not self._leaves else None
+        head = self._head
+        # A framed plan without leaves (slices, registered objects) zero-fills
+        # past its header: only when the header is all of it is it whole.
+        return head if not self._leaves and len(head) == self.nbytes else None
 
     def write_into(self, buf: Any) -> int:
         """Write the encoding into the first `nbytes` bytes of a writable buffer; return `nbytes`.

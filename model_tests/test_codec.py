@@ -681,3 +681,27 @@ def test_threads_encode_and_decode_independently():
         thread.join(timeout=60)
     assert not any(thread.is_alive() for thread in threads)
     assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"x" * 64,
+        {"a": 1, "b": [True, None, "text"]},
+        {"window": slice(2, None, 3)},  # framed, no leaves: zero fill after the header
+        {"t": torch.arange(4)},
+        b"y" * (codec.DIRECT_BYTES_MIN + 1),
+    ],
+    ids=["small-bytes", "plain-tree", "slice", "tensor", "large-bytes"],
+)
+def test_whole_is_exactly_what_write_into_writes(payload: Any) -> None:
+    """`EncodePlan.whole()` (the connector copies it as is) is the encoding or None."""
+    plan = codec.prepare(payload)
+    written = bytearray(plan.nbytes)
+    plan.write_into(written)
+    whole = plan.whole()
+    if whole is not None:
+        assert whole == bytes(written)
+    expected_whole = isinstance(payload, bytes) and len(payload) < codec.DIRECT_BYTES_MIN
+    expected_whole = expected_whole or payload == {"a": 1, "b": [True, None, "text"]}
+    assert (whole is not None) == expected_whole
