@@ -125,7 +125,12 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import current_producer_identity
+from shmring.impl.naming import (
+    Directory,
+    PathDirectory,
+    check_private_file,
+    current_producer_identity,
+)
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -374,9 +379,14 @@ class _RingFile:
     _locks: int = 0
     _shapes: _FrameShapes  # per ring, set once the capacity is known
 
-    def __init__(self, path: str, os_facade: OsFacade) -> None:
+    def __init__(self, path: str, os_facade: OsFacade, directory: Directory | None = None) -> None:
         self.path = path
         self._os = os_facade
+        # Every file operation goes through the directory (a verified
+        # descriptor for a connector's rings; by path for a standalone ring).
+        self._dir = (
+            directory if directory is not None else PathDirectory(os.path.dirname(path), os_facade)
+        )
 
     @property
     def capacity(self) -> int:
@@ -427,8 +437,9 @@ class RingChannel(_RingFile):
         os_facade: OsFacade,
         producer: tuple[int, int],
         publish_hook: PublishHook | None,
+        directory: Directory | None = None,
     ) -> None:
-        super().__init__(path, os_facade)
+        super().__init__(path, os_facade, directory)
         self._capacity = capacity
         self.producer = producer  # (pid, start time) written in the ring header
         self._publish_hook = publish_hook
@@ -456,6 +467,7 @@ class RingChannel(_RingFile):
         os_facade: OsFacade = DEFAULT_OS,
         producer: tuple[int, int] | None = None,
         publish_hook: PublishHook | None = None,
+        directory: Directory | None = None,
     ) -> RingChannel:
         """Create the ring file at `path` (it must not exist) and map it.
 
@@ -468,7 +480,8 @@ class RingChannel(_RingFile):
         `producer` is the (pid, start time) written into the header; the
         default is this process (`naming.current_producer_identity`).
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
-        production passes None.
+        production passes None. `directory` (a connector's verified deployment
+        directory) is where `path` is created and unlinked, by descriptor.
         """
         error = compute_capacity_error(capacity)
         if error is not None:
@@ -477,9 +490,9 @@ class RingChannel(_RingFile):
             raise ConfigurationError(f"a disabled ring has no channel: capacity={capacity}")
         if producer is None:
             producer = current_producer_identity(os_facade)
-        channel = cls(path, capacity, os_facade, producer, publish_hook)
+        channel = cls(path, capacity, os_facade, producer, publish_hook, directory)
         file_length = compute_ring_file_length(capacity)
-        channel._fd = os_facade.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        channel._fd = channel._dir.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
         channel._unlink_pending = True
         try:
             os_facade.ftruncate(channel._fd, file_length)
@@ -792,7 +805,7 @@ class RingChannel(_RingFile):
         finally:
             if self._unlink_pending:
                 with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(self.path)
+                    self._dir.unlink(self.path)
                 self._unlink_pending = False
 
     def __enter__(self) -> RingChannel:
@@ -863,8 +876,8 @@ class RingReader(_RingFile):
     plus BUSY when another process holds the ring lock.
     """
 
-    def __init__(self, path: str, os_facade: OsFacade) -> None:
-        super().__init__(path, os_facade)
+    def __init__(self, path: str, os_facade: OsFacade, directory: Directory | None = None) -> None:
+        super().__init__(path, os_facade, directory)
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
         self._seen_head = 0  # head at the last scan
         self._scanned_to = 0  # a frame boundary; frames below it are in the index (if published)
@@ -879,16 +892,18 @@ class RingReader(_RingFile):
         self._busy = 0
 
     @classmethod
-    def attach(cls, path: str, *, os_facade: OsFacade = DEFAULT_OS) -> RingReader:
+    def attach(
+        cls, path: str, *, os_facade: OsFacade = DEFAULT_OS, directory: Directory | None = None
+    ) -> RingReader:
         """Map the ring file at `path` read-write and validate its header.
 
         CorruptFrameError: not a regular file of ours (a symlink included),
         or the header is not a valid ring header. ProducerGoneError: the file
         is gone, or its producer closed the ring.
         """
-        reader = cls(path, os_facade)
+        reader = cls(path, os_facade, directory)
         try:
-            reader._fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+            reader._fd = reader._dir.open(path, OPEN_FLAGS_EXISTING)
         except FileNotFoundError as error:
             raise ProducerGoneError(f"ring file is gone: path={path!r}") from error
         except OSError as error:
@@ -907,8 +922,9 @@ class RingReader(_RingFile):
         info = self._os.fstat(self._fd)
         if not stat.S_ISREG(info.st_mode):
             raise CorruptFrameError(f"ring path is not a regular file: path={path!r}")
-        if info.st_uid != os.getuid():
-            raise CorruptFrameError(f"ring file is not ours: uid={info.st_uid} path={path!r}")
+        untrusted = check_private_file(path, info)  # ours, 0600: before any byte is read
+        if untrusted is not None:
+            raise CorruptFrameError(f"ring file is not trusted: {untrusted}")
         size = info.st_size
         if size < RING_HEADER_LENGTH:
             raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")

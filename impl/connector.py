@@ -85,10 +85,11 @@ from shmring.impl.fallback import (
 )
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
+    DeploymentDirectory,
     ProducerIdentity,
     current_producer_identity,
     deployment_directory,
-    ensure_deployment_directory,
+    open_deployment_directory,
     ring_path,
     validate_scope,
     validate_stage_name,
@@ -369,6 +370,9 @@ class Connector:
         # Mappings of handed-back fallback files, kept between this reader's claims.
         self._segment_mappings = SegmentMappings()
         self._membership: Membership | None = None
+        self._dir: DeploymentDirectory | None = (
+            None  # the verified directory descriptor, once joined
+        )
         self._stamp: Stamp | None = None
         self._liveness: Liveness | None = None
         self._discovery: DiscoveryCache | None = None
@@ -404,11 +408,12 @@ class Connector:
         os_facade = self._os
         identity = self._identity_override or current_producer_identity(os_facade)
 
-        def ensure() -> str:
-            return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
+        def ensure() -> DeploymentDirectory:
+            return open_deployment_directory(self.scope, os_facade, self.shm_root)
 
-        directory = ensure()
-        membership = Membership.join(directory, os_facade, ensure_directory=ensure)
+        membership = Membership.join(None, os_facade, ensure_directory=ensure)
+        directory = membership.directory
+        assert isinstance(directory, DeploymentDirectory)
         try:
             try:
                 stamp: Stamp | None = Stamp.open(directory, os_facade)
@@ -430,8 +435,10 @@ class Connector:
             )
         except BaseException:
             membership.leave()
+            directory.close()
             raise
         self.identity = identity
+        self._dir = directory
         self._membership = membership
         self._stamp = stamp
         self._liveness = liveness
@@ -443,10 +450,12 @@ class Connector:
         if self._live_path is not None or self.identity is None:
             return
         path = os.path.join(self.directory, live_file_name(self.identity))
+        directory = self._dir
+        assert directory is not None  # joined
         with _live_lock:
             if not _live_refs.get(path):
                 try:
-                    fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+                    fd = directory.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
                 except FileExistsError:
                     pass
                 except OSError as error:
@@ -465,8 +474,10 @@ class Connector:
             left = _live_refs.get(path, 1) - 1
             if left <= 0:
                 _live_refs.pop(path, None)
-                with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(path)
+                directory = self._dir
+                if directory is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        directory.unlink(path)
             else:
                 _live_refs[path] = left
         self._live_path = None
@@ -494,6 +505,7 @@ class Connector:
                 os_facade=self._os,
                 producer=identity,
                 publish_hook=self._publish_hook,
+                directory=self._dir,
             )
         except (OSError, ShmringError) as error:
             self._disable_ring(edge, error)
@@ -697,8 +709,9 @@ class Connector:
     ) -> Delivery:
         liveness = self._liveness
         assert liveness is not None
+        assert self._dir is not None  # joined
         claim = claim_segment(
-            self.directory,
+            self._dir,
             edge,
             key,
             os_facade=self._os,
@@ -728,7 +741,8 @@ class Connector:
         if not liveness.is_alive(producer):
             return False
         try:
-            self._os.stat(os.path.join(self.directory, live_file_name(producer)))
+            assert self._dir is not None  # joined
+            self._dir.stat(live_file_name(producer))
         except FileNotFoundError:
             return False
         return True
@@ -748,7 +762,7 @@ class Connector:
         if reader is None:
             path = ring_path(self.directory, edge[0], edge[1], producer)
             try:
-                reader = RingReader.attach(path, os_facade=self._os)
+                reader = RingReader.attach(path, os_facade=self._os, directory=self._dir)
             except ProducerGoneError:
                 self._release(edge, producer)
                 return None
@@ -935,6 +949,9 @@ class Connector:
         if self._membership is not None:
             self._membership.leave()
             self._membership = None
+        if self._dir is not None and self._live_path is None:
+            self._dir.close()  # kept while the live file's unlink must be retried
+            self._dir = None
 
     @property
     def closed(self) -> bool:

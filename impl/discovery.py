@@ -52,16 +52,20 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
 from shmring.impl import futex
-from shmring.impl.errors import BrokenError, ShmringError
+from shmring.impl.errors import BrokenError, DirectoryReplacedError, ShmringError
 from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
+    DeploymentDirectory,
+    Directory,
     ProducerIdentity,
+    as_directory,
+    check_private_file,
     parse_ring_file_name,
     parse_start_time,
     parse_transfer_file_owner,
@@ -322,12 +326,16 @@ class Stamp:
         self._os = os_facade
 
     @classmethod
-    def open(cls, directory: str, os_facade: OsFacade) -> Stamp:
+    def open(cls, directory: str | Directory, os_facade: OsFacade) -> Stamp:
         """Open (creating if needed) the stamp file of `directory` and map it."""
-        stamp = cls(os.path.join(directory, STAMP_FILE_NAME), os_facade)
+        directory = as_directory(directory, os_facade)
+        stamp = cls(directory.join(STAMP_FILE_NAME), os_facade)
         try:
-            stamp._fd = os_facade.open(stamp.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            stamp._fd = directory.open(STAMP_FILE_NAME, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
             info = os_facade.fstat(stamp._fd)
+            problem = check_private_file(stamp.path, info)
+            if problem is not None:
+                raise BrokenError(f"stamp file is not trusted: {problem}")
             if info.st_size < STAMP_FILE_LENGTH:
                 # Whoever creates it sizes it; a concurrent opener doing the
                 # same extends with zeros too, so the counter starts at 0.
@@ -388,7 +396,9 @@ class Stamp:
             return
         doorbell.wait(seen, timeout)
 
-    def prune_and_bump(self, directory: str, names: Iterable[str], scanned_at: int) -> int | None:
+    def prune_and_bump(
+        self, directory: str | Directory, names: Iterable[str], scanned_at: int
+    ) -> int | None:
         """Unlink stale marker `names` and bump once, without waiting for the lock.
 
         Answers the stamp a receiver may cache afterwards: the new value when
@@ -404,11 +414,12 @@ class Stamp:
             self._os.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
+        where = as_directory(directory, self._os)
         try:
             before: int = buf[_STAMP_WORD]
             for name in names:
                 with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(os.path.join(directory, name))
+                    where.unlink(name)
             value = before + 1
             buf[_STAMP_WORD] = value
         finally:
@@ -440,29 +451,78 @@ class Membership:
 
     _fd: int = -1
 
-    def __init__(self, directory: str, os_facade: OsFacade) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, MEMBERS_FILE_NAME)
+    def __init__(self, directory: Directory, os_facade: OsFacade) -> None:
+        self.directory = directory  # where we joined: a verified descriptor for connectors
+        self.path = directory.join(MEMBERS_FILE_NAME)
         self._os = os_facade
 
     @classmethod
     def join(
-        cls, directory: str, os_facade: OsFacade, ensure_directory: object = None
+        cls,
+        directory: str | Directory | None,
+        os_facade: OsFacade,
+        ensure_directory: Callable[[], Directory] | None = None,
     ) -> Membership:
         """Take a shared lock on ``members`` (creating it), retrying across a teardown.
 
-        `ensure_directory`, when given, is called (no arguments) to recreate
-        the directory if a teardown removed it meanwhile.
+        `ensure_directory`, when given, is called (no arguments) to open the
+        directory (creating it) when `directory` is None, again if a teardown
+        removed it meanwhile, and again if the path no longer names the
+        directory joined: the answer's `directory` is where the lock is held.
+        Directories it opened and left are closed here; on failure nothing
+        it opened stays open.
         """
-        member = cls(directory, os_facade)
         deadline = time.monotonic() + _JOIN_TIMEOUT
+        opened: Directory | None = None  # what `ensure_directory` gave us and we hold
+
+        def again(reason: BaseException | None) -> Directory:
+            nonlocal opened
+            if ensure_directory is None:
+                assert reason is not None
+                raise reason
+            if isinstance(opened, DeploymentDirectory):
+                opened.close()
+            opened = None
+            while True:
+                if time.monotonic() > deadline:
+                    raise BrokenError(
+                        f"deployment directory keeps changing while joining: scope directory "
+                        f"{where_path!r}"
+                    ) from reason
+                try:
+                    opened = ensure_directory()
+                    return opened
+                except DirectoryReplacedError as error:
+                    reason = error
+                    time.sleep(_JOIN_RETRY_SLEEP)
+
+        where_path = "" if directory is None else as_directory(directory, os_facade).path
+        try:
+            where = again(None) if directory is None else as_directory(directory, os_facade)
+            where_path = where.path
+            return cls._join(where, os_facade, ensure_directory, deadline, again)
+        except BaseException:
+            if isinstance(opened, DeploymentDirectory):
+                opened.close()
+            raise
+
+    @classmethod
+    def _join(
+        cls,
+        where: Directory,
+        os_facade: OsFacade,
+        ensure_directory: Callable[[], Directory] | None,
+        deadline: float,
+        again: Callable[[BaseException | None], Directory],
+    ) -> Membership:
         while True:
             try:
-                fd = os_facade.open(member.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
-            except FileNotFoundError:
-                if ensure_directory is None:
-                    raise
-                ensure_directory()  # type: ignore[operator]
+                # Relative to the directory's descriptor: a directory removed
+                # by a teardown answers ENOENT, one re-created at the path by
+                # someone else is never reached.
+                fd = where.open(MEMBERS_FILE_NAME, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            except FileNotFoundError as error:
+                where = again(error)
                 continue
             try:
                 try:
@@ -472,7 +532,7 @@ class Membership:
                     fd = -1
                     if time.monotonic() > deadline:
                         raise BrokenError(
-                            f"deployment directory stays locked by a teardown: path={member.path!r}"
+                            f"deployment directory stays locked by a teardown: path={where.path!r}"
                         ) from None
                     time.sleep(_JOIN_RETRY_SLEEP)
                     continue
@@ -480,10 +540,21 @@ class Membership:
                     os_facade.close(fd)
                     fd = -1
                     continue
+                if ensure_directory is not None:
+                    # Joined the directory our descriptor names; others find
+                    # it by path, so the path must still name it.
+                    try:
+                        where.verify()
+                    except DirectoryReplacedError as error:
+                        os_facade.close(fd)
+                        fd = -1
+                        where = again(error)
+                        continue
             except BaseException:
                 if fd >= 0:
                     os_facade.close(fd)
                 raise
+            member = cls(where, os_facade)
             member._fd = fd
             return member
 
@@ -514,10 +585,11 @@ class Membership:
             self._os.close(fd)
 
 
-def _teardown_if_empty(directory: str, os_facade: OsFacade) -> bool:
+def _teardown_if_empty(directory: str | Directory, os_facade: OsFacade) -> bool:
     """With ``members`` locked exclusively: remove stamp, members and the directory if nothing else is there."""
+    where = as_directory(directory, os_facade)
     try:
-        names = {entry.name for entry in os_facade.scandir(directory)}
+        names = set(where.names())
     except FileNotFoundError:
         return False
     if not names <= {STAMP_FILE_NAME, MEMBERS_FILE_NAME}:
@@ -525,9 +597,14 @@ def _teardown_if_empty(directory: str, os_facade: OsFacade) -> bool:
     for name in (STAMP_FILE_NAME, MEMBERS_FILE_NAME):
         if name in names:
             with contextlib.suppress(FileNotFoundError):
-                os_facade.unlink(os.path.join(directory, name))
+                where.unlink(name)
+    if isinstance(where, DeploymentDirectory):
+        try:
+            where.verify()  # rmdir goes by path: only if the path is still ours
+        except DirectoryReplacedError:
+            return False
     try:
-        os_facade.rmdir(directory)
+        os_facade.rmdir(where.path)
     except FileNotFoundError:
         return False
     except OSError as error:
@@ -544,9 +621,13 @@ class Registrar:
     """A producer's markers: added after a ring is ready, removed at close."""
 
     def __init__(
-        self, directory: str, os_facade: OsFacade, stamp: Stamp, producer: ProducerIdentity
+        self,
+        directory: str | Directory,
+        os_facade: OsFacade,
+        stamp: Stamp,
+        producer: ProducerIdentity,
     ) -> None:
-        self.directory = directory
+        self.directory = as_directory(directory, os_facade)
         self._os = os_facade
         self._stamp = stamp
         self.producer = producer
@@ -554,14 +635,14 @@ class Registrar:
 
     def register(self, edge: Edge) -> None:
         """Create the edge's marker, then bump the stamp; on failure nothing is left."""
-        path = os.path.join(self.directory, marker_file_name(edge, self.producer))
-        fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        name = marker_file_name(edge, self.producer)
+        fd = self.directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
         try:
             self._os.close(fd)
             self._stamp.bump()
         except BaseException:
             with contextlib.suppress(OSError):
-                self._os.unlink(path)
+                self.directory.unlink(name)
             raise
         self.edges.add(edge)
 
@@ -569,9 +650,8 @@ class Registrar:
         """Remove the markers of `edges` and bump once if any was removed; answer how many."""
         removed = 0
         for edge in sorted(set(edges) & self.edges):
-            path = os.path.join(self.directory, marker_file_name(edge, self.producer))
             with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(path)
+                self.directory.unlink(marker_file_name(edge, self.producer))
                 removed += 1
             self.edges.discard(edge)
         if removed:
@@ -603,9 +683,13 @@ class DiscoveryCache:
     """
 
     def __init__(
-        self, directory: str, os_facade: OsFacade, liveness: Liveness, stamp: Stamp | None
+        self,
+        directory: str | Directory,
+        os_facade: OsFacade,
+        liveness: Liveness,
+        stamp: Stamp | None,
     ) -> None:
-        self.directory = directory
+        self.directory = as_directory(directory, os_facade)
         self._os = os_facade
         self._liveness = liveness
         self._stamp = stamp
@@ -632,15 +716,15 @@ class DiscoveryCache:
         self.scans += 1
         found: dict[Edge, set[ProducerIdentity]] = {}
         stale: list[str] = []
-        for entry in self._os.scandir(self.directory):
-            parsed = parse_marker_file_name(entry.name)
+        for name in self.directory.names():
+            parsed = parse_marker_file_name(name)
             if parsed is None:
                 continue
             edge, producer = parsed
             if self._liveness.is_alive(producer):
                 found.setdefault(edge, set()).add(producer)
             else:
-                stale.append(entry.name)
+                stale.append(name)
         seen: int | None = scanned_at
         stamp = self._stamp
         if stamp is None:
@@ -701,7 +785,9 @@ def file_owner(name: str) -> ProducerIdentity | None:
     )
 
 
-def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | None = None) -> int:
+def collect_orphans(
+    directory: str | Directory, os_facade: OsFacade, liveness: Liveness | None = None
+) -> int:
     """Remove what dead producers left in `directory`; answer how many files went.
 
     Markers, rings, live files and fallback files (segments and their
@@ -713,41 +799,42 @@ def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | No
     return removed + _remove_unused_directory(directory, os_facade)
 
 
-def _remove_dead_files(directory: str, os_facade: OsFacade, liveness: Liveness | None) -> int:
+def _remove_dead_files(
+    directory: str | Directory, os_facade: OsFacade, liveness: Liveness | None
+) -> int:
     """Markers, rings, live files and fallback files of producers not running; answers how many went."""
     from shmring.impl import fallback  # fallback imports this module
 
+    where = as_directory(directory, os_facade)
     own = liveness is None
     if liveness is None:
         liveness = Liveness(os_facade)
     removed = 0
     try:
         try:
-            entries = os_facade.scandir(directory)
+            names = where.names()
         except FileNotFoundError:
             return 0
-        for entry in entries:
-            name = entry.name
-            path = os.path.join(directory, name)
+        for name in names:
             owner = file_owner(name)
             if owner is not None:
                 if not liveness.is_alive(owner):
                     with contextlib.suppress(FileNotFoundError):
-                        os_facade.unlink(path)
+                        where.unlink(name)
                         removed += 1
             elif fallback.is_segment_file_name(name):
-                removed += fallback.remove_if_orphaned(path, os_facade, liveness.is_alive)
+                removed += fallback.remove_if_orphaned(where, name, os_facade, liveness.is_alive)
     finally:
         if own:
             liveness.close()
     return removed
 
 
-def _remove_unused_directory(directory: str, os_facade: OsFacade) -> int:
+def _remove_unused_directory(directory: str | Directory, os_facade: OsFacade) -> int:
     """Tear the directory down if no member holds ``members``; answer files removed (0 or 2)."""
-    path = os.path.join(directory, MEMBERS_FILE_NAME)
+    where = as_directory(directory, os_facade)
     try:
-        fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+        fd = where.open(MEMBERS_FILE_NAME, OPEN_FLAGS_EXISTING)
     except FileNotFoundError:
         fd = -1
     try:
@@ -756,7 +843,7 @@ def _remove_unused_directory(directory: str, os_facade: OsFacade) -> int:
                 os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0
-        return 2 if _teardown_if_empty(directory, os_facade) else 0
+        return 2 if _teardown_if_empty(where, os_facade) else 0
     finally:
         if fd >= 0:
             os_facade.close(fd)

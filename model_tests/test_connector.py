@@ -711,6 +711,10 @@ def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope:
             self.names.append(os.path.basename(path))
             return super().open(path, flags, mode)
 
+        def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+            self.names.append(name)
+            return super().open_at(dir_fd, name, flags, mode)
+
     seam = OpenAttempts()
     with (
         Connector(scope, ring_capacity=CAPACITY) as producer,
