@@ -46,6 +46,14 @@ MODES: Final = (MODE_TRANSIENT, MODE_PERSISTENT)
 
 FaultError = int | str  # an errno value (OS sites) or a CUDA error name (driver sites)
 
+#: Not an errno: the fault kind "the deployment directory was replaced between
+#: two calls". At the planned call nothing fails; before the next call made
+#: relative to a directory descriptor, that directory is renamed aside and a
+#: directory open to everyone (mode 0777) is put at its path, as another uid
+#: would after a teardown. Only the sites in `DIRECTORY_SITES` carry it.
+DIRECTORY_REPLACED: Final = -1
+DIRECTORY_REPLACED_NAME: Final = "DIRECTORY_REPLACED"
+
 
 @dataclass(frozen=True)
 class Site:
@@ -184,6 +192,17 @@ CUDA_CATALOGUE: Final = {
     ),
 }
 
+#: Sites with directory-relative calls: where DIRECTORY_REPLACED is a cell kind
+#: (`fault_injection.replaced` runs those cells; its promises differ from the
+#: lockstep scenarios', so it is not in the catalogue's error lists).
+DIRECTORY_SITES: Final = (
+    os_seam.SITE_OPEN,
+    os_seam.SITE_STAT,
+    os_seam.SITE_UNLINK,
+    os_seam.SITE_RENAME,
+    os_seam.SITE_SCANDIR,
+)
+
 #: OS sites the transport never calls (checked by the suite, see module doc).
 UNREACHED: Final = frozenset((os_seam.SITE_UTIME, os_seam.SITE_WRITE))
 
@@ -210,6 +229,8 @@ def site(name: str) -> Site:
 
 def error_name(error: FaultError) -> str:
     """`ENOSPC` for an errno, the CUDA name as is."""
+    if error == DIRECTORY_REPLACED:
+        return DIRECTORY_REPLACED_NAME
     if isinstance(error, int):
         return errno.errorcode.get(error, str(error))
     return error
@@ -219,6 +240,8 @@ def parse_error(text: str) -> FaultError:
     """Inverse of `error_name`."""
     if text.startswith("cudaError"):
         return text
+    if text == DIRECTORY_REPLACED_NAME:
+        return DIRECTORY_REPLACED
     code = getattr(errno, text, None)
     if not isinstance(code, int):
         raise ValueError(f"not an errno name nor a CUDA error name: error={text!r}")
@@ -227,6 +250,9 @@ def parse_error(text: str) -> FaultError:
 
 __all__ = [
     "CUDA_CATALOGUE",
+    "DIRECTORY_REPLACED",
+    "DIRECTORY_REPLACED_NAME",
+    "DIRECTORY_SITES",
     "LAYER_CUDA",
     "LAYER_OS",
     "MODES",
