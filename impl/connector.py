@@ -269,6 +269,7 @@ class ConnectorHealth:
     fallback_spare_bytes: int = 0  # their file bytes (at most `fallback_spare_bytes`)
     fallback_reused: int = 0  # fallback puts that wrote into a handed-back file
     fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
+    reclaimed_files: int = 0  # files of dead producers this connector's scans removed
 
 
 # -- in-process bookkeeping of the "live" file ------------------------------------
@@ -996,6 +997,7 @@ class Connector:
                 fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
                 fallback_reused=fallback.reused if fallback else 0,
                 fallback_mapping_hits=self._segment_mappings.hits,
+                reclaimed_files=self._discovery.reclaimed if self._discovery is not None else 0,
             )
 
 

@@ -673,6 +673,7 @@ class DiscoveryStatistics:
     pruned: int  # stale markers of dead producers this receiver removed
     seen_stamp: int | None  # the stamp cached at the last scan; None before the first
     producers: int  # (edge, producer) pairs known from the last scan and not released
+    reclaimed: int = 0  # other files of dead producers (rings, live, segments, spares) it removed
 
 
 class DiscoveryCache:
@@ -696,6 +697,9 @@ class DiscoveryCache:
         self.seen_stamp: int | None = None  # stamp read before the last scan (after own pruning)
         self.scans = 0
         self.pruned = 0
+        self.reclaimed = 0  # files of dead producers this receiver removed at its scans
+        self.reclaim_errors = 0  # reclaims that failed (retried at the next scan)
+        self.last_reclaim_error: str | None = None
         # Producers with a live marker at the last scan, per edge; entries are
         # dropped (`release`) once a producer is found closed or dead.
         self.producers: dict[Edge, set[ProducerIdentity]] = {}
@@ -716,7 +720,8 @@ class DiscoveryCache:
         self.scans += 1
         found: dict[Edge, set[ProducerIdentity]] = {}
         stale: list[str] = []
-        for name in self.directory.names():
+        names = self.directory.names()
+        for name in names:
             parsed = parse_marker_file_name(name)
             if parsed is None:
                 continue
@@ -725,6 +730,13 @@ class DiscoveryCache:
                 found.setdefault(edge, set()).add(producer)
             else:
                 stale.append(name)
+        # What dead producers left besides markers goes now (`spec.discovery.
+        # process_reclaim`), from this scan's own listing: no extra scan.
+        try:
+            self.reclaimed += reclaim_dead_files(self.directory, names, self._os, self._liveness)
+        except (OSError, ShmringError) as error:  # retried at the next scan
+            self.reclaim_errors += 1
+            self.last_reclaim_error = repr(error)
         seen: int | None = scanned_at
         stamp = self._stamp
         if stamp is None:
@@ -754,6 +766,7 @@ class DiscoveryCache:
         return DiscoveryStatistics(
             scans=self.scans,
             pruned=self.pruned,
+            reclaimed=self.reclaimed,
             seen_stamp=self.seen_stamp,
             producers=sum(len(v) for v in self.producers.values()),
         )
@@ -797,6 +810,46 @@ def collect_orphans(
     """
     removed = _remove_dead_files(directory, os_facade, liveness)
     return removed + _remove_unused_directory(directory, os_facade)
+
+
+def reclaim_dead_files(
+    directory: Directory, names: Iterable[str], os_facade: OsFacade, liveness: Liveness
+) -> int:
+    """Remove the files among `names` of producers found dead, markers aside; answer how many.
+
+    Markers are the scan's to prune (they move the stamp). Files named for
+    their owner (rings, live files, temporaries, spares, transfer files) go
+    when that owner is not running; fallback segments carry their owner in
+    their header, so they are read (under their lock) only when some owner
+    was found dead. Identity is (pid, start time) checked through a pidfd
+    (`Liveness`), so a live producer, or a restarted one reusing a pid, is
+    never touched: the safe direction of every doubt is "alive".
+    """
+    from shmring.impl import fallback  # fallback imports this module
+
+    removed = 0
+    dead: set[ProducerIdentity] = set()
+    segments: list[str] = []
+    for name in names:
+        if parse_marker_file_name(name) is not None:
+            continue
+        owner = file_owner(name)
+        if owner is None:
+            if fallback.is_segment_file_name(name):
+                segments.append(name)
+            continue
+        if liveness.is_alive(owner):
+            continue
+        dead.add(owner)
+        with contextlib.suppress(FileNotFoundError):
+            directory.unlink(name)
+            removed += 1
+    if dead:
+        for name in segments:
+            removed += fallback.remove_if_orphaned(
+                directory, name, os_facade, lambda owner: owner not in dead
+            )
+    return removed
 
 
 def _remove_dead_files(
@@ -869,4 +922,5 @@ __all__ = [
     "parse_marker_file_name",
     "is_holder_alive",
     "read_process_status",
+    "reclaim_dead_files",
 ]

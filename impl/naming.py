@@ -343,12 +343,24 @@ def ensure_deployment_directory(
 ) -> str:
     """Create (or accept) the deployment directory and answer its path.
 
-    For components that name files by path (the registered-transfer path);
-    connectors, readers, gc and stat use `open_deployment_directory`.
+    For components that still name files by path (the registered-transfer
+    path, see docs/threat-model.md); connectors, readers, gc and stat use
+    `open_deployment_directory`. An existing directory is accepted only if it
+    is a real directory, ours, mode 0700.
     """
-    directory = open_deployment_directory(scope, os_facade, shm_root)
-    directory.close()
-    return directory.path
+    path = deployment_directory(scope, shm_root)
+    created = False
+    with contextlib.suppress(FileExistsError):
+        os_facade.mkdir(path, DIR_MODE)
+        created = True
+    try:
+        check_private_directory(path, os_facade)
+    except BaseException:
+        if created:  # ours and still empty: do not leave it behind
+            with contextlib.suppress(OSError):
+                os_facade.rmdir(path)
+        raise
+    return path
 
 
 def open_deployment_directory(

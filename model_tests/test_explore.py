@@ -17,7 +17,11 @@ from shmring.spec.explore import ExplorationError, System
 GOLDEN = {
     "ring": (30440, 571856, 15),
     "connector": (21382, 248278, 13),
-    "deployment": (8736, 48682, 13),
+    # 8736 / 48682 before issue 12: the state now also says which producers
+    # still have files in the directory (`DirectoryState.files`), and a killed
+    # producer keeps them until the next scan reclaims them, so "killed, not
+    # yet reclaimed" and "killed, reclaimed" are distinct states.
+    "deployment": (10861, 59274, 13),
     "registration": (11140, 52993, 13),
 }
 
@@ -46,6 +50,7 @@ EVENTS = {
         "no rescan",
         "descriptor not served",
         "stale marker pruned",
+        "dead producer's files reclaimed",
     },
     "registration": {
         "registry poisoned",

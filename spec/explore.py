@@ -531,7 +531,9 @@ def clone_deployment(dep: DeploymentState) -> DeploymentState:
         name: dataclasses.replace(r, attached={e: set(ps) for e, ps in r.attached.items()})
         for name, r in dep.receivers.items()
     }
-    directory = discovery_spec.DirectoryState(set(dep.directory.markers), dep.directory.stamp)
+    directory = discovery_spec.DirectoryState(
+        set(dep.directory.markers), dep.directory.stamp, set(dep.directory.files)
+    )
     return DeploymentState(dep.ring_capacity, dep.fallback_budget, producers, directory, receivers)
 
 
@@ -560,6 +562,7 @@ def canonical_deployment(world: DeploymentWorld) -> Hashable:
     return (
         producers,
         tuple(sorted(dep.directory.markers)),
+        tuple(sorted(dep.directory.files)),
         receivers,
         tuple(sorted(world.puts.items())),
     )
@@ -658,6 +661,7 @@ def _deployment_get(
 
 def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld) -> list[str]:
     invariants.check_stamp_step(before.dep.directory, after.dep.directory)
+    invariants.check_reclaim_step(before.dep, after.dep)
     found: list[str] = []
     if label.startswith("start") and any(
         i[0] == int(label[6:].split(",")[0]) for i in before.dep.producers
@@ -671,6 +675,10 @@ def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld)
     scans_after = sum(r.scans for r in after.dep.receivers.values())
     if label.startswith("get("):
         found.append("rescan" if scans_after > scans_before else "no rescan")
+        if scans_after > scans_before:
+            invariants.check_reclaimed_after_scan(after.dep)
+            if discovery_spec.get_dead_with_files(before.dep):
+                found.append("dead producer's files reclaimed")
         if "descriptor" in label and sum(
             p.connector.health.gets for p in after.dep.producers.values()
         ) == sum(p.connector.health.gets for p in before.dep.producers.values()):
