@@ -234,6 +234,7 @@ class Deployment:
             max_sleep_seconds=0.0,
             fallback_spare_bytes=1 << 20 if self.keep_fallback_files else 0,
             fallback_spare_min_bytes=0,
+            ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
         )
         self.directory = connector.directory
         self.producers[identity] = connector

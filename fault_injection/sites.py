@@ -78,7 +78,7 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_OPEN: Site(
         os_seam.SITE_OPEN,
         LAYER_OS,
-        (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO),
+        (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO, _E.ENFILE),
         note="create or open a ring, segment, marker, stamp, members, live or /proc file",
     ),
     os_seam.SITE_CLOSE: Site(
@@ -102,8 +102,8 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_MMAP: Site(
         os_seam.SITE_MMAP,
         LAYER_OS,
-        (_E.ENOMEM, _E.EACCES, _E.EAGAIN, _E.EPERM),
-        note="map a ring, segment, arena or stamp",
+        (_E.ENOMEM, _E.EMFILE, _E.EACCES, _E.EAGAIN, _E.EPERM, _E.ENFILE),
+        note="map a ring, segment, arena or stamp (Python's mmap keeps a dup of the descriptor)",
     ),
     os_seam.SITE_FLOCK: Site(
         os_seam.SITE_FLOCK,
@@ -140,13 +140,13 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_SCANDIR: Site(
         os_seam.SITE_SCANDIR,
         LAYER_OS,
-        (_E.EIO, _E.EMFILE, _E.EACCES),
+        (_E.EIO, _E.EMFILE, _E.EACCES, _E.ENFILE),
         note="discovery scan and teardown check of the deployment directory",
     ),
     os_seam.SITE_PIDFD: Site(
         os_seam.SITE_PIDFD,
         LAYER_OS,
-        (_E.EMFILE, _E.ENOMEM, _E.EIO),
+        (_E.EMFILE, _E.ENOMEM, _E.EIO, _E.ENFILE),
         note="open a producer's pidfd, or poll it for liveness",
     ),
     os_seam.SITE_READ: Site(
@@ -191,6 +191,11 @@ CUDA_CATALOGUE: Final = {
         note="wait for the copy before publishing",
     ),
 }
+
+#: Sites that take a descriptor (or a mapping, which keeps one): where EMFILE
+#: and ENFILE are cells of their own in the fast suite (`test_named_faults`).
+DESCRIPTOR_SITES: Final = (os_seam.SITE_OPEN, os_seam.SITE_MMAP, os_seam.SITE_PIDFD)
+EXHAUSTION_ERRORS: Final = (_E.EMFILE, _E.ENFILE)
 
 #: Sites with directory-relative calls: where DIRECTORY_REPLACED is a cell kind
 #: (`fault_injection.replaced` runs those cells; its promises differ from the
@@ -252,7 +257,9 @@ __all__ = [
     "CUDA_CATALOGUE",
     "DIRECTORY_REPLACED",
     "DIRECTORY_REPLACED_NAME",
+    "DESCRIPTOR_SITES",
     "DIRECTORY_SITES",
+    "EXHAUSTION_ERRORS",
     "LAYER_CUDA",
     "LAYER_OS",
     "MODES",

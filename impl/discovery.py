@@ -57,7 +57,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from shmring.impl import futex
-from shmring.impl.errors import BrokenError, DirectoryReplacedError, ShmringError
+from shmring.impl.errors import (
+    BrokenError,
+    DirectoryReplacedError,
+    ResourceExhaustedError,
+    ShmringError,
+    is_exhaustion,
+)
 from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
@@ -205,10 +211,19 @@ class Liveness:
 
     _closed: bool = False
 
-    def __init__(self, os_facade: OsFacade, own_identity: ProducerIdentity | None = None) -> None:
+    def __init__(
+        self,
+        os_facade: OsFacade,
+        own_identity: ProducerIdentity | None = None,
+        on_exhausted: Callable[[], int] | None = None,
+    ) -> None:
         self._os = os_facade
         self._own = own_identity
-        self._pidfds: dict[ProducerIdentity, int] = {}
+        # Called when /proc cannot be opened for want of descriptors: the
+        # owner releases what it caches and answers how many it released.
+        self.on_exhausted = on_exhausted
+        self._pidfds: dict[ProducerIdentity, int] = {}  # in least recently opened order
+        self._pidfd_cap: int | None = None  # after EMFILE: hold at most this many pidfds
         self._dead: set[ProducerIdentity] = set()
         self._pidfd_supported = hasattr(os, "pidfd_open")
         self.checks = 0  # liveness questions answered (statistics)
@@ -250,7 +265,12 @@ class Liveness:
             except OSError as error:
                 if error.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
                     self._pidfd_supported = False
-                # Otherwise (EMFILE, ENOMEM, ...) /proc answers this time;
+                elif is_exhaustion(error):
+                    # Out of descriptors: hold fewer pidfds from now on (each
+                    # producer costs one); /proc answers for the others.
+                    self.shed(len(self._pidfds) // 2 + 1)
+                    self._pidfd_cap = len(self._pidfds)
+                # Otherwise (ENOMEM, ...) /proc answers this time;
                 # the next question tries a pidfd again.
         try:
             # The pidfd was opened first: if the start time matches now, the
@@ -269,13 +289,53 @@ class Liveness:
                 self._os.close(pidfd)
             raise
         if pidfd >= 0:
-            self._pidfds[producer] = pidfd
+            if self._pidfd_cap is not None and len(self._pidfds) >= self._pidfd_cap:
+                self._os.close(pidfd)  # short of descriptors: /proc answers for this one
+            else:
+                self._pidfds[producer] = pidfd
         return True
 
+    @property
+    def pidfd_count(self) -> int:
+        """Pidfds held now (each is a descriptor)."""
+        return len(self._pidfds)
+
+    def shed(self, count: int) -> int:
+        """Close up to `count` pidfds, least recently opened first; answer how many.
+
+        Verdicts are kept: a producer found dead stays dead, a live one is
+        asked again through /proc or a new pidfd.
+        """
+        closed = 0
+        while self._pidfds and closed < count:
+            producer = next(iter(self._pidfds))
+            self.forget(producer)
+            closed += 1
+        return closed
+
     def _proc_alive(self, producer: ProducerIdentity) -> bool:
-        """/proc's answer: the pid runs, with this start time, and is not a zombie."""
+        """/proc's answer: the pid runs, with this start time, and is not a zombie.
+
+        Out of descriptors, our pidfds go first, then what the owner caches
+        (`on_exhausted`); ResourceExhaustedError when nothing could be freed.
+        """
         pid, start_time = producer
-        status = read_process_status(pid, self._os)
+        for _ in range(3):
+            try:
+                status = read_process_status(pid, self._os)
+                break
+            except OSError as error:
+                if not is_exhaustion(error):
+                    raise
+                freed = self.shed(len(self._pidfds))
+                if not freed and self.on_exhausted is not None:
+                    freed = self.on_exhausted()
+                if not freed:
+                    raise ResourceExhaustedError(
+                        f"no descriptor to read /proc/{pid}/stat: {error}", error.errno or 0
+                    ) from error
+        else:
+            raise ResourceExhaustedError(f"no descriptor to read /proc/{pid}/stat")
         return (
             status is not None and status[0] == start_time and status[1] not in _DEAD_PROCESS_STATES
         )
@@ -726,7 +786,11 @@ class DiscoveryCache:
             if parsed is None:
                 continue
             edge, producer = parsed
-            if self._liveness.is_alive(producer):
+            try:
+                alive = self._liveness.is_alive(producer)
+            except ResourceExhaustedError:
+                alive = True  # cannot tell now: never prune on a doubt
+            if alive:
                 found.setdefault(edge, set()).add(producer)
             else:
                 stale.append(name)
@@ -838,8 +902,11 @@ def reclaim_dead_files(
             if fallback.is_segment_file_name(name):
                 segments.append(name)
             continue
-        if liveness.is_alive(owner):
-            continue
+        try:
+            if liveness.is_alive(owner):
+                continue
+        except ResourceExhaustedError:
+            continue  # cannot tell now: never remove on a doubt
         dead.add(owner)
         with contextlib.suppress(FileNotFoundError):
             directory.unlink(name)

@@ -158,6 +158,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             os_facade=self.os,
             fallback_spare_bytes=1 << 20 if spares else 0,
             fallback_spare_min_bytes=0,
+            ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
         )
         self.model = connector_spec.initialize_connector(capacity, budget)
         # Join the deployment now, so a planned lock fault hits the stamp, not the join.
