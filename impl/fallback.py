@@ -68,9 +68,11 @@ the last member's close remove those of a killed producer.
 Readers never register anything with Python's resource tracker: this module
 uses plain open/mmap, never `multiprocessing.shared_memory`.
 
-Budget. A segment is charged `compute_fallback_length(key, payload_length)`
-bytes (one frame of the ring's layout), and a put is admitted exactly when
-`compute_budget_allows(used, replaced, length, budget)` holds, as in
+Budget. A segment is charged `compute_fallback_charge(key, payload_length)`
+bytes: what its file occupies on tmpfs, a ring header plus one frame in
+whole pages (issue 12: payload bytes undercounted a 1 KiB message 3x), and
+a put is admitted exactly when `compute_budget_allows(used, replaced,
+charge, budget)` holds, as in
 `shmring.spec.connector`. Readers free bytes in another process, so the
 producer's `used` can only be too high; before refusing it drops segments a
 reader claimed (`refresh`, one stat per segment) and asks again, so it
@@ -114,7 +116,11 @@ from shmring.impl.naming import (
     validate_stage_name,
 )
 from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_READONLY, OsFacade
-from shmring.spec.connector import compute_budget_allows, compute_fallback_length
+from shmring.spec.connector import (
+    compute_budget_allows,
+    compute_fallback_charge,
+    compute_fallback_length,
+)
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_HEADER_LENGTH,
@@ -304,7 +310,7 @@ class SegmentRecord:
     edge: Edge
     key: str
     generation: int  # the descriptor's generation, unique in this process
-    length: int  # bytes charged to the budget: compute_fallback_length(key, payload_length)
+    length: int  # bytes charged to the budget: compute_fallback_charge(key, payload_length)
     payload_length: int  # encoded payload bytes
     path: str  # the segment name
     inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
@@ -405,11 +411,11 @@ class FallbackWriter:
 
     def admits(self, edge: Edge, key: str, payload_length: int) -> bool:
         """Whether a put of this size would pass the budget now (refreshing if needed)."""
-        length = compute_fallback_length(key, payload_length)
-        if self._budget_allows(edge, key, length):
+        charge = compute_fallback_charge(key, payload_length)
+        if self._budget_allows(edge, key, charge):
             return True
         self.refresh()
-        return self._budget_allows(edge, key, length)
+        return self._budget_allows(edge, key, charge)
 
     def _budget_allows(self, edge: Edge, key: str, length: int) -> bool:
         old = self._segments.get((edge, key))
@@ -436,11 +442,12 @@ class FallbackWriter:
             raise BrokenError(f"fallback writer is closed: directory={self.directory!r}")
         path = segment_path(self.directory, edge, key)
         payload_length = plan.nbytes
-        length = compute_fallback_length(key, payload_length)
+        length = compute_fallback_length(key, payload_length)  # the frame
+        charge = compute_fallback_charge(key, payload_length)  # the file's pages
         if not self.admits(edge, key, payload_length):
             self._refusals += 1
             raise BackPressureError(
-                f"fallback budget spent: used={self._used} length={length} "
+                f"fallback budget spent: used={self._used} charge={charge} "
                 f"budget={self.budget} key={key!r}"
             )
         generation = next(_generations)
@@ -474,7 +481,7 @@ class FallbackWriter:
             spare.segment_path = path
             self._spares[generation] = spare
             self._spare_bytes += spare.file_length
-        record = SegmentRecord(edge, key, generation, length, payload_length, path, spare.inode)
+        record = SegmentRecord(edge, key, generation, charge, payload_length, path, spare.inode)
         old = self._segments.pop((edge, key), None)
         if old is not None:
             self._used -= old.length
@@ -482,7 +489,7 @@ class FallbackWriter:
             if replaced == old.inode:  # our rename unlinked it: nobody hands it back
                 self._forget_spare(old.generation)
         self._segments[(edge, key)] = record
-        self._used += length
+        self._used += charge
         self._puts += 1
         return record
 
@@ -1054,8 +1061,8 @@ def remove_if_orphaned(
 
 
 def charged_length(key: str, payload_length: int) -> int:
-    """Bytes a segment is charged (the model's `compute_fallback_length`)."""
-    return compute_fallback_length(key, payload_length)
+    """Bytes a segment is charged (the model's `compute_fallback_charge`: its file's pages)."""
+    return compute_fallback_charge(key, payload_length)
 
 
 __all__ = [

@@ -59,7 +59,7 @@ from shmring.spec.connector import (
 from shmring.spec.ring import PutStatus
 
 CAPACITIES = (0, 4096, 4096, 8192)  # 0: rings disabled, the fallback carries all
-BUDGETS = (0, 1500, 4000, 1 << 20, 1 << 20)
+BUDGETS = (0, 1500, 9000, 1 << 20, 1 << 20)  # nothing fits; two segments (a page each); plenty
 EDGES = (("a", "b"), ("a", "c"))
 KEYS = ("k0", "k1", "k2", "req_1_0", "req_1_12", "req_1_3x", "request_1_0")
 PREFIXES = ("req_1_", "req_1_1", "req_", "request_1_", "k", "")

@@ -49,7 +49,7 @@ from shmring.model_tests.connector_support import (
     tagged_payload,
     watchdog,
 )
-from shmring.spec.connector import compute_fallback_length
+from shmring.spec.connector import compute_fallback_charge
 
 EDGE = ("enc", "dec")
 CAPACITY = 4096
@@ -210,7 +210,7 @@ def test_cleanup_retires_the_exact_key_on_every_edge_and_route(
 
 
 def test_back_pressure_past_the_budget_is_typed_and_changes_nothing(scope: str) -> None:
-    budget = compute_fallback_length("a", codec.prepare(tagged_payload(0, 5000)).nbytes) + 100
+    budget = compute_fallback_charge("a", codec.prepare(tagged_payload(0, 5000)).nbytes) + 100
     with (
         Connector(scope, ring_capacity=CAPACITY, fallback_budget=budget) as producer,
         Connector(scope) as receiver,

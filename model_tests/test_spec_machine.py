@@ -63,7 +63,7 @@ from shmring.spec.ring import ConsumeMode
 # -- the machine -------------------------------------------------------------------------------
 
 CAPACITY = 4096
-BUDGET = 2100  # two oversize segments fit, a third is refused
+BUDGET = 2 * 4096 + 100  # two oversize segments (a page each) fit, a third is refused
 EDGES = (("s0", "s1"), ("s1", "s2"))
 KEYS = ("req_0_1", "req_0_12", "req_0_1x")
 PREFIXES = ("req_0_", "req_0_1")

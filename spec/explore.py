@@ -490,7 +490,7 @@ def connector_step(before: ConnectorWorld, label: str, after: ConnectorWorld) ->
 
 def connector_system(
     capacity: int = 4096,
-    budget: int = 2000,
+    budget: int = 5000,  # one segment (4 KiB of pages) fits, a second does not
     frame_lengths: tuple[int, ...] = (1024, 1040),
 ) -> System[ConnectorWorld]:
     return System(
@@ -692,7 +692,7 @@ def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld)
 
 def deployment_system(
     capacity: int = 4096,
-    budget: int = 2000,
+    budget: int = 5000,  # one segment (4 KiB of pages) fits, a second does not
     frame_lengths: tuple[int, ...] = (1024, 1040),
     max_puts: int = 2,
 ) -> System[DeploymentWorld]:
@@ -887,7 +887,7 @@ def long_systems() -> list[tuple[System[Any], int | None]]:
     """A larger bound for long campaigns (minutes)."""
     return [
         (ring_system(frame_lengths=(512, 1024, 1040)), 10),
-        (connector_system(budget=3200, frame_lengths=(768, 1024, 1040)), None),
+        (connector_system(budget=13000, frame_lengths=(768, 1024, 1040)), None),
         (deployment_system(frame_lengths=(1024,), max_puts=2), None),
         (registration_system(max_transfers=4), None),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shmring.spec.connector import ConnectorState, compute_fallback_length
+from shmring.spec.connector import ConnectorState, compute_fallback_charge
 from shmring.spec.discovery import DeploymentState, DirectoryState, get_candidates
 from shmring.spec.layout import (
     ADMISSION_DIVISOR,
@@ -143,7 +143,7 @@ def check_connector_budget(conn: ConnectorState) -> None:
         f"fallback over budget: bytes={conn.fallback_bytes} budget={conn.fallback_budget}",
     )
     for segment in conn.fallback.values():
-        expected = compute_fallback_length(segment.key, segment.payload_length)
+        expected = compute_fallback_charge(segment.key, segment.payload_length)
         _require(segment.length == expected, f"segment length={segment.length} expected={expected}")
         _require(
             segment.generation < conn.next_generation,
