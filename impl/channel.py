@@ -253,6 +253,7 @@ class RingStatistics:
     reclaimed_from_dead_holders: int = (
         0  # claimed frames freed because their lease holder died (producer)
     )
+    skipped: int = 0  # gets that saw, without the lock, the frame claimed by another reader
 
 
 # -- shared pieces -------------------------------------------------------------
@@ -890,6 +891,7 @@ class RingReader(_RingFile):
         self._index_order: deque[tuple[int, bytes]] = deque()
         self._gets = 0
         self._busy = 0
+        self._skipped = 0
 
     @classmethod
     def attach(
@@ -1156,9 +1158,20 @@ class RingReader(_RingFile):
     ) -> Received:
         position, offset, payload_start, payload_end, checksum = entry
         words = self._words
+        # A frame another reader claimed since our scan is skipped without the
+        # lock (issue 12: competing readers answered BUSY 249,570 times in a
+        # soak, mostly retrying frames the other one had already taken). Only
+        # a hint: the claim below re-reads the state under the lock, so
+        # "exactly once" rests on the lock as before.
+        if self._claimed_elsewhere(words, key_bytes, position, offset):
+            self._skipped += 1
+            return miss
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
+            if self._claimed_elsewhere(words, key_bytes, position, offset):
+                self._skipped += 1  # lost the race for this very frame: not BUSY, gone
+                return miss
             self._busy += 1
             return _BUSY
         self._locks += 1
@@ -1219,6 +1232,24 @@ class RingReader(_RingFile):
         del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
         self._gets += 1
         return _new_outcome(Received, (_DELIVERED, position, value))
+
+    def _claimed_elsewhere(
+        self, words: SharedWords | None, key_bytes: bytes, position: int, offset: int
+    ) -> bool:
+        """Whether the indexed frame is surely no longer ours to claim (lock-free look).
+
+        True only for a frame still in the lap (the tail has not passed it,
+        checked after the state: a reclaimed slot may hold a newer frame)
+        whose state is a known one past PUBLISHED; its index entry is dropped.
+        """
+        assert words is not None
+        state = load_frame_state_acquire(words, offset)
+        if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
+            return False  # claimable, or corrupt: the locked path decides and reports
+        if load_tail_acquire(words) > position:
+            return False  # reclaimed meanwhile: the locked path forgets it
+        self._forget(key_bytes, position)
+        return True
 
     def _decode_in_place(
         self,
@@ -1331,6 +1362,7 @@ class RingReader(_RingFile):
             gets=self._gets,
             busy=self._busy,
             locks=self._locks,
+            skipped=self._skipped,
         )
 
     def close(self) -> None:
