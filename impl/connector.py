@@ -113,6 +113,10 @@ DEFAULT_MAX_SLEEP_SECONDS: Final = 0.001  # then sleeps, backing off up to this 
 # doubling after every further failure up to the maximum: space that returns
 # gives the edge its ring back, and a full /dev/shm costs one try a minute.
 DEFAULT_RING_RETRY_SECONDS: Final = 1.0
+# A polling receiver rescans the directory at least this often, so what a
+# killed producer left (it moves no stamp) is reclaimed within about this
+# long even when nothing else in the deployment changes.
+DEFAULT_RESCAN_SECONDS: Final = 5.0
 MAX_RING_RETRY_SECONDS: Final = 60.0
 _MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again
@@ -310,6 +314,9 @@ class Connector:
     long after a failed ring setup the next put on that edge tries again
     (doubling per failure, at most `MAX_RING_RETRY_SECONDS`); None never
     retries (the lockstep machines, whose model has no clock).
+    `rescan_seconds`: a receiver rescans the directory at least this often
+    even when its stamp did not move, reclaiming what killed producers left
+    (None: only when the stamp moved, as the model says).
 
     Use as a context manager, or call `close()` (idempotent).
     """
@@ -331,17 +338,22 @@ class Connector:
         identity: ProducerIdentity | None = None,
         publish_hook: PublishHook | None = None,
         ring_retry_seconds: float | None = DEFAULT_RING_RETRY_SECONDS,
+        rescan_seconds: float | None = DEFAULT_RESCAN_SECONDS,
     ) -> None:
         validate_scope(scope)
-        if ring_retry_seconds is not None and (
-            not isinstance(ring_retry_seconds, (int, float))
-            or isinstance(ring_retry_seconds, bool)
-            or not ring_retry_seconds >= 0
+        for option, seconds in (
+            ("ring_retry_seconds", ring_retry_seconds),
+            ("rescan_seconds", rescan_seconds),
         ):
-            raise ConfigurationError(
-                f"ring_retry_seconds must be None or a number >= 0: "
-                f"ring_retry_seconds={ring_retry_seconds!r}"
-            )
+            if seconds is not None and (
+                not isinstance(seconds, (int, float))
+                or isinstance(seconds, bool)
+                or not seconds >= 0
+            ):
+                raise ConfigurationError(
+                    f"{option} must be None or a number >= 0: {option}={seconds!r}"
+                )
+        self._rescan = rescan_seconds
         if not isinstance(ring_capacity, int) or isinstance(ring_capacity, bool):
             raise ConfigurationError(f"ring capacity must be an int: capacity={ring_capacity!r}")
         capacity_error = compute_capacity_error(ring_capacity)
@@ -450,6 +462,7 @@ class Connector:
                 stamp = None
             liveness = Liveness(os_facade, identity, on_exhausted=self._shed_descriptors)
             self._discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
+            self._discovery.rescan_seconds = self._rescan
             self._registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
             fallback = FallbackWriter(
                 directory,

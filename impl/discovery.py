@@ -758,6 +758,10 @@ class DiscoveryCache:
         self.scans = 0
         self.pruned = 0
         self.reclaimed = 0  # files of dead producers this receiver removed at its scans
+        # Rescan at least this often even when the stamp did not move (None: never);
+        # set by the owner. The lockstep machines turn it off: the model has no clock.
+        self.rescan_seconds: float | None = None
+        self._scanned_at = 0.0  # monotonic time of the last scan
         self.reclaim_errors = 0  # reclaims that failed (retried at the next scan)
         self.last_reclaim_error: str | None = None
         # Producers with a live marker at the last scan, per edge; entries are
@@ -765,19 +769,30 @@ class DiscoveryCache:
         self.producers: dict[Edge, set[ProducerIdentity]] = {}
 
     def refresh(self) -> bool:
-        """Rescan if the stamp moved; answer whether a scan happened."""
+        """Rescan if the stamp moved (or `rescan_seconds` passed); answer whether it scanned.
+
+        A killed producer moves no stamp; the periodic rescan is what bounds
+        how long its files stay when nothing else changes in the deployment
+        (issue 12). It costs one directory scan per `rescan_seconds` of a
+        receiver that keeps polling; an unchanged poll in between costs one load.
+        """
         stamp = self._stamp
         if stamp is not None:
             current = stamp.load()
-            if current == self.seen_stamp:
+            if current == self.seen_stamp and not self._rescan_due():
                 return False
         else:
             current = -1
         self._scan(current)
         return True
 
+    def _rescan_due(self) -> bool:
+        period = self.rescan_seconds
+        return period is not None and time.monotonic() - self._scanned_at >= period
+
     def _scan(self, scanned_at: int) -> None:
         self.scans += 1
+        self._scanned_at = time.monotonic()
         found: dict[Edge, set[ProducerIdentity]] = {}
         stale: list[str] = []
         names = self.directory.names()

@@ -159,6 +159,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             fallback_spare_bytes=1 << 20 if spares else 0,
             fallback_spare_min_bytes=0,
             ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
+            rescan_seconds=None,  # nor does it rescan without a stamp move
         )
         self.model = connector_spec.initialize_connector(capacity, budget)
         # Join the deployment now, so a planned lock fault hits the stamp, not the join.

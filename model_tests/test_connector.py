@@ -381,7 +381,7 @@ def test_empty_polls_take_no_lock_and_scan_nothing(scope: str) -> None:
     seam = CountingOs()
     with (
         Connector(scope, ring_capacity=CAPACITY) as producer,
-        Connector(scope, os_facade=seam) as receiver,
+        Connector(scope, os_facade=seam, rescan_seconds=3600.0) as receiver,
     ):
         producer.put(EDGE, "k", tagged_payload(1, 100))
         assert receiver.get(EDGE, "k").delivered  # first get: one scan, one claim
