@@ -33,6 +33,7 @@ After the child is dead the campaign checks, as the survivors see it:
   a frame leased by a killed reader is never delivered again;
 * a restarted producer (a new process identity) starts with an empty ring
   and its reused keys deliver only its own payloads;
+* the survivor's first scan reclaims the dead producer's ring;
 * once the survivors close, nothing of the deployment is left in /dev/shm.
 
 * a ring frame leased by a killed reader is freed (once) when a later put
@@ -288,19 +289,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         kept = {key: _kept_payload(key) for key in info["kept"]}
         target = next((r for r in reports if "target" in r), None)
         published = cell.point in _PUBLISHED_POINTS or cell.point.startswith("close")
-        # 1. Through a connector: nothing of the dead producer is ever delivered.
-        for key in (*kept, TARGET):
-            got = receiver.get(EDGE, key)
-            _require(not got.delivered, f"dead producer's {key!r} delivered: {got}")
-        if target is not None and target["route"] == Route.RING.value:
-            from shmring.impl.connector import descriptor_from_dict
-
-            stale = descriptor_from_dict(Route.RING, target["target"])
-            got = receiver.get(EDGE, TARGET, descriptor=stale)
-            _require(
-                got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}"
-            )
-        # 2. Raw: the ring holds no torn frame.
+        # 1. Raw, before any survivor scans (a scan reclaims the dead ring): no torn frame.
         path = ring_path(directory, EDGE[0], EDGE[1], identity)
         try:
             raw = RingReader.attach(path)
@@ -332,6 +321,20 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
                 )
             raw.close()
             raw = None
+        # 2. Through a connector: nothing of the dead producer is ever delivered, and
+        # the receiver's scan reclaimed its ring (spec.discovery.process_reclaim).
+        for key in (*kept, TARGET):
+            got = receiver.get(EDGE, key)
+            _require(not got.delivered, f"dead producer's {key!r} delivered: {got}")
+        if target is not None and target["route"] == Route.RING.value:
+            from shmring.impl.connector import descriptor_from_dict
+
+            stale = descriptor_from_dict(Route.RING, target["target"])
+            got = receiver.get(EDGE, TARGET, descriptor=stale)
+            _require(
+                got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}"
+            )
+        _require(not os.path.lexists(path), f"ring of the dead producer not reclaimed: {path}")
         # 3. A restarted producer starts clean and owns the reused keys.
         restarted = Connector(scope, ring_capacity=CAPACITY)
         fresh = {key: tagged(200 + index, 300) for index, key in enumerate((*kept, TARGET))}

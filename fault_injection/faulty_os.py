@@ -16,6 +16,13 @@ seam's own handling (it releases the descriptor and does not raise).
 
 `on_call(site, count)`, when given, runs before the plan is applied: crash
 tests use it to SIGKILL the process at a named call.
+
+A plan whose error is `sites.DIRECTORY_REPLACED` raises nothing: from its
+call on, the next call made relative to a directory descriptor
+(`OsFacade._enter_at`) first renames that directory aside (to
+``<path>.replaced-<n>``) and puts a directory open to everyone at its path,
+so the descriptor and the path name two different directories from then on
+(`replaced` lists (path, aside) pairs).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from shmring.fault_injection.plans import FaultPlan
-from shmring.fault_injection.sites import LAYER_OS, site
+from shmring.fault_injection.sites import DIRECTORY_REPLACED, LAYER_OS, site
 from shmring.impl.os_seam import SITE_FLOCK, OsFacade
 
 CallHook = Callable[[str, int], None]
@@ -52,6 +59,8 @@ class FaultyOs(OsFacade):
         self.counts: Counter[str] = Counter()
         self.hits = 0
         self.injected: list[tuple[str, int, int]] = []
+        self.replaced: list[tuple[str, str]] = []  # (path, where the directory was moved)
+        self._replace_pending = False
         self._blocking_lock = False
 
     def _enter(self, site_name: str) -> None:
@@ -67,11 +76,32 @@ class FaultyOs(OsFacade):
         assert isinstance(code, int)
         if site_name == SITE_FLOCK and code == errno.EAGAIN and self._blocking_lock:
             return  # a blocking lock waits; it never answers EWOULDBLOCK
+        if code == DIRECTORY_REPLACED:
+            self.injected.append((site_name, count, code))
+            self._replace_pending = True  # done at the next directory-relative call
+            return
         # OSError(EAGAIN, ...) is a BlockingIOError, OSError(EINTR, ...) an
         # InterruptedError: the same classes the real call raises.
         error = OSError(code, f"{os.strerror(code)} [injected by fault plan {plan}]")
         self.injected.append((site_name, count, code))
         raise error
+
+    def _enter_at(self, site_name: str, dir_fd: int) -> None:
+        self._enter(site_name)
+        if self._replace_pending:
+            self._replace_pending = False
+            self._replace_directory(dir_fd)
+
+    def _replace_directory(self, dir_fd: int) -> None:
+        """Move the directory `dir_fd` names aside and put an open one at its path."""
+        path = os.readlink(f"/proc/self/fd/{dir_fd}")
+        if path.endswith(" (deleted)") or not os.path.isabs(path):
+            return  # already removed: nothing at its path to replace
+        aside = f"{path}.replaced-{len(self.replaced)}"
+        os.rename(path, aside)
+        os.mkdir(path, 0o777)
+        os.chmod(path, 0o777)  # past the umask
+        self.replaced.append((path, aside))
 
     def flock(self, fd: int, operation: int) -> None:
         if operation == fcntl.LOCK_UN:

@@ -541,6 +541,14 @@ class RecordingOs(OsFacade):
         self.paths.append(path)
         return super().stat(path)
 
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        self.paths.append(os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name))
+        return super().open_at(dir_fd, name, flags, mode)
+
+    def stat_at(self, dir_fd: int, name: str) -> os.stat_result:
+        self.paths.append(os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name))
+        return super().stat_at(dir_fd, name)
+
     def outside(self, directory: str) -> list[str]:
         inside = directory.rstrip("/") + "/"
         return [

@@ -235,6 +235,8 @@ class Deployment:
             max_sleep_seconds=0.0,
             fallback_spare_bytes=1 << 20 if self.keep_fallback_files else 0,
             fallback_spare_min_bytes=0,
+            ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
+            rescan_seconds=None,  # nor does it rescan without a stamp move
         )
         self.directory = connector.directory
         self.producers[identity] = connector
@@ -242,7 +244,9 @@ class Deployment:
         return connector
 
     def start_receiver(self, name: str) -> Connector:
-        connector = Connector(self.scope, ring_capacity=self.capacity, os_facade=self.os)
+        connector = Connector(
+            self.scope, ring_capacity=self.capacity, os_facade=self.os, rescan_seconds=None
+        )
         self.directory = connector.directory
         self.receivers[name] = connector
         return connector

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from shmring.fault_injection.sites import (
+    DIRECTORY_REPLACED,
+    DIRECTORY_SITES,
     LAYER_CUDA,
     MODE_PERSISTENT,
     MODE_TRANSIENT,
@@ -55,6 +57,8 @@ class FaultPlan:
             raise ValueError(f"mode must be one of {MODES}: mode={self.mode!r}")
         if (entry.layer == LAYER_CUDA) != isinstance(self.error, str):
             raise ValueError(f"error does not fit site {self.site!r}: error={self.error!r}")
+        if self.error == DIRECTORY_REPLACED and self.site not in DIRECTORY_SITES:
+            raise ValueError(f"no directory-relative call at site {self.site!r}")
 
     def fires_at(self, count: int) -> bool:
         """Whether the `count`-th call at the site fails."""

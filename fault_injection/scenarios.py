@@ -201,7 +201,8 @@ def fallback_traffic(env: Env) -> Outcome:
         d.get("r", EDGE, "small")
         d.put(a, OTHER_EDGE, "big0", tagged(17, 1200))
 
-    return _run_deployment("fallback_traffic", env, SMALL_CAPACITY, 3300, body)
+    # two segments fit (each is charged its file's pages: 4 KiB), a third does not
+    return _run_deployment("fallback_traffic", env, SMALL_CAPACITY, 2 * 4096 + 1000, body)
 
 
 def fallback_reuse(env: Env) -> Outcome:
@@ -222,7 +223,7 @@ def fallback_reuse(env: Env) -> Outcome:
         d.get("r", EDGE, "s2")
 
     return _run_deployment(
-        "fallback_reuse", env, SMALL_CAPACITY, 6000, body, keep_fallback_files=True
+        "fallback_reuse", env, SMALL_CAPACITY, 3 * 4096, body, keep_fallback_files=True
     )
 
 

@@ -46,6 +46,14 @@ MODES: Final = (MODE_TRANSIENT, MODE_PERSISTENT)
 
 FaultError = int | str  # an errno value (OS sites) or a CUDA error name (driver sites)
 
+#: Not an errno: the fault kind "the deployment directory was replaced between
+#: two calls". At the planned call nothing fails; before the next call made
+#: relative to a directory descriptor, that directory is renamed aside and a
+#: directory open to everyone (mode 0777) is put at its path, as another uid
+#: would after a teardown. Only the sites in `DIRECTORY_SITES` carry it.
+DIRECTORY_REPLACED: Final = -1
+DIRECTORY_REPLACED_NAME: Final = "DIRECTORY_REPLACED"
+
 
 @dataclass(frozen=True)
 class Site:
@@ -70,7 +78,7 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_OPEN: Site(
         os_seam.SITE_OPEN,
         LAYER_OS,
-        (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO),
+        (_E.ENOSPC, _E.EMFILE, _E.EACCES, _E.EPERM, _E.EIO, _E.ENFILE),
         note="create or open a ring, segment, marker, stamp, members, live or /proc file",
     ),
     os_seam.SITE_CLOSE: Site(
@@ -94,8 +102,8 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_MMAP: Site(
         os_seam.SITE_MMAP,
         LAYER_OS,
-        (_E.ENOMEM, _E.EACCES, _E.EAGAIN, _E.EPERM),
-        note="map a ring, segment, arena or stamp",
+        (_E.ENOMEM, _E.EMFILE, _E.EACCES, _E.EAGAIN, _E.EPERM, _E.ENFILE),
+        note="map a ring, segment, arena or stamp (Python's mmap keeps a dup of the descriptor)",
     ),
     os_seam.SITE_FLOCK: Site(
         os_seam.SITE_FLOCK,
@@ -132,13 +140,13 @@ OS_CATALOGUE: Final = {
     os_seam.SITE_SCANDIR: Site(
         os_seam.SITE_SCANDIR,
         LAYER_OS,
-        (_E.EIO, _E.EMFILE, _E.EACCES),
+        (_E.EIO, _E.EMFILE, _E.EACCES, _E.ENFILE),
         note="discovery scan and teardown check of the deployment directory",
     ),
     os_seam.SITE_PIDFD: Site(
         os_seam.SITE_PIDFD,
         LAYER_OS,
-        (_E.EMFILE, _E.ENOMEM, _E.EIO),
+        (_E.EMFILE, _E.ENOMEM, _E.EIO, _E.ENFILE),
         note="open a producer's pidfd, or poll it for liveness",
     ),
     os_seam.SITE_READ: Site(
@@ -184,6 +192,22 @@ CUDA_CATALOGUE: Final = {
     ),
 }
 
+#: Sites that take a descriptor (or a mapping, which keeps one): where EMFILE
+#: and ENFILE are cells of their own in the fast suite (`test_named_faults`).
+DESCRIPTOR_SITES: Final = (os_seam.SITE_OPEN, os_seam.SITE_MMAP, os_seam.SITE_PIDFD)
+EXHAUSTION_ERRORS: Final = (_E.EMFILE, _E.ENFILE)
+
+#: Sites with directory-relative calls: where DIRECTORY_REPLACED is a cell kind
+#: (`fault_injection.replaced` runs those cells; its promises differ from the
+#: lockstep scenarios', so it is not in the catalogue's error lists).
+DIRECTORY_SITES: Final = (
+    os_seam.SITE_OPEN,
+    os_seam.SITE_STAT,
+    os_seam.SITE_UNLINK,
+    os_seam.SITE_RENAME,
+    os_seam.SITE_SCANDIR,
+)
+
 #: OS sites the transport never calls (checked by the suite, see module doc).
 UNREACHED: Final = frozenset((os_seam.SITE_UTIME, os_seam.SITE_WRITE))
 
@@ -210,6 +234,8 @@ def site(name: str) -> Site:
 
 def error_name(error: FaultError) -> str:
     """`ENOSPC` for an errno, the CUDA name as is."""
+    if error == DIRECTORY_REPLACED:
+        return DIRECTORY_REPLACED_NAME
     if isinstance(error, int):
         return errno.errorcode.get(error, str(error))
     return error
@@ -219,6 +245,8 @@ def parse_error(text: str) -> FaultError:
     """Inverse of `error_name`."""
     if text.startswith("cudaError"):
         return text
+    if text == DIRECTORY_REPLACED_NAME:
+        return DIRECTORY_REPLACED
     code = getattr(errno, text, None)
     if not isinstance(code, int):
         raise ValueError(f"not an errno name nor a CUDA error name: error={text!r}")
@@ -227,6 +255,11 @@ def parse_error(text: str) -> FaultError:
 
 __all__ = [
     "CUDA_CATALOGUE",
+    "DIRECTORY_REPLACED",
+    "DIRECTORY_REPLACED_NAME",
+    "DESCRIPTOR_SITES",
+    "DIRECTORY_SITES",
+    "EXHAUSTION_ERRORS",
     "LAYER_CUDA",
     "LAYER_OS",
     "MODES",

@@ -57,9 +57,11 @@ class DeploymentStatus:
     spare_bytes: int = 0  # their total size on disk
 
 
-def _segment_owner(path: str, os_facade: OsFacade) -> tuple[int, int] | None:
+def _segment_owner(
+    directory: naming.Directory, name: str, os_facade: OsFacade
+) -> tuple[int, int] | None:
     try:
-        fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+        fd = directory.open(name, OPEN_FLAGS_READONLY)
     except OSError:
         return None
     try:
@@ -74,10 +76,9 @@ def _segment_owner(path: str, os_facade: OsFacade) -> tuple[int, int] | None:
     return (ring_header.producer_pid, ring_header.producer_start_time)
 
 
-def _read_stamp(directory: str, os_facade: OsFacade) -> int | None:
-    path = os.path.join(directory, discovery.STAMP_FILE_NAME)
+def _read_stamp(directory: naming.Directory, os_facade: OsFacade) -> int | None:
     try:
-        fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+        fd = directory.open(discovery.STAMP_FILE_NAME, OPEN_FLAGS_READONLY)
     except OSError:
         return None
     try:
@@ -93,30 +94,48 @@ def _read_stamp(directory: str, os_facade: OsFacade) -> int | None:
 def deployment_status(
     scope: str, shm_root: str = "/dev/shm", os_facade: OsFacade = DEFAULT_OS
 ) -> DeploymentStatus:
-    """Read what a scope holds; changes nothing."""
-    directory = naming.deployment_directory(scope, shm_root=shm_root)
+    """Read what a scope holds; changes nothing.
+
+    The directory is opened once and checked ours (ConfigurationError
+    otherwise); every file is read relative to that descriptor.
+    """
+    path = naming.deployment_directory(scope, shm_root=shm_root)
     try:
-        entries = sorted(os_facade.scandir(directory), key=lambda e: e.name)
+        where = naming.open_deployment_directory(scope, os_facade, shm_root, create=False)
     except FileNotFoundError:
-        return DeploymentStatus(directory, False, None, (), (), (), 0, 0, ())
+        return DeploymentStatus(path, False, None, (), (), (), 0, 0, ())
+    try:
+        return _status(where, os_facade)
+    finally:
+        where.close()
+
+
+def _status(where: naming.Directory, os_facade: OsFacade) -> DeploymentStatus:
+    directory = where.path
+    names = sorted(where.names())
     liveness = discovery.Liveness(os_facade)
     try:
         owners: dict[str, tuple[int, int] | None] = {}
         segments = segment_bytes = spares = spare_bytes = 0
-        for entry in entries:
-            owner = discovery.file_owner(entry.name)
-            if owner is None and fallback.is_segment_file_name(entry.name):
-                segments += 1
-                segment_bytes += os_facade.stat(entry.path).st_size
-                owner = _segment_owner(entry.path, os_facade)
-            elif fallback.parse_spare_file_name(entry.name) is not None:
-                spares += 1
-                spare_bytes += os_facade.stat(entry.path).st_size
-            owners[entry.name] = owner
+        for name in names:
+            owner = discovery.file_owner(name)
+            try:
+                if owner is None and fallback.is_segment_file_name(name):
+                    size = where.stat(name).st_size
+                    owner = _segment_owner(where, name, os_facade)
+                    segments += 1
+                    segment_bytes += size
+                elif fallback.parse_spare_file_name(name) is not None:
+                    size = where.stat(name).st_size
+                    spares += 1
+                    spare_bytes += size
+            except FileNotFoundError:
+                continue  # claimed or removed since the scan
+            owners[name] = owner
         identities = sorted({o for o in owners.values() if o is not None})
         alive = {identity: liveness.is_alive(identity) for identity in identities}
         rings = tuple(
-            _ring_status(directory, name, alive, os_facade)
+            _ring_status(where, name, alive, os_facade)
             for name in owners
             if naming.parse_ring_file_name(name) is not None
         )
@@ -126,7 +145,7 @@ def deployment_status(
         return DeploymentStatus(
             directory=directory,
             exists=True,
-            stamp=_read_stamp(directory, os_facade),
+            stamp=_read_stamp(where, os_facade),
             producers=tuple(identities),
             live_producers=tuple(i for i in identities if alive[i]),
             rings=rings,
@@ -141,14 +160,14 @@ def deployment_status(
 
 
 def _ring_status(
-    directory: str, name: str, alive: dict[tuple[int, int], bool], os_facade: OsFacade
+    directory: naming.Directory, name: str, alive: dict[tuple[int, int], bool], os_facade: OsFacade
 ) -> RingStatus:
     parsed = naming.parse_ring_file_name(name)
     assert parsed is not None
     edge = (parsed.source, parsed.destination)
     producer = parsed.producer
     try:
-        reader = RingReader.attach(os.path.join(directory, name), os_facade=os_facade)
+        reader = RingReader.attach(directory.join(name), os_facade=os_facade, directory=directory)
     except ShmringError as error:
         return RingStatus(name, edge, producer, alive[producer], 0, 0, 0, 0, True, str(error))
     try:
@@ -172,18 +191,22 @@ def collect(
     scope: str, shm_root: str = "/dev/shm", dry_run: bool = False, os_facade: OsFacade = DEFAULT_OS
 ) -> list[str]:
     """Remove (or, dry, list) what dead producers of `scope` left; answers the file names."""
-    before = deployment_status(scope, shm_root, os_facade)
-    if dry_run or not before.exists:
-        return list(before.orphans)
-    discovery.collect_orphans(before.directory, os_facade)
     try:
-        remaining = {entry.name for entry in os_facade.scandir(before.directory)}
+        where = naming.open_deployment_directory(scope, os_facade, shm_root, create=False)
     except FileNotFoundError:
-        remaining = set()
-    gone = [name for name in before.orphans if name not in remaining]
-    if not os.path.isdir(before.directory):
-        gone.append(os.path.basename(before.directory) + "/")
-    return gone
+        return []
+    try:
+        before = _status(where, os_facade)
+        if dry_run:
+            return list(before.orphans)
+        discovery.collect_orphans(where, os_facade)
+        remaining = set(where.names())
+        gone = [name for name in before.orphans if name not in remaining]
+        if where.is_removed():
+            gone.append(os.path.basename(before.directory) + "/")
+        return gone
+    finally:
+        where.close()
 
 
 def format_status(status: DeploymentStatus) -> str:

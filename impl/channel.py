@@ -125,7 +125,13 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import current_producer_identity, instance_of
+from shmring.impl.naming import (
+    Directory,
+    PathDirectory,
+    check_private_file,
+    current_producer_identity,
+    instance_of,
+)
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -248,6 +254,7 @@ class RingStatistics:
     reclaimed_from_dead_holders: int = (
         0  # claimed frames freed because their lease holder died (producer)
     )
+    skipped: int = 0  # gets that saw, without the lock, the frame claimed by another reader
 
 
 # -- shared pieces -------------------------------------------------------------
@@ -374,9 +381,14 @@ class _RingFile:
     _locks: int = 0
     _shapes: _FrameShapes  # per ring, set once the capacity is known
 
-    def __init__(self, path: str, os_facade: OsFacade) -> None:
+    def __init__(self, path: str, os_facade: OsFacade, directory: Directory | None = None) -> None:
         self.path = path
         self._os = os_facade
+        # Every file operation goes through the directory (a verified
+        # descriptor for a connector's rings; by path for a standalone ring).
+        self._dir = (
+            directory if directory is not None else PathDirectory(os.path.dirname(path), os_facade)
+        )
 
     @property
     def capacity(self) -> int:
@@ -427,8 +439,9 @@ class RingChannel(_RingFile):
         os_facade: OsFacade,
         producer: tuple[int, ...],
         publish_hook: PublishHook | None,
+        directory: Directory | None = None,
     ) -> None:
-        super().__init__(path, os_facade)
+        super().__init__(path, os_facade, directory)
         self._capacity = capacity
         # (pid, start time) or (pid, start time, instance), written in the ring header
         self.producer = producer
@@ -457,6 +470,7 @@ class RingChannel(_RingFile):
         os_facade: OsFacade = DEFAULT_OS,
         producer: tuple[int, ...] | None = None,
         publish_hook: PublishHook | None = None,
+        directory: Directory | None = None,
     ) -> RingChannel:
         """Create the ring file at `path` (it must not exist) and map it.
 
@@ -470,7 +484,8 @@ class RingChannel(_RingFile):
         header; the default is this process (`naming.current_producer_identity`),
         instance 0.
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
-        production passes None.
+        production passes None. `directory` (a connector's verified deployment
+        directory) is where `path` is created and unlinked, by descriptor.
         """
         error = compute_capacity_error(capacity)
         if error is not None:
@@ -479,9 +494,9 @@ class RingChannel(_RingFile):
             raise ConfigurationError(f"a disabled ring has no channel: capacity={capacity}")
         if producer is None:
             producer = current_producer_identity(os_facade)
-        channel = cls(path, capacity, os_facade, producer, publish_hook)
+        channel = cls(path, capacity, os_facade, producer, publish_hook, directory)
         file_length = compute_ring_file_length(capacity)
-        channel._fd = os_facade.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        channel._fd = channel._dir.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
         channel._unlink_pending = True
         try:
             os_facade.ftruncate(channel._fd, file_length)
@@ -796,7 +811,7 @@ class RingChannel(_RingFile):
         finally:
             if self._unlink_pending:
                 with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(self.path)
+                    self._dir.unlink(self.path)
                 self._unlink_pending = False
 
     def __enter__(self) -> RingChannel:
@@ -867,8 +882,8 @@ class RingReader(_RingFile):
     plus BUSY when another process holds the ring lock.
     """
 
-    def __init__(self, path: str, os_facade: OsFacade) -> None:
-        super().__init__(path, os_facade)
+    def __init__(self, path: str, os_facade: OsFacade, directory: Directory | None = None) -> None:
+        super().__init__(path, os_facade, directory)
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
         self.instance = 0  # the producer's connector instance, from the ring header
         self._seen_head = 0  # head at the last scan
@@ -882,18 +897,21 @@ class RingReader(_RingFile):
         self._index_order: deque[tuple[int, bytes]] = deque()
         self._gets = 0
         self._busy = 0
+        self._skipped = 0
 
     @classmethod
-    def attach(cls, path: str, *, os_facade: OsFacade = DEFAULT_OS) -> RingReader:
+    def attach(
+        cls, path: str, *, os_facade: OsFacade = DEFAULT_OS, directory: Directory | None = None
+    ) -> RingReader:
         """Map the ring file at `path` read-write and validate its header.
 
         CorruptFrameError: not a regular file of ours (a symlink included),
         or the header is not a valid ring header. ProducerGoneError: the file
         is gone, or its producer closed the ring.
         """
-        reader = cls(path, os_facade)
+        reader = cls(path, os_facade, directory)
         try:
-            reader._fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+            reader._fd = reader._dir.open(path, OPEN_FLAGS_EXISTING)
         except FileNotFoundError as error:
             raise ProducerGoneError(f"ring file is gone: path={path!r}") from error
         except OSError as error:
@@ -912,8 +930,9 @@ class RingReader(_RingFile):
         info = self._os.fstat(self._fd)
         if not stat.S_ISREG(info.st_mode):
             raise CorruptFrameError(f"ring path is not a regular file: path={path!r}")
-        if info.st_uid != os.getuid():
-            raise CorruptFrameError(f"ring file is not ours: uid={info.st_uid} path={path!r}")
+        untrusted = check_private_file(path, info)  # ours, 0600: before any byte is read
+        if untrusted is not None:
+            raise CorruptFrameError(f"ring file is not trusted: {untrusted}")
         size = info.st_size
         if size < RING_HEADER_LENGTH:
             raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")
@@ -1146,9 +1165,20 @@ class RingReader(_RingFile):
     ) -> Received:
         position, offset, payload_start, payload_end, checksum = entry
         words = self._words
+        # A frame another reader claimed since our scan is skipped without the
+        # lock (issue 12: competing readers answered BUSY 249,570 times in a
+        # soak, mostly retrying frames the other one had already taken). Only
+        # a hint: the claim below re-reads the state under the lock, so
+        # "exactly once" rests on the lock as before.
+        if self._claimed_elsewhere(words, key_bytes, position, offset):
+            self._skipped += 1
+            return miss
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
+            if self._claimed_elsewhere(words, key_bytes, position, offset):
+                self._skipped += 1  # lost the race for this very frame: not BUSY, gone
+                return miss
             self._busy += 1
             return _BUSY
         self._locks += 1
@@ -1209,6 +1239,24 @@ class RingReader(_RingFile):
         del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
         self._gets += 1
         return _new_outcome(Received, (_DELIVERED, position, value))
+
+    def _claimed_elsewhere(
+        self, words: SharedWords | None, key_bytes: bytes, position: int, offset: int
+    ) -> bool:
+        """Whether the indexed frame is surely no longer ours to claim (lock-free look).
+
+        True only for a frame still in the lap (the tail has not passed it,
+        checked after the state: a reclaimed slot may hold a newer frame)
+        whose state is a known one past PUBLISHED; its index entry is dropped.
+        """
+        assert words is not None
+        state = load_frame_state_acquire(words, offset)
+        if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
+            return False  # claimable, or corrupt: the locked path decides and reports
+        if load_tail_acquire(words) > position:
+            return False  # reclaimed meanwhile: the locked path forgets it
+        self._forget(key_bytes, position)
+        return True
 
     def _decode_in_place(
         self,
@@ -1321,6 +1369,7 @@ class RingReader(_RingFile):
             gets=self._gets,
             busy=self._busy,
             locks=self._locks,
+            skipped=self._skipped,
         )
 
     def close(self) -> None:

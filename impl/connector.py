@@ -79,7 +79,9 @@ from shmring.impl.errors import (
     CorruptFrameError,
     InvalidKeyError,
     ProducerGoneError,
+    ResourceExhaustedError,
     ShmringError,
+    is_exhaustion,
 )
 from shmring.impl.fallback import (
     DEFAULT_SPARE_BYTES,
@@ -93,10 +95,11 @@ from shmring.impl.fallback import (
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
     ConnectorIdentity,
+    DeploymentDirectory,
     current_producer_identity,
     deployment_directory,
-    ensure_deployment_directory,
     next_instance,
+    open_deployment_directory,
     ring_path,
     validate_scope,
     validate_stage_name,
@@ -119,6 +122,15 @@ MAX_SPIN_SECONDS: Final = 1.0
 MAX_SLEEP_SECONDS: Final = 1.0
 # No deployment has more shared memory than this; a larger budget is a mistake, not a wish.
 MAX_FALLBACK_BUDGET: Final = (1 << 63) - 1
+# A failed ring setup (ENOSPC, EMFILE, ...) is tried again after this long,
+# doubling after every further failure up to the maximum: space that returns
+# gives the edge its ring back, and a full /dev/shm costs one try a minute.
+DEFAULT_RING_RETRY_SECONDS: Final = 1.0
+# A polling receiver rescans the directory at least this often, so what a
+# killed producer left (it moves no stamp) is reclaimed within about this
+# long even when nothing else in the deployment changes.
+DEFAULT_RESCAN_SECONDS: Final = 5.0
+MAX_RING_RETRY_SECONDS: Final = 60.0
 _MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again
 # for what rings no bell (a producer that died).
@@ -287,6 +299,8 @@ class ConnectorHealth:
     fallback_spare_bytes: int = 0  # their file bytes (at most `fallback_spare_bytes`)
     fallback_reused: int = 0  # fallback puts that wrote into a handed-back file
     fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
+    reclaimed_files: int = 0  # files of dead producers this connector's scans removed
+    ring_setup_retries: int = 0  # ring setups tried again after a failure and its back-off
 
 
 # -- the connector -------------------------------------------------------------------
@@ -310,7 +324,13 @@ class Connector:
     `get_with_deadline`. `identity` (tests only) makes the
     connector publish as another live or dead process (pid, start time);
     `publish_hook` (tests only) is handed to every ring it creates (crash
-    tests stop the producer at a stage of a put).
+    tests stop the producer at a stage of a put). `ring_retry_seconds`: how
+    long after a failed ring setup the next put on that edge tries again
+    (doubling per failure, at most `MAX_RING_RETRY_SECONDS`); None never
+    retries (the lockstep machines, whose model has no clock).
+    `rescan_seconds`: a receiver rescans the directory at least this often
+    even when its stamp did not move, reclaiming what killed producers left
+    (None: only when the stamp moved, as the model says).
 
     Each connector is its own producer, (pid, start time, instance): two
     connectors of one process on one edge publish on two rings.
@@ -334,8 +354,23 @@ class Connector:
         max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
         identity: tuple[int, int] | None = None,
         publish_hook: PublishHook | None = None,
+        ring_retry_seconds: float | None = DEFAULT_RING_RETRY_SECONDS,
+        rescan_seconds: float | None = DEFAULT_RESCAN_SECONDS,
     ) -> None:
         validate_scope(scope)
+        for option, seconds in (
+            ("ring_retry_seconds", ring_retry_seconds),
+            ("rescan_seconds", rescan_seconds),
+        ):
+            if seconds is not None and (
+                not isinstance(seconds, (int, float))
+                or isinstance(seconds, bool)
+                or not seconds >= 0
+            ):
+                raise ConfigurationError(
+                    f"{option} must be None or a number >= 0: {option}={seconds!r}"
+                )
+        self._rescan = rescan_seconds
         if not isinstance(ring_capacity, int) or isinstance(ring_capacity, bool):
             raise ConfigurationError(f"ring capacity must be an int: capacity={ring_capacity!r}")
         capacity_error = compute_capacity_error(ring_capacity)
@@ -400,16 +435,24 @@ class Connector:
         self.identity: ConnectorIdentity = (process[0], process[1], self.instance)
         self._rings: dict[Edge, RingChannel] = {}
         self._failed_edges: dict[Edge, BaseException] = {}
+        self._ring_retry = ring_retry_seconds
+        # edge -> (monotonic time of the next setup try, failures so far)
+        self._ring_retry_at: dict[Edge, tuple[float, int]] = {}
+        self._ring_retries = 0
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         self._readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}
         # Per edge, the (producer, reader) pairs a get by key visits, in discovery's
         # order; dropped whenever discovery scans or a producer is released.
         self._edge_readers: dict[Edge, list[tuple[ConnectorIdentity, RingReader]]] = {}
+        self._sheds = 0  # times `_shed_descriptors` ran (a kept reader list may be stale)
         # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
         self._fallback_miss: tuple[Edge, str, int, float] | None = None
         # Mappings of handed-back fallback files, kept between this reader's claims.
         self._segment_mappings = SegmentMappings()
         self._membership: Membership | None = None
+        self._dir: DeploymentDirectory | None = (
+            None  # the verified directory descriptor, once joined
+        )
         self._stamp: Stamp | None = None
         self._wake: Callable[[], None] | None = None  # the doorbell's wake (`Stamp.waker`)
         self._liveness: Liveness | None = None
@@ -446,17 +489,18 @@ class Connector:
         os_facade = self._os
         identity = self.identity
 
-        def ensure() -> str:
+        def ensure() -> DeploymentDirectory:
             try:
-                return ensure_deployment_directory(self.scope, os_facade, self.shm_root)
+                return open_deployment_directory(self.scope, os_facade, self.shm_root)
             except ConfigurationError as error:
                 raise ConfigurationError(
                     f"{error}; remedy: remove that path (if it is yours) or pick another "
                     f"scope or shm_root"
                 ) from error
 
-        directory = ensure()
-        membership = Membership.join(directory, os_facade, ensure_directory=ensure)
+        membership = Membership.join(None, os_facade, ensure_directory=ensure)
+        directory = membership.directory
+        assert isinstance(directory, DeploymentDirectory)
         try:
             try:
                 stamp: Stamp | None = Stamp.open(directory, os_facade)
@@ -465,8 +509,9 @@ class Connector:
                 # scans. The fallback still carries everything.
                 logger.warning("shmring: discovery stamp unavailable in %s: %s", directory, error)
                 stamp = None
-            liveness = Liveness(os_facade, identity)
+            liveness = Liveness(os_facade, identity, on_exhausted=self._shed_descriptors)
             self._discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
+            self._discovery.rescan_seconds = self._rescan
             self._registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
             fallback = FallbackWriter(
                 directory,
@@ -478,7 +523,9 @@ class Connector:
             )
         except BaseException:
             membership.leave()
+            directory.close()
             raise
+        self._dir = directory
         self._membership = membership
         self._stamp = stamp
         self._wake = stamp.waker() if stamp is not None else None
@@ -501,8 +548,10 @@ class Connector:
         if self._live_path is not None or self.identity is None:
             return
         path = os.path.join(self.directory, live_file_name(self.identity))
+        directory = self._dir
+        assert directory is not None  # joined
         try:
-            fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+            fd = directory.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
         except FileExistsError:
             pass  # left by our own earlier, failed close
         except OSError as error:
@@ -516,8 +565,10 @@ class Connector:
         path = self._live_path
         if path is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            self._os.unlink(path)
+        directory = self._dir
+        if directory is not None:
+            with contextlib.suppress(FileNotFoundError):
+                directory.unlink(path)
         self._live_path = None
 
     # -- rings -------------------------------------------------------------------------------
@@ -527,8 +578,14 @@ class Connector:
         ring = self._rings.get(edge)
         if ring is not None:
             return ring
-        if self.ring_capacity == 0 or edge in self._failed_edges:
+        if self.ring_capacity == 0:
             return None
+        if edge in self._failed_edges:
+            retry_at = self._ring_retry_at.get(edge)
+            if retry_at is None or time.monotonic() < retry_at[0]:
+                return None
+            del self._failed_edges[edge]  # the back-off passed: try the setup again
+            self._ring_retries += 1
         registrar = self._registrar
         identity = self.identity
         assert identity is not None  # joined
@@ -543,6 +600,7 @@ class Connector:
                 os_facade=self._os,
                 producer=identity,
                 publish_hook=self._publish_hook,
+                directory=self._dir,
             )
         except (OSError, ShmringError) as error:
             self._disable_ring(edge, error)
@@ -554,6 +612,7 @@ class Connector:
             self._disable_ring(edge, error)
             return None
         self._rings[edge] = ring
+        self._ring_retry_at.pop(edge, None)
         return ring
 
     def _abandon(self, ring: RingChannel) -> None:
@@ -564,12 +623,18 @@ class Connector:
 
     def _disable_ring(self, edge: Edge, error: BaseException) -> None:
         self._failed_edges[edge] = error
-        logger.warning(
-            "shmring: ring setup failed for edge %s -> %s; using per-key segments: %s",
-            edge[0],
-            edge[1],
-            error,
-        )
+        failures = self._ring_retry_at.get(edge, (0.0, 0))[1] + 1
+        if self._ring_retry is not None:
+            delay = min(self._ring_retry * 2 ** (failures - 1), MAX_RING_RETRY_SECONDS)
+            self._ring_retry_at[edge] = (time.monotonic() + delay, failures)
+        if failures == 1:
+            logger.warning(
+                "shmring: ring setup failed for edge %s -> %s; using per-key segments "
+                "(retried after a back-off): %s",
+                edge[0],
+                edge[1],
+                error,
+            )
 
     # -- put -------------------------------------------------------------------------------
 
@@ -629,6 +694,14 @@ class Connector:
             except BackPressureError:
                 self._refusals += 1
                 raise
+            except OSError as error:
+                if isinstance(error, ShmringError) or not is_exhaustion(error):
+                    raise
+                # Nothing was published and nothing is left (fallback.put); say why, typed.
+                raise ResourceExhaustedError(
+                    f"out of descriptors for a fallback segment: key={key!r}: {error}",
+                    error.errno or 0,
+                ) from error
             self._puts += 1
             self._fallbacks += 1
             self._bytes += size
@@ -659,7 +732,7 @@ class Connector:
                 self._join()
             discovery = self._discovery
             assert discovery is not None
-            if discovery.refresh():
+            if self._short_of_descriptors("a discovery scan", discovery.refresh):
                 self._edge_readers.clear()
                 self._release_departed()
             if descriptor is None:
@@ -681,13 +754,44 @@ class Connector:
         assert discovery is not None and liveness is not None
         busy = False
         corrupt: CorruptFrameError | None = None
+        exhausted: ResourceExhaustedError | None = None
+        readers = self._readers
         pairs = self._edge_readers.get(edge)
-        fresh = pairs is None
+        cached = pairs is not None
         if pairs is None:
-            pairs = self._resolve_readers(edge)  # `_reader` checked each for a close just now
-        for producer, reader in pairs:
-            if not fresh and reader.producer_closed:
-                self._release(edge, producer)
+            candidates: list[tuple[ConnectorIdentity, RingReader | None]] = [
+                (producer, None) for producer in discovery.producers_of(edge)
+            ]
+        else:
+            candidates = pairs  # type: ignore[assignment]
+        # Uncached: what this pass resolved, kept for later gets when it saw every
+        # producer of the edge, none ran short of descriptors and nothing was shed.
+        resolved: list[tuple[ConnectorIdentity, RingReader]] = []
+        complete = True
+        sheds = self._sheds
+        last = len(candidates) - 1
+        for index, (producer, reader) in enumerate(candidates):
+            if cached:
+                assert reader is not None
+                slot = (edge, producer)
+                if readers.pop(slot, None) is not reader:  # dropped under us: resolve afresh
+                    self._edge_readers.clear()
+                    return self._get_by_key(edge, key, bell)
+                readers[slot] = reader  # most recently used last, as `_reader` does
+                if reader.producer_closed:
+                    self._release(edge, producer)
+                    continue
+            else:
+                try:
+                    reader = self._reader(edge, producer)
+                except ResourceExhaustedError as error:
+                    # Partial service: the producers we can map are still looked at.
+                    exhausted = exhausted or error
+                    complete = False
+                    continue
+                if reader is None:
+                    continue
+                resolved.append((producer, reader))
                 continue
             try:
                 got = reader.get(key, decode=_decode_sized)
@@ -697,9 +801,13 @@ class Connector:
                 corrupt = corrupt or error
                 continue
             if got.status is ReceiveStatus.DELIVERED:
-                if not liveness.is_alive(producer):
+                if not self._alive_after_claim(producer):
                     self._release(edge, producer)  # a dead producer's frame is never delivered
+                    if not cached:
+                        resolved.pop()
                     continue
+                if not cached and index == last:
+                    self._keep_readers(edge, resolved, complete, sheds)
                 size, value = got.payload
                 self._gets += 1  # `_delivered`, inline on the hot path
                 self._bytes += size
@@ -709,6 +817,10 @@ class Connector:
                 busy = True
             elif reader.producer_closed:
                 self._release(edge, producer)
+                if not cached:
+                    resolved.pop()
+        if not cached:
+            self._keep_readers(edge, resolved, complete, sheds)
         if self._fallback_unchanged(edge, key, bell):
             delivery = _BUSY if busy else _NOT_FOUND
             if busy:
@@ -719,25 +831,80 @@ class Connector:
                 self._fallback_miss = (edge, key, bell, time.monotonic())
         if corrupt is not None and not delivery.delivered:
             raise corrupt
+        if exhausted is not None and not delivery.delivered:
+            raise exhausted  # NOT_FOUND could be wrong: some producers were not looked at
         return delivery
 
-    def _resolve_readers(self, edge: Edge) -> list[tuple[ConnectorIdentity, RingReader]]:
-        """The edge's (producer, mapped ring) pairs, attached now and kept until they change.
+    def _keep_readers(
+        self,
+        edge: Edge,
+        resolved: list[tuple[ConnectorIdentity, RingReader]],
+        complete: bool,
+        sheds: int,
+    ) -> None:
+        """Keep the (producer, mapped ring) pairs a get by key resolved, for the next gets.
 
-        What a get by key visits, resolved once per discovery state: the list
-        is dropped when a scan ran or a producer was released, so an
-        unchanged edge costs a get no discovery work beyond the stamp load.
+        Later gets on the edge visit this list instead of asking discovery and
+        `_reader` per producer; it is dropped whenever discovery scans, a
+        producer is released, descriptors are shed or the connector closes.
+        Kept only when the pass saw every producer with nothing short or shed.
         """
-        discovery = self._discovery
-        assert discovery is not None
-        pairs = []
-        for producer in discovery.producers_of(edge):
-            reader = self._reader(edge, producer)
-            if reader is not None:
-                pairs.append((producer, reader))
-        # Attaching may have released producers (and so emptied the cache): store last.
-        self._edge_readers[edge] = pairs
-        return pairs
+        if complete and sheds == self._sheds:
+            self._edge_readers[edge] = resolved
+
+    # -- short of descriptors ------------------------------------------------------------
+    #
+    # Issue 12: under `ulimit -n 64` a reader with 80 producers got a bare
+    # EMFILE from every get, so not even the first producers were served. Each
+    # mapped ring costs two descriptors (ours and the one mmap keeps) and each
+    # producer a pidfd. So when a call runs out, what we cache goes first
+    # (least recently used rings, kept segment mappings; `Liveness` sheds its
+    # pidfds itself) and the call is tried again; only when nothing is left
+    # to release does a typed ResourceExhaustedError (an OSError) reach the
+    # caller, after every producer that could be mapped was looked at.
+
+    def _shed_descriptors(self) -> int:
+        """Release half of the cached ring mappings (least recently used) and kept segments."""
+        self._sheds += 1
+        self._edge_readers.clear()  # it holds readers closed below
+        released = len(self._segment_mappings)
+        self._segment_mappings.close()
+        count = (len(self._readers) + 1) // 2
+        for key in list(self._readers)[:count]:
+            self._readers.pop(key).close()
+        if self._liveness is not None:
+            released += self._liveness.shed(self._liveness.pidfd_count // 2 + 1)
+        return released + count
+
+    def _short_of_descriptors(self, what: str, action: Callable[[], Any]) -> Any:
+        """Run `action`; out of descriptors, shed what we cache and run it again (typed error)."""
+        for _ in range(4):
+            try:
+                return action()
+            except OSError as error:
+                if isinstance(error, ShmringError) or not is_exhaustion(error):
+                    raise
+                if not self._shed_descriptors():
+                    raise ResourceExhaustedError(
+                        f"out of descriptors for {what}: {error}", error.errno or 0
+                    ) from error
+        raise ResourceExhaustedError(
+            f"out of descriptors for {what}, even after releasing mappings"
+        )
+
+    def _alive_after_claim(self, producer: tuple[int, ...]) -> bool:
+        """Liveness after a frame was claimed: a claimed frame is never lost to a shortage.
+
+        When not even /proc can be read after releasing every cache, the
+        frame is delivered: its producer was alive at the scan, and losing an
+        accepted frame is the worse failure.
+        """
+        liveness = self._liveness
+        assert liveness is not None
+        try:
+            return liveness.is_alive(producer)
+        except ResourceExhaustedError:
+            return True
 
     def _fallback_unchanged(self, edge: Edge, key: str, bell: int | None) -> bool:
         """Whether a polling get may skip looking for the key's segment (one failing openat).
@@ -791,16 +958,21 @@ class Connector:
     ) -> Delivery:
         liveness = self._liveness
         assert liveness is not None
-        claim = claim_segment(
-            self.directory,
-            edge,
-            key,
-            os_facade=self._os,
-            is_alive=liveness.is_alive,
-            decode=codec.decode,
-            owner=descriptor.producer if descriptor else None,
-            generation=descriptor.generation if descriptor else None,
-            mappings=self._segment_mappings,
+        assert self._dir is not None  # joined
+        directory = self._dir
+        claim = self._short_of_descriptors(
+            "a fallback segment",
+            lambda: claim_segment(
+                directory,
+                edge,
+                key,
+                os_facade=self._os,
+                is_alive=self._alive_after_claim,
+                decode=codec.decode,
+                owner=descriptor.producer if descriptor else None,
+                generation=descriptor.generation if descriptor else None,
+                mappings=self._segment_mappings,
+            ),
         )
         status = claim.status
         if status is ClaimStatus.DELIVERED:
@@ -822,7 +994,8 @@ class Connector:
         if not liveness.is_alive(producer):
             return False
         try:
-            self._os.stat(os.path.join(self.directory, live_file_name(producer)))
+            assert self._dir is not None  # joined
+            self._dir.stat(live_file_name(producer))
         except FileNotFoundError:
             return False
         return True
@@ -838,11 +1011,16 @@ class Connector:
 
     def _reader(self, edge: Edge, producer: ConnectorIdentity) -> RingReader | None:
         """The mapped ring of `producer` on `edge`; None (and released) when it is gone."""
-        reader = self._readers.get((edge, producer))
+        reader = self._readers.pop((edge, producer), None)
+        if reader is not None:
+            self._readers[(edge, producer)] = reader  # most recently used last
         if reader is None:
             path = ring_path(self.directory, edge[0], edge[1], producer)
             try:
-                reader = RingReader.attach(path, os_facade=self._os)
+                reader = self._short_of_descriptors(
+                    "a ring mapping",
+                    lambda: RingReader.attach(path, os_facade=self._os, directory=self._dir),
+                )
             except ProducerGoneError:
                 self._release(edge, producer)
                 return None
@@ -877,7 +1055,7 @@ class Connector:
             if (
                 producer not in discovery.producers.get(edge, ())
                 or reader.producer_closed
-                or not liveness.is_alive(producer)
+                or not self._alive_after_claim(producer)
             ):
                 self._release(edge, producer)
 
@@ -1097,6 +1275,9 @@ class Connector:
         if self._membership is not None:
             self._membership.leave()
             self._membership = None
+        if self._dir is not None and self._live_path is None:
+            self._dir.close()  # kept while the live file's unlink must be retried
+            self._dir = None
 
     @property
     def closed(self) -> bool:
@@ -1141,6 +1322,8 @@ class Connector:
                 fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
                 fallback_reused=fallback.reused if fallback else 0,
                 fallback_mapping_hits=self._segment_mappings.hits,
+                reclaimed_files=self._discovery.reclaimed if self._discovery is not None else 0,
+                ring_setup_retries=self._ring_retries,
             )
 
 

@@ -59,12 +59,22 @@ from dataclasses import dataclass
 from typing import Final
 
 from shmring.impl import futex
-from shmring.impl.errors import BrokenError, ShmringError
+from shmring.impl.errors import (
+    BrokenError,
+    DirectoryReplacedError,
+    ResourceExhaustedError,
+    ShmringError,
+    is_exhaustion,
+)
 from shmring.impl.futex import FutexWord
 from shmring.impl.naming import (
     NAME_SEPARATOR,
     ConnectorIdentity,
+    DeploymentDirectory,
+    Directory,
     ProducerIdentity,
+    as_directory,
+    check_private_file,
     parse_ring_file_name,
     parse_start_time,
     parse_transfer_file_owner,
@@ -204,10 +214,19 @@ class Liveness:
 
     _closed: bool = False
 
-    def __init__(self, os_facade: OsFacade, own_identity: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        os_facade: OsFacade,
+        own_identity: tuple[int, ...] | None = None,
+        on_exhausted: Callable[[], int] | None = None,
+    ) -> None:
         self._os = os_facade
         self._own = process_of(own_identity) if own_identity is not None else None
-        self._pidfds: dict[ProducerIdentity, int] = {}
+        # Called when /proc cannot be opened for want of descriptors: the
+        # owner releases what it caches and answers how many it released.
+        self.on_exhausted = on_exhausted
+        self._pidfds: dict[ProducerIdentity, int] = {}  # in least recently opened order
+        self._pidfd_cap: int | None = None  # after EMFILE: hold at most this many pidfds
         self._dead: set[ProducerIdentity] = set()
         self._pidfd_supported = hasattr(os, "pidfd_open")
         self.checks = 0  # liveness questions answered (statistics)
@@ -254,7 +273,12 @@ class Liveness:
             except OSError as error:
                 if error.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
                     self._pidfd_supported = False
-                # Otherwise (EMFILE, ENOMEM, ...) /proc answers this time;
+                elif is_exhaustion(error):
+                    # Out of descriptors: hold fewer pidfds from now on (each
+                    # producer costs one); /proc answers for the others.
+                    self.shed(len(self._pidfds) // 2 + 1)
+                    self._pidfd_cap = len(self._pidfds)
+                # Otherwise (ENOMEM, ...) /proc answers this time;
                 # the next question tries a pidfd again.
         try:
             # The pidfd was opened first: if the start time matches now, the
@@ -273,13 +297,53 @@ class Liveness:
                 self._os.close(pidfd)
             raise
         if pidfd >= 0:
-            self._pidfds[producer] = pidfd
+            if self._pidfd_cap is not None and len(self._pidfds) >= self._pidfd_cap:
+                self._os.close(pidfd)  # short of descriptors: /proc answers for this one
+            else:
+                self._pidfds[producer] = pidfd
         return True
 
+    @property
+    def pidfd_count(self) -> int:
+        """Pidfds held now (each is a descriptor)."""
+        return len(self._pidfds)
+
+    def shed(self, count: int) -> int:
+        """Close up to `count` pidfds, least recently opened first; answer how many.
+
+        Verdicts are kept: a producer found dead stays dead, a live one is
+        asked again through /proc or a new pidfd.
+        """
+        closed = 0
+        while self._pidfds and closed < count:
+            producer = next(iter(self._pidfds))
+            self.forget(producer)
+            closed += 1
+        return closed
+
     def _proc_alive(self, producer: ProducerIdentity) -> bool:
-        """/proc's answer: the pid runs, with this start time, and is not a zombie."""
+        """/proc's answer: the pid runs, with this start time, and is not a zombie.
+
+        Out of descriptors, our pidfds go first, then what the owner caches
+        (`on_exhausted`); ResourceExhaustedError when nothing could be freed.
+        """
         pid, start_time = producer
-        status = read_process_status(pid, self._os)
+        for _ in range(3):
+            try:
+                status = read_process_status(pid, self._os)
+                break
+            except OSError as error:
+                if not is_exhaustion(error):
+                    raise
+                freed = self.shed(len(self._pidfds))
+                if not freed and self.on_exhausted is not None:
+                    freed = self.on_exhausted()
+                if not freed:
+                    raise ResourceExhaustedError(
+                        f"no descriptor to read /proc/{pid}/stat: {error}", error.errno or 0
+                    ) from error
+        else:
+            raise ResourceExhaustedError(f"no descriptor to read /proc/{pid}/stat")
         return (
             status is not None and status[0] == start_time and status[1] not in _DEAD_PROCESS_STATES
         )
@@ -330,12 +394,16 @@ class Stamp:
         self._os = os_facade
 
     @classmethod
-    def open(cls, directory: str, os_facade: OsFacade) -> Stamp:
+    def open(cls, directory: str | Directory, os_facade: OsFacade) -> Stamp:
         """Open (creating if needed) the stamp file of `directory` and map it."""
-        stamp = cls(os.path.join(directory, STAMP_FILE_NAME), os_facade)
+        directory = as_directory(directory, os_facade)
+        stamp = cls(directory.join(STAMP_FILE_NAME), os_facade)
         try:
-            stamp._fd = os_facade.open(stamp.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            stamp._fd = directory.open(STAMP_FILE_NAME, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
             info = os_facade.fstat(stamp._fd)
+            problem = check_private_file(stamp.path, info)
+            if problem is not None:
+                raise BrokenError(f"stamp file is not trusted: {problem}")
             if info.st_size < STAMP_FILE_LENGTH:
                 # Whoever creates it sizes it; a concurrent opener doing the
                 # same extends with zeros too, so the counter starts at 0.
@@ -401,7 +469,9 @@ class Stamp:
             return
         doorbell.wait(seen, timeout)
 
-    def prune_and_bump(self, directory: str, names: Iterable[str], scanned_at: int) -> int | None:
+    def prune_and_bump(
+        self, directory: str | Directory, names: Iterable[str], scanned_at: int
+    ) -> int | None:
         """Unlink stale marker `names` and bump once, without waiting for the lock.
 
         Answers the stamp a receiver may cache afterwards: the new value when
@@ -417,11 +487,12 @@ class Stamp:
             self._os.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
+        where = as_directory(directory, self._os)
         try:
             before: int = buf[_STAMP_WORD]
             for name in names:
                 with contextlib.suppress(FileNotFoundError):
-                    self._os.unlink(os.path.join(directory, name))
+                    where.unlink(name)
             value = before + 1
             buf[_STAMP_WORD] = value
         finally:
@@ -453,29 +524,78 @@ class Membership:
 
     _fd: int = -1
 
-    def __init__(self, directory: str, os_facade: OsFacade) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, MEMBERS_FILE_NAME)
+    def __init__(self, directory: Directory, os_facade: OsFacade) -> None:
+        self.directory = directory  # where we joined: a verified descriptor for connectors
+        self.path = directory.join(MEMBERS_FILE_NAME)
         self._os = os_facade
 
     @classmethod
     def join(
-        cls, directory: str, os_facade: OsFacade, ensure_directory: object = None
+        cls,
+        directory: str | Directory | None,
+        os_facade: OsFacade,
+        ensure_directory: Callable[[], Directory] | None = None,
     ) -> Membership:
         """Take a shared lock on ``members`` (creating it), retrying across a teardown.
 
-        `ensure_directory`, when given, is called (no arguments) to recreate
-        the directory if a teardown removed it meanwhile.
+        `ensure_directory`, when given, is called (no arguments) to open the
+        directory (creating it) when `directory` is None, again if a teardown
+        removed it meanwhile, and again if the path no longer names the
+        directory joined: the answer's `directory` is where the lock is held.
+        Directories it opened and left are closed here; on failure nothing
+        it opened stays open.
         """
-        member = cls(directory, os_facade)
         deadline = time.monotonic() + _JOIN_TIMEOUT
+        opened: Directory | None = None  # what `ensure_directory` gave us and we hold
+
+        def again(reason: BaseException | None) -> Directory:
+            nonlocal opened
+            if ensure_directory is None:
+                assert reason is not None
+                raise reason
+            if isinstance(opened, DeploymentDirectory):
+                opened.close()
+            opened = None
+            while True:
+                if time.monotonic() > deadline:
+                    raise BrokenError(
+                        f"deployment directory keeps changing while joining: scope directory "
+                        f"{where_path!r}"
+                    ) from reason
+                try:
+                    opened = ensure_directory()
+                    return opened
+                except DirectoryReplacedError as error:
+                    reason = error
+                    time.sleep(_JOIN_RETRY_SLEEP)
+
+        where_path = "" if directory is None else as_directory(directory, os_facade).path
+        try:
+            where = again(None) if directory is None else as_directory(directory, os_facade)
+            where_path = where.path
+            return cls._join(where, os_facade, ensure_directory, deadline, again)
+        except BaseException:
+            if isinstance(opened, DeploymentDirectory):
+                opened.close()
+            raise
+
+    @classmethod
+    def _join(
+        cls,
+        where: Directory,
+        os_facade: OsFacade,
+        ensure_directory: Callable[[], Directory] | None,
+        deadline: float,
+        again: Callable[[BaseException | None], Directory],
+    ) -> Membership:
         while True:
             try:
-                fd = os_facade.open(member.path, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
-            except FileNotFoundError:
-                if ensure_directory is None:
-                    raise
-                ensure_directory()  # type: ignore[operator]
+                # Relative to the directory's descriptor: a directory removed
+                # by a teardown answers ENOENT, one re-created at the path by
+                # someone else is never reached.
+                fd = where.open(MEMBERS_FILE_NAME, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            except FileNotFoundError as error:
+                where = again(error)
                 continue
             try:
                 try:
@@ -485,7 +605,7 @@ class Membership:
                     fd = -1
                     if time.monotonic() > deadline:
                         raise BrokenError(
-                            f"deployment directory stays locked by a teardown: path={member.path!r}"
+                            f"deployment directory stays locked by a teardown: path={where.path!r}"
                         ) from None
                     time.sleep(_JOIN_RETRY_SLEEP)
                     continue
@@ -493,10 +613,21 @@ class Membership:
                     os_facade.close(fd)
                     fd = -1
                     continue
+                if ensure_directory is not None:
+                    # Joined the directory our descriptor names; others find
+                    # it by path, so the path must still name it.
+                    try:
+                        where.verify()
+                    except DirectoryReplacedError as error:
+                        os_facade.close(fd)
+                        fd = -1
+                        where = again(error)
+                        continue
             except BaseException:
                 if fd >= 0:
                     os_facade.close(fd)
                 raise
+            member = cls(where, os_facade)
             member._fd = fd
             return member
 
@@ -527,10 +658,11 @@ class Membership:
             self._os.close(fd)
 
 
-def _teardown_if_empty(directory: str, os_facade: OsFacade) -> bool:
+def _teardown_if_empty(directory: str | Directory, os_facade: OsFacade) -> bool:
     """With ``members`` locked exclusively: remove stamp, members and the directory if nothing else is there."""
+    where = as_directory(directory, os_facade)
     try:
-        names = {entry.name for entry in os_facade.scandir(directory)}
+        names = set(where.names())
     except FileNotFoundError:
         return False
     if not names <= {STAMP_FILE_NAME, MEMBERS_FILE_NAME}:
@@ -538,9 +670,14 @@ def _teardown_if_empty(directory: str, os_facade: OsFacade) -> bool:
     for name in (STAMP_FILE_NAME, MEMBERS_FILE_NAME):
         if name in names:
             with contextlib.suppress(FileNotFoundError):
-                os_facade.unlink(os.path.join(directory, name))
+                where.unlink(name)
+    if isinstance(where, DeploymentDirectory):
+        try:
+            where.verify()  # rmdir goes by path: only if the path is still ours
+        except DirectoryReplacedError:
+            return False
     try:
-        os_facade.rmdir(directory)
+        os_facade.rmdir(where.path)
     except FileNotFoundError:
         return False
     except OSError as error:
@@ -557,9 +694,13 @@ class Registrar:
     """A producer's markers: added after a ring is ready, removed at close."""
 
     def __init__(
-        self, directory: str, os_facade: OsFacade, stamp: Stamp, producer: tuple[int, ...]
+        self,
+        directory: str | Directory,
+        os_facade: OsFacade,
+        stamp: Stamp,
+        producer: tuple[int, ...],
     ) -> None:
-        self.directory = directory
+        self.directory = as_directory(directory, os_facade)
         self._os = os_facade
         self._stamp = stamp
         self.producer = producer
@@ -567,14 +708,14 @@ class Registrar:
 
     def register(self, edge: Edge) -> None:
         """Create the edge's marker, then bump the stamp; on failure nothing is left."""
-        path = os.path.join(self.directory, marker_file_name(edge, self.producer))
-        fd = self._os.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
+        name = marker_file_name(edge, self.producer)
+        fd = self.directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
         try:
             self._os.close(fd)
             self._stamp.bump()
         except BaseException:
             with contextlib.suppress(OSError):
-                self._os.unlink(path)
+                self.directory.unlink(name)
             raise
         self.edges.add(edge)
 
@@ -582,9 +723,8 @@ class Registrar:
         """Remove the markers of `edges` and bump once if any was removed; answer how many."""
         removed = 0
         for edge in sorted(set(edges) & self.edges):
-            path = os.path.join(self.directory, marker_file_name(edge, self.producer))
             with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(path)
+                self.directory.unlink(marker_file_name(edge, self.producer))
                 removed += 1
             self.edges.discard(edge)
         if removed:
@@ -606,6 +746,7 @@ class DiscoveryStatistics:
     pruned: int  # stale markers of dead producers this receiver removed
     seen_stamp: int | None  # the stamp cached at the last scan; None before the first
     producers: int  # (edge, producer) pairs known from the last scan and not released
+    reclaimed: int = 0  # other files of dead producers (rings, live, segments, spares) it removed
 
 
 class DiscoveryCache:
@@ -616,44 +757,78 @@ class DiscoveryCache:
     """
 
     def __init__(
-        self, directory: str, os_facade: OsFacade, liveness: Liveness, stamp: Stamp | None
+        self,
+        directory: str | Directory,
+        os_facade: OsFacade,
+        liveness: Liveness,
+        stamp: Stamp | None,
     ) -> None:
-        self.directory = directory
+        self.directory = as_directory(directory, os_facade)
         self._os = os_facade
         self._liveness = liveness
         self._stamp = stamp
         self.seen_stamp: int | None = None  # stamp read before the last scan (after own pruning)
         self.scans = 0
         self.pruned = 0
+        self.reclaimed = 0  # files of dead producers this receiver removed at its scans
+        # Rescan at least this often even when the stamp did not move (None: never);
+        # set by the owner. The lockstep machines turn it off: the model has no clock.
+        self.rescan_seconds: float | None = None
+        self._scanned_at = 0.0  # monotonic time of the last scan
+        self.reclaim_errors = 0  # reclaims that failed (retried at the next scan)
+        self.last_reclaim_error: str | None = None
         # Producers with a live marker at the last scan, per edge; entries are
         # dropped (`release`) once a producer is found closed or dead.
         self.producers: dict[Edge, set[ConnectorIdentity]] = {}
 
     def refresh(self) -> bool:
-        """Rescan if the stamp moved; answer whether a scan happened."""
+        """Rescan if the stamp moved (or `rescan_seconds` passed); answer whether it scanned.
+
+        A killed producer moves no stamp; the periodic rescan is what bounds
+        how long its files stay when nothing else changes in the deployment
+        (issue 12). It costs one directory scan per `rescan_seconds` of a
+        receiver that keeps polling; an unchanged poll in between costs one load.
+        """
         stamp = self._stamp
         if stamp is not None:
             current = stamp.load()
-            if current == self.seen_stamp:
+            if current == self.seen_stamp and not self._rescan_due():
                 return False
         else:
             current = -1
         self._scan(current)
         return True
 
+    def _rescan_due(self) -> bool:
+        period = self.rescan_seconds
+        return period is not None and time.monotonic() - self._scanned_at >= period
+
     def _scan(self, scanned_at: int) -> None:
         self.scans += 1
+        self._scanned_at = time.monotonic()
         found: dict[Edge, set[ConnectorIdentity]] = {}
         stale: list[str] = []
-        for entry in self._os.scandir(self.directory):
-            parsed = parse_marker_file_name(entry.name)
+        names = self.directory.names()
+        for name in names:
+            parsed = parse_marker_file_name(name)
             if parsed is None:
                 continue
             edge, producer = parsed
-            if self._liveness.is_alive(producer):
+            try:
+                alive = self._liveness.is_alive(producer)
+            except ResourceExhaustedError:
+                alive = True  # cannot tell now: never prune on a doubt
+            if alive:
                 found.setdefault(edge, set()).add(producer)
             else:
-                stale.append(entry.name)
+                stale.append(name)
+        # What dead producers left besides markers goes now (`spec.discovery.
+        # process_reclaim`), from this scan's own listing: no extra scan.
+        try:
+            self.reclaimed += reclaim_dead_files(self.directory, names, self._os, self._liveness)
+        except (OSError, ShmringError) as error:  # retried at the next scan
+            self.reclaim_errors += 1
+            self.last_reclaim_error = repr(error)
         seen: int | None = scanned_at
         stamp = self._stamp
         if stamp is None:
@@ -683,6 +858,7 @@ class DiscoveryCache:
         return DiscoveryStatistics(
             scans=self.scans,
             pruned=self.pruned,
+            reclaimed=self.reclaimed,
             seen_stamp=self.seen_stamp,
             producers=sum(len(v) for v in self.producers.values()),
         )
@@ -714,7 +890,9 @@ def file_owner(name: str) -> ProducerIdentity | None:
     )
 
 
-def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | None = None) -> int:
+def collect_orphans(
+    directory: str | Directory, os_facade: OsFacade, liveness: Liveness | None = None
+) -> int:
     """Remove what dead producers left in `directory`; answer how many files went.
 
     Markers, rings, live files and fallback files (segments and their
@@ -726,41 +904,85 @@ def collect_orphans(directory: str, os_facade: OsFacade, liveness: Liveness | No
     return removed + _remove_unused_directory(directory, os_facade)
 
 
-def _remove_dead_files(directory: str, os_facade: OsFacade, liveness: Liveness | None) -> int:
+def reclaim_dead_files(
+    directory: Directory, names: Iterable[str], os_facade: OsFacade, liveness: Liveness
+) -> int:
+    """Remove the files among `names` of producers found dead, markers aside; answer how many.
+
+    Markers are the scan's to prune (they move the stamp). Files named for
+    their owner (rings, live files, temporaries, spares, transfer files) go
+    when that owner is not running; fallback segments carry their owner in
+    their header, so they are read (under their lock) only when some owner
+    was found dead. Identity is (pid, start time) checked through a pidfd
+    (`Liveness`), so a live producer, or a restarted one reusing a pid, is
+    never touched: the safe direction of every doubt is "alive".
+    """
+    from shmring.impl import fallback  # fallback imports this module
+
+    removed = 0
+    dead: set[ProducerIdentity] = set()
+    segments: list[str] = []
+    for name in names:
+        if parse_marker_file_name(name) is not None:
+            continue
+        owner = file_owner(name)
+        if owner is None:
+            if fallback.is_segment_file_name(name):
+                segments.append(name)
+            continue
+        try:
+            if liveness.is_alive(owner):
+                continue
+        except ResourceExhaustedError:
+            continue  # cannot tell now: never remove on a doubt
+        dead.add(owner)
+        with contextlib.suppress(FileNotFoundError):
+            directory.unlink(name)
+            removed += 1
+    if dead:
+        for name in segments:
+            removed += fallback.remove_if_orphaned(
+                directory, name, os_facade, lambda owner: owner not in dead
+            )
+    return removed
+
+
+def _remove_dead_files(
+    directory: str | Directory, os_facade: OsFacade, liveness: Liveness | None
+) -> int:
     """Markers, rings, live files and fallback files of producers not running; answers how many went."""
     from shmring.impl import fallback  # fallback imports this module
 
+    where = as_directory(directory, os_facade)
     own = liveness is None
     if liveness is None:
         liveness = Liveness(os_facade)
     removed = 0
     try:
         try:
-            entries = os_facade.scandir(directory)
+            names = where.names()
         except FileNotFoundError:
             return 0
-        for entry in entries:
-            name = entry.name
-            path = os.path.join(directory, name)
+        for name in names:
             owner = file_owner(name)
             if owner is not None:
                 if not liveness.is_alive(owner):
                     with contextlib.suppress(FileNotFoundError):
-                        os_facade.unlink(path)
+                        where.unlink(name)
                         removed += 1
             elif fallback.is_segment_file_name(name):
-                removed += fallback.remove_if_orphaned(path, os_facade, liveness.is_alive)
+                removed += fallback.remove_if_orphaned(where, name, os_facade, liveness.is_alive)
     finally:
         if own:
             liveness.close()
     return removed
 
 
-def _remove_unused_directory(directory: str, os_facade: OsFacade) -> int:
+def _remove_unused_directory(directory: str | Directory, os_facade: OsFacade) -> int:
     """Tear the directory down if no member holds ``members``; answer files removed (0 or 2)."""
-    path = os.path.join(directory, MEMBERS_FILE_NAME)
+    where = as_directory(directory, os_facade)
     try:
-        fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+        fd = where.open(MEMBERS_FILE_NAME, OPEN_FLAGS_EXISTING)
     except FileNotFoundError:
         fd = -1
     try:
@@ -769,7 +991,7 @@ def _remove_unused_directory(directory: str, os_facade: OsFacade) -> int:
                 os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0
-        return 2 if _teardown_if_empty(directory, os_facade) else 0
+        return 2 if _teardown_if_empty(where, os_facade) else 0
     finally:
         if fd >= 0:
             os_facade.close(fd)
@@ -795,4 +1017,5 @@ __all__ = [
     "parse_marker_file_name",
     "is_holder_alive",
     "read_process_status",
+    "reclaim_dead_files",
 ]

@@ -61,6 +61,38 @@ class NoSpaceError(ShmringError, OSError):
         OSError.__init__(self, errno, message)
 
 
+class DirectoryReplacedError(BrokenError, OSError):
+    """The deployment directory was removed or replaced under us (another uid, a teardown).
+
+    Nothing was created in the directory now at the path; a connector joins
+    again (and then refuses a directory that is not ours with ConfigurationError).
+    """
+
+    def __init__(self, message: str) -> None:
+        OSError.__init__(self, _errno.ESTALE, message)
+
+
+class ResourceExhaustedError(ShmringError, OSError):
+    """The process or system is out of descriptors or mappings (EMFILE, ENFILE, ENOMEM).
+
+    Raised only when nothing at all could be served: what could still be
+    mapped was delivered first, and cached mappings were released (least
+    recently used first) before giving up. Nothing was lost; retry later.
+    """
+
+    def __init__(self, message: str, errno: int = _errno.EMFILE) -> None:
+        OSError.__init__(self, errno, message)
+
+
+#: errno values that mean "out of descriptors or mappings", not "this file is bad".
+EXHAUSTION_ERRNOS = frozenset((_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM))
+
+
+def is_exhaustion(error: BaseException) -> bool:
+    """Whether `error` is an OSError for a lack of descriptors or mappings."""
+    return isinstance(error, OSError) and error.errno in EXHAUSTION_ERRNOS
+
+
 class RegistrationError(ShmringError, RuntimeError):
     """A CUDA host registration step failed; carries the CUDA error name."""
 
@@ -85,13 +117,17 @@ __all__ = [
     "ClosedError",
     "ConfigurationError",
     "CorruptFrameError",
+    "DirectoryReplacedError",
+    "EXHAUSTION_ERRNOS",
     "FrameTooLargeError",
     "InvalidKeyError",
     "NoSpaceError",
     "ProducerGoneError",
     "RegistrationError",
+    "ResourceExhaustedError",
     "RegistryPoisonedError",
     "ShmringError",
     "UnsupportedPayloadError",
     "describe_errno",
+    "is_exhaustion",
 ]

@@ -68,9 +68,11 @@ the last member's close remove those of a killed producer.
 Readers never register anything with Python's resource tracker: this module
 uses plain open/mmap, never `multiprocessing.shared_memory`.
 
-Budget. A segment is charged `compute_fallback_length(key, payload_length)`
-bytes (one frame of the ring's layout), and a put is admitted exactly when
-`compute_budget_allows(used, replaced, length, budget)` holds, as in
+Budget. A segment is charged `compute_fallback_charge(key, payload_length)`
+bytes: what its file occupies on tmpfs, a ring header plus one frame in
+whole pages (issue 12: payload bytes undercounted a 1 KiB message 3x), and
+a put is admitted exactly when `compute_budget_allows(used, replaced,
+charge, budget)` holds, as in
 `shmring.spec.connector`. Readers free bytes in another process, so the
 producer's `used` can only be too high; before refusing it drops segments a
 reader claimed (`refresh`, one stat per segment) and asks again, so it
@@ -106,9 +108,19 @@ from shmring.impl.frame_io import (
     write_data_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import ProducerIdentity, validate_stage_name
+from shmring.impl.naming import (
+    Directory,
+    ProducerIdentity,
+    as_directory,
+    check_private_file,
+    validate_stage_name,
+)
 from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_READONLY, OsFacade
-from shmring.spec.connector import compute_budget_allows, compute_fallback_length
+from shmring.spec.connector import (
+    compute_budget_allows,
+    compute_fallback_charge,
+    compute_fallback_length,
+)
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_HEADER_LENGTH,
@@ -175,8 +187,9 @@ def segment_file_name(edge: Edge, key: str) -> str:
     return NAME_SEPARATOR.join((SEGMENT_FILE_PREFIX, source, destination, digest))
 
 
-def segment_path(directory: str, edge: Edge, key: str) -> str:
-    return os.path.join(directory, segment_file_name(edge, key))
+def segment_path(directory: str | Directory, edge: Edge, key: str) -> str:
+    base = directory.path if isinstance(directory, Directory) else directory
+    return os.path.join(base, segment_file_name(edge, key))
 
 
 def is_segment_file_name(name: str) -> bool:
@@ -220,7 +233,9 @@ class _Busy:
 _BUSY: Final = _Busy()
 
 
-def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | _Busy:
+def _open_locked(
+    where: Directory, path: str, os_facade: OsFacade, *, wait: bool
+) -> int | None | _Busy:
     """Open the file at `path` and hold its exclusive lock, checked still linked.
 
     None: no file at `path`. `_BUSY`: locked by someone else and `wait` is
@@ -229,7 +244,7 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
     deadline = 0.0
     for _ in range(_MAX_REOPENS):
         try:
-            fd = os_facade.open(path, OPEN_FLAGS_READONLY)
+            fd = where.open(path, OPEN_FLAGS_READONLY)
         except FileNotFoundError:
             return None
         except OSError as error:
@@ -237,7 +252,7 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
                 raise
             # Someone planted a symlink at the segment name; it is never followed.
             with contextlib.suppress(FileNotFoundError):
-                os_facade.unlink(path)
+                where.unlink(path)
             raise CorruptFrameError(
                 f"fallback segment path is a symlink; removed: path={path!r}"
             ) from error
@@ -259,7 +274,7 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
                             f"waited={_LOCK_WAIT_LIMIT}s"
                         ) from None
                     time.sleep(_LOCK_RETRY_SLEEP)
-            if _is_at(path, os_facade.fstat(fd), os_facade):
+            if _is_at(where, path, os_facade.fstat(fd)):
                 return fd
         except BaseException:
             os_facade.close(fd)
@@ -268,12 +283,12 @@ def _open_locked(path: str, os_facade: OsFacade, *, wait: bool) -> int | None | 
     return _BUSY
 
 
-def _is_at(path: str, info: os.stat_result, os_facade: OsFacade) -> bool:
+def _is_at(where: Directory, path: str, info: os.stat_result) -> bool:
     """Whether the file `info` describes is the one linked at `path` now."""
     if info.st_nlink == 0:
         return False
     try:
-        here = os_facade.stat(path)
+        here = where.stat(path)
     except FileNotFoundError:
         return False
     return (here.st_dev, here.st_ino) == (info.st_dev, info.st_ino)
@@ -295,7 +310,7 @@ class SegmentRecord:
     edge: Edge
     key: str
     generation: int  # the descriptor's generation, unique in this process
-    length: int  # bytes charged to the budget: compute_fallback_length(key, payload_length)
+    length: int  # bytes charged to the budget: compute_fallback_charge(key, payload_length)
     payload_length: int  # encoded payload bytes
     path: str  # the segment name
     inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
@@ -346,14 +361,15 @@ class FallbackWriter:
 
     def __init__(
         self,
-        directory: str,
+        directory: str | Directory,
         producer: tuple[int, ...],
         budget: int,
         os_facade: OsFacade,
         spare_bytes: int = DEFAULT_SPARE_BYTES,
         spare_min: int = SPARE_MIN_FILE_LENGTH,
     ) -> None:
-        self.directory = directory
+        self._dir = as_directory(directory, os_facade)
+        self.directory = self._dir.path
         self.producer = producer
         self.budget = budget
         self.spare_budget = spare_bytes  # the most file bytes kept for reuse
@@ -378,7 +394,7 @@ class FallbackWriter:
         freed = 0
         for slot, record in list(self._segments.items()):
             try:
-                info = self._os.stat(record.path)
+                info = self._dir.stat(record.path)
             except FileNotFoundError:
                 info = None
             if info is None or (info.st_dev, info.st_ino) != record.inode:
@@ -395,11 +411,11 @@ class FallbackWriter:
 
     def admits(self, edge: Edge, key: str, payload_length: int) -> bool:
         """Whether a put of this size would pass the budget now (refreshing if needed)."""
-        length = compute_fallback_length(key, payload_length)
-        if self._budget_allows(edge, key, length):
+        charge = compute_fallback_charge(key, payload_length)
+        if self._budget_allows(edge, key, charge):
             return True
         self.refresh()
-        return self._budget_allows(edge, key, length)
+        return self._budget_allows(edge, key, charge)
 
     def _budget_allows(self, edge: Edge, key: str, length: int) -> bool:
         old = self._segments.get((edge, key))
@@ -426,11 +442,12 @@ class FallbackWriter:
             raise BrokenError(f"fallback writer is closed: directory={self.directory!r}")
         path = segment_path(self.directory, edge, key)
         payload_length = plan.nbytes
-        length = compute_fallback_length(key, payload_length)
+        length = compute_fallback_length(key, payload_length)  # the frame
+        charge = compute_fallback_charge(key, payload_length)  # the file's pages
         if not self.admits(edge, key, payload_length):
             self._refusals += 1
             raise BackPressureError(
-                f"fallback budget spent: used={self._used} length={length} "
+                f"fallback budget spent: used={self._used} charge={charge} "
                 f"budget={self.budget} key={key!r}"
             )
         generation = next(_generations)
@@ -464,7 +481,7 @@ class FallbackWriter:
             spare.segment_path = path
             self._spares[generation] = spare
             self._spare_bytes += spare.file_length
-        record = SegmentRecord(edge, key, generation, length, payload_length, path, spare.inode)
+        record = SegmentRecord(edge, key, generation, charge, payload_length, path, spare.inode)
         old = self._segments.pop((edge, key), None)
         if old is not None:
             self._used -= old.length
@@ -472,7 +489,7 @@ class FallbackWriter:
             if replaced == old.inode:  # our rename unlinked it: nobody hands it back
                 self._forget_spare(old.generation)
         self._segments[(edge, key)] = record
-        self._used += length
+        self._used += charge
         self._puts += 1
         return record
 
@@ -506,7 +523,7 @@ class FallbackWriter:
             del self._spares[generation]
             self._spare_bytes -= spare.file_length
             try:
-                here = self._os.stat(temp)
+                here = self._dir.stat(temp)
                 ours = (here.st_dev, here.st_ino) == spare.inode
             except OSError:
                 ours = False
@@ -527,13 +544,13 @@ class FallbackWriter:
         claimed and unlinked is forgotten.
         """
         try:
-            self._os.rename(spare.path, temp)
+            self._dir.rename(spare.path, temp)
             return
         except FileNotFoundError:
             if self._still_out(spare):
                 raise
         try:
-            self._os.rename(spare.path, temp)
+            self._dir.rename(spare.path, temp)
         except FileNotFoundError:
             self._forget_spare(spare.generation)
             raise
@@ -541,7 +558,7 @@ class FallbackWriter:
     def _still_out(self, spare: _Spare) -> bool:
         """Whether the spare's file is still published under its segment name (not yet claimed)."""
         try:
-            info = self._os.stat(spare.segment_path)
+            info = self._dir.stat(spare.segment_path)
         except FileNotFoundError:
             return False
         except OSError:
@@ -569,7 +586,7 @@ class FallbackWriter:
         """Create, size and map the temporary file; on failure remove it and raise."""
         os_facade = self._os
         try:
-            fd = os_facade.open(temp, OPEN_FLAGS_CREATE, FILE_MODE)
+            fd = self._dir.open(temp, OPEN_FLAGS_CREATE, FILE_MODE)
         except OSError as error:
             if error.errno in _NO_SPACE_ERRNOS:
                 self._no_space += 1
@@ -647,7 +664,7 @@ class FallbackWriter:
 
     def _held(self, path: str) -> int | None:
         """The locked file at `path` (None: nothing there), waiting for readers."""
-        held = _open_locked(path, self._os, wait=True)
+        held = _open_locked(self._dir, path, self._os, wait=True)
         if isinstance(held, _Busy):  # replaced under us again and again: not our key alone
             raise BrokenError(f"fallback segment keeps changing under its producer: path={path!r}")
         return held
@@ -663,7 +680,7 @@ class FallbackWriter:
             if held is not None:
                 info = self._os.fstat(held)
                 replaced = (info.st_dev, info.st_ino)
-            self._os.rename(temp, path)
+            self._dir.rename(temp, path)
             return replaced
         finally:
             if held is not None:
@@ -671,7 +688,7 @@ class FallbackWriter:
 
     def _remove_temp(self, temp: str) -> None:
         try:
-            self._os.unlink(temp)
+            self._dir.unlink(temp)
         except FileNotFoundError:
             pass
         except OSError:
@@ -690,7 +707,7 @@ class FallbackWriter:
             try:
                 info = self._os.fstat(held)
                 if (info.st_dev, info.st_ino) == record.inode:
-                    self._os.unlink(record.path)  # a failure keeps the record: retried later
+                    self._dir.unlink(record.path)  # a failure keeps the record: retried later
                     retired = 1
                     self._forget_spare(record.generation)
             finally:
@@ -731,7 +748,7 @@ class FallbackWriter:
             self._remove_temp(spare.path)  # handed back: remove it (a failure is retried below)
         for temp in sorted(self._leftovers):
             with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(temp)
+                self._dir.unlink(temp)
             self._leftovers.discard(temp)
         self._closed = True
         return retired
@@ -834,7 +851,7 @@ class SegmentMappings:
 
 
 def claim_segment(
-    directory: str,
+    directory: str | Directory,
     edge: Edge,
     key: str,
     *,
@@ -857,15 +874,16 @@ def claim_segment(
     for the duration of the call and must return independently owned
     memory. A corrupt segment is removed and reported (CorruptFrameError).
     """
-    path = segment_path(directory, edge, key)
-    held = _open_locked(path, os_facade, wait=False)
+    where = as_directory(directory, os_facade)
+    path = segment_path(where, edge, key)
+    held = _open_locked(where, path, os_facade, wait=False)
     if held is None:
         return _NOT_FOUND
     if isinstance(held, _Busy):
         return _BUSY_CLAIM
     try:
         return _claim_locked(
-            path, held, key, os_facade, is_alive, decode, owner, generation, mappings
+            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings
         )
     finally:
         if mappings is not None:
@@ -876,6 +894,7 @@ def claim_segment(
 
 
 def _claim_locked(
+    where: Directory,
     path: str,
     fd: int,
     key: str,
@@ -887,9 +906,16 @@ def _claim_locked(
     mappings: SegmentMappings | None,
 ) -> Claim:
     info = os_facade.fstat(fd)
+    untrusted = check_private_file(path, info)
+    if untrusted is not None:
+        # Not made by us (another uid planted it, or its mode was changed):
+        # its bytes are never read. Removed if we may; never delivered.
+        with contextlib.suppress(OSError):
+            where.unlink(path)
+        raise CorruptFrameError(f"fallback segment is not trusted: {untrusted}")
     size = info.st_size
     if size < _SEGMENT_HEADER_LENGTH:
-        os_facade.unlink(path)
+        where.unlink(path)
         raise CorruptFrameError(
             f"fallback segment shorter than its headers: size={size} path={path!r}"
         )
@@ -905,7 +931,7 @@ def _claim_locked(
                 buf, size, key_bytes
             )
             if problem is not None:
-                os_facade.unlink(path)
+                where.unlink(path)
                 raise CorruptFrameError(
                     f"corrupted fallback segment: {problem}; removed; path={path!r}"
                 )
@@ -914,12 +940,12 @@ def _claim_locked(
             ):
                 return Claim(ClaimStatus.STALE, owner=producer, generation=frame_generation)
             if not is_alive(producer):
-                os_facade.unlink(path)
+                where.unlink(path)
                 return Claim(ClaimStatus.OWNER_GONE, owner=producer, generation=frame_generation)
             payload_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(key_bytes)
             with buf[payload_start : payload_start + payload_length] as payload:
                 if compute_checksum(key_bytes, payload) != checksum:
-                    os_facade.unlink(path)
+                    where.unlink(path)
                     raise CorruptFrameError(
                         f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
                         f"removed; path={path!r}"
@@ -927,9 +953,9 @@ def _claim_locked(
                 try:
                     value = decode(payload)
                 except CorruptFrameError:
-                    os_facade.unlink(path)
+                    where.unlink(path)
                     raise
-            handed_back = _commit(path, state, producer, frame_generation, os_facade)
+            handed_back = _commit(where, path, state, producer, frame_generation)
     finally:
         if handed_back and mappings is not None:
             mappings.keep(mapping_key, mapping)  # its producer will send it again
@@ -939,7 +965,7 @@ def _claim_locked(
 
 
 def _commit(
-    path: str, state: int, producer: tuple[int, ...], generation: int, os_facade: OsFacade
+    where: Directory, path: str, state: int, producer: tuple[int, ...], generation: int
 ) -> bool:
     """Take the segment name away: from here the claimed segment is this reader's alone.
 
@@ -950,13 +976,12 @@ def _commit(
     segment claimable by the next one. Answers whether it was handed back.
     """
     if state == RING_STATE_SPARE_WANTED:
-        spare = os.path.join(os.path.dirname(path), spare_file_name(producer, generation))
         try:
-            os_facade.rename(path, spare)
+            where.rename(path, spare_file_name(producer, generation))
             return True
         except OSError:
             pass  # unlinked below instead; the producer forgets the file
-    os_facade.unlink(path)
+    where.unlink(path)
     return False
 
 
@@ -1011,10 +1036,14 @@ def _check_segment(
 
 
 def remove_if_orphaned(
-    path: str, os_facade: OsFacade, is_alive: Callable[[tuple[int, ...]], bool]
+    directory: str | Directory,
+    path: str,
+    os_facade: OsFacade,
+    is_alive: Callable[[tuple[int, ...]], bool],
 ) -> int:
-    """Remove the segment at `path` if its owner is not running; answer 0 or 1."""
-    held = _open_locked(path, os_facade, wait=False)
+    """Remove the segment `path` (a name in `directory`) if its owner is not running; 0 or 1."""
+    where = as_directory(directory, os_facade)
+    held = _open_locked(where, path, os_facade, wait=False)
     if not isinstance(held, int):
         return 0
     try:
@@ -1026,15 +1055,15 @@ def remove_if_orphaned(
             (ring_header.producer_pid, ring_header.producer_start_time)
         ):
             return 0
-        os_facade.unlink(path)
+        where.unlink(path)
         return 1
     finally:
         os_facade.close(held)
 
 
 def charged_length(key: str, payload_length: int) -> int:
-    """Bytes a segment is charged (the model's `compute_fallback_length`)."""
-    return compute_fallback_length(key, payload_length)
+    """Bytes a segment is charged (the model's `compute_fallback_charge`: its file's pages)."""
+    return compute_fallback_charge(key, payload_length)
 
 
 __all__ = [

@@ -37,8 +37,8 @@ import stat
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.errors import ConfigurationError, InvalidKeyError
-from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, OPEN_FLAGS_READONLY, OsFacade
+from shmring.impl.errors import ConfigurationError, DirectoryReplacedError, InvalidKeyError
+from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_READONLY, OsFacade
 
 DEFAULT_SHM_ROOT: Final = "/dev/shm"
 DIRECTORY_PREFIX: Final = "shmring-"
@@ -197,6 +197,183 @@ def ring_path(directory: str, source: str, destination: str, producer: tuple[int
 
 
 # -- the deployment directory ----------------------------------------------------
+#
+# Why a descriptor. The directory is created (or found) and checked once; if
+# later calls named files by path again, a directory removed by the last
+# member's teardown and re-created meanwhile by another uid (`mkdir -m 0777`)
+# would receive our files, and its owner could read and unlink them: the
+# capture probe of issue 12 saw 0.6% of joins land there. So the directory is
+# opened once, O_DIRECTORY | O_NOFOLLOW, checked with fstat (our uid, mode
+# 0700, a directory), and every file operation is relative to that
+# descriptor. A descriptor keeps naming the inode it was opened on: a
+# replacement at the path cannot redirect it, and the kernel refuses to create
+# anything in a removed directory (ENOENT), which `Membership.join` answers by
+# joining again. The safe direction: a check that fails is a
+# ConfigurationError or a re-join, never a file in a directory not ours.
+
+
+class Directory:
+    """Where a component's files live; every file operation goes through here.
+
+    `path` is for names in messages and for the files of the directory;
+    operations accept a bare name or a path inside this directory.
+    """
+
+    path: str
+
+    def name_of(self, path_or_name: str) -> str:
+        """The single component `path_or_name` names in this directory."""
+        head, name = os.path.split(path_or_name)
+        if head and head != self.path:
+            raise ValueError(f"not a file of {self.path!r}: path={path_or_name!r}")
+        if not name or name in (".", ".."):
+            raise ValueError(f"not a file name: name={path_or_name!r}")
+        return name
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def open(self, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        raise NotImplementedError
+
+    def stat(self, name: str) -> os.stat_result:
+        raise NotImplementedError
+
+    def unlink(self, name: str) -> None:
+        raise NotImplementedError
+
+    def rename(self, source: str, target: str) -> None:
+        raise NotImplementedError
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def verify(self) -> None:
+        """Raise DirectoryReplacedError if the path no longer names this directory."""
+
+
+class PathDirectory(Directory):
+    """A directory named by its path on every call: standalone rings and tests.
+
+    Connectors never use it: they hold a `DeploymentDirectory`.
+    """
+
+    def __init__(self, path: str, os_facade: OsFacade = DEFAULT_OS) -> None:
+        self.path = path
+        self._os = os_facade
+
+    def open(self, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        return self._os.open(self.join(self.name_of(name)), flags, mode)
+
+    def stat(self, name: str) -> os.stat_result:
+        return self._os.stat(self.join(self.name_of(name)))
+
+    def unlink(self, name: str) -> None:
+        self._os.unlink(self.join(self.name_of(name)))
+
+    def rename(self, source: str, target: str) -> None:
+        self._os.rename(self.join(self.name_of(source)), self.join(self.name_of(target)))
+
+    def names(self) -> list[str]:
+        return [entry.name for entry in self._os.scandir(self.path)]
+
+
+def as_directory(directory: str | Directory, os_facade: OsFacade = DEFAULT_OS) -> Directory:
+    """`directory` itself, or a `PathDirectory` for a plain path."""
+    if isinstance(directory, Directory):
+        return directory
+    return PathDirectory(directory, os_facade)
+
+
+class DeploymentDirectory(Directory):
+    """The deployment directory, held by a verified descriptor (see above).
+
+    Owned by one connector (or one gc / stat run); `close` releases the
+    descriptor. Idempotent cleanup through the class default `fd = -1`.
+    """
+
+    fd: int = -1
+
+    def __init__(self, path: str, fd: int, identity: tuple[int, int], os_facade: OsFacade) -> None:
+        self.path = path
+        self.fd = fd
+        self.identity = identity  # (st_dev, st_ino) verified when opened
+        self._os = os_facade
+
+    @classmethod
+    def open_verified(cls, path: str, os_facade: OsFacade = DEFAULT_OS) -> DeploymentDirectory:
+        """Open the directory at `path` and check it is ours (uid, 0700, a directory).
+
+        FileNotFoundError when nothing is there; ConfigurationError for a
+        symlink, a file, or a directory not ours or open to others.
+        """
+        try:
+            fd = os_facade.open_directory(path)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ConfigurationError(
+                    f"deployment directory is not a directory (symlink?): path={path!r}"
+                ) from error
+            raise
+        try:
+            info = os_facade.fstat(fd)
+            check_private_directory_info(path, info)
+        except BaseException:
+            os_facade.close(fd)
+            raise
+        return cls(path, fd, (info.st_dev, info.st_ino), os_facade)
+
+    def _require_fd(self) -> int:
+        fd = self.fd
+        if fd < 0:
+            raise DirectoryReplacedError(f"deployment directory is closed: path={self.path!r}")
+        return fd
+
+    def open(self, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        return self._os.open_at(self._require_fd(), self.name_of(name), flags, mode)
+
+    def stat(self, name: str) -> os.stat_result:
+        return self._os.stat_at(self._require_fd(), self.name_of(name))
+
+    def unlink(self, name: str) -> None:
+        self._os.unlink_at(self._require_fd(), self.name_of(name))
+
+    def rename(self, source: str, target: str) -> None:
+        self._os.rename_at(self._require_fd(), self.name_of(source), self.name_of(target))
+
+    def names(self) -> list[str]:
+        return self._os.scandir_at(self._require_fd())
+
+    def is_removed(self) -> bool:
+        """Whether the directory was removed (the kernel then refuses new files in it)."""
+        return self._os.fstat(self._require_fd()).st_nlink == 0
+
+    def verify(self) -> None:
+        """DirectoryReplacedError unless the path still names this very directory."""
+        fd = self._require_fd()
+        try:
+            here = self._os.stat(self.path)
+        except FileNotFoundError:
+            here = None
+        if here is None or (here.st_dev, here.st_ino) != self.identity:
+            raise DirectoryReplacedError(
+                f"deployment directory was removed or replaced: path={self.path!r}"
+            )
+        if self._os.fstat(fd).st_nlink == 0:  # pragma: no cover - the path check sees it first
+            raise DirectoryReplacedError(f"deployment directory was removed: path={self.path!r}")
+
+    def remove_if_empty(self) -> bool:
+        """rmdir the path if it still names this directory and nothing is in it."""
+        try:
+            self.verify()
+        except DirectoryReplacedError:
+            return False
+        return remove_deployment_directory_if_empty(self.path, self._os)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            self._os.close(fd)
 
 
 def ensure_deployment_directory(
@@ -206,10 +383,10 @@ def ensure_deployment_directory(
 ) -> str:
     """Create (or accept) the deployment directory and answer its path.
 
-    An existing directory is accepted only if it is a real directory (not a
-    symlink), owned by our uid, and closed to group and others; anything else
-    is a ConfigurationError naming the path, since a directory we do not
-    control could redirect or expose every file placed in it.
+    For components that still name files by path (the registered-transfer
+    path, see docs/threat-model.md); connectors, readers, gc and stat use
+    `open_deployment_directory`. An existing directory is accepted only if it
+    is a real directory, ours, mode 0700.
     """
     path = deployment_directory(scope, shm_root)
     created = False
@@ -226,9 +403,50 @@ def ensure_deployment_directory(
     return path
 
 
+def open_deployment_directory(
+    scope: str,
+    os_facade: OsFacade = DEFAULT_OS,
+    shm_root: str = DEFAULT_SHM_ROOT,
+    *,
+    create: bool = True,
+) -> DeploymentDirectory:
+    """Create (or accept) the deployment directory and hold it by a verified descriptor.
+
+    An existing directory is accepted only if it is a real directory (not a
+    symlink), owned by our uid, and closed to group and others; anything else
+    is a ConfigurationError naming the path, since a directory we do not
+    control could redirect or expose every file placed in it.
+    FileNotFoundError when `create` is False and there is none.
+    """
+    path = deployment_directory(scope, shm_root)
+    created = False
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os_facade.mkdir(path, DIR_MODE)
+            created = True
+    try:
+        return DeploymentDirectory.open_verified(path, os_facade)
+    except FileNotFoundError:
+        if not create:
+            raise
+        # removed between our mkdir and open: the caller joins again
+        raise DirectoryReplacedError(
+            f"deployment directory vanished while joining: path={path!r}"
+        ) from None
+    except BaseException:
+        if created:  # ours and still empty: do not leave it behind
+            with contextlib.suppress(OSError):
+                os_facade.rmdir(path)
+        raise
+
+
 def check_private_directory(path: str, os_facade: OsFacade = DEFAULT_OS) -> None:
     """Refuse a directory that is a symlink, not ours, or open to others."""
-    info = os_facade.stat(path)  # lstat: the facade never follows symlinks
+    check_private_directory_info(path, os_facade.stat(path))  # lstat: never follows
+
+
+def check_private_directory_info(path: str, info: os.stat_result) -> None:
+    """Refuse what `info` describes unless it is a directory of ours, mode 0700."""
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigurationError(
             f"deployment directory is not a directory (symlink?): path={path!r}"
@@ -238,10 +456,26 @@ def check_private_directory(path: str, os_facade: OsFacade = DEFAULT_OS) -> None
         raise ConfigurationError(
             f"deployment directory is owned by uid={info.st_uid}, not by us (uid={uid}): path={path!r}"
         )
-    if info.st_mode & 0o077:
+    if stat.S_IMODE(info.st_mode) != DIR_MODE:
         raise ConfigurationError(
-            f"deployment directory is open to group/others: mode={oct(stat.S_IMODE(info.st_mode))} path={path!r}"
+            f"deployment directory mode is not 0700: mode={oct(stat.S_IMODE(info.st_mode))} path={path!r}"
         )
+
+
+def check_private_file(path: str, info: os.stat_result) -> str | None:
+    """Why the file `info` describes may not be trusted, or None when it may.
+
+    A file whose bytes a reader trusts (ring, segment, arena, spare) must be a
+    regular file (never a link: it was opened O_NOFOLLOW), owned by our uid,
+    mode 0600: anything else was made or changed by someone who is not us.
+    """
+    if not stat.S_ISREG(info.st_mode):
+        return f"not a regular file: path={path!r}"
+    if info.st_uid != os.getuid():
+        return f"not ours: uid={info.st_uid} path={path!r}"
+    if stat.S_IMODE(info.st_mode) != FILE_MODE:
+        return f"mode is not 0600: mode={oct(stat.S_IMODE(info.st_mode))} path={path!r}"
+    return None
 
 
 def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAULT_OS) -> bool:
@@ -311,7 +545,14 @@ __all__ = [
     "MAX_STAGE_NAME_LENGTH",
     "ProducerIdentity",
     "RingFileName",
+    "DeploymentDirectory",
+    "Directory",
+    "PathDirectory",
+    "as_directory",
     "check_private_directory",
+    "check_private_directory_info",
+    "check_private_file",
+    "open_deployment_directory",
     "current_producer_identity",
     "deployment_directory",
     "ensure_deployment_directory",

@@ -65,6 +65,8 @@ DIR_MODE: Final = 0o700
 OPEN_FLAGS_CREATE: Final = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 OPEN_FLAGS_EXISTING: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 OPEN_FLAGS_READONLY: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A deployment directory is held open by descriptor; never through a symlink.
+OPEN_FLAGS_DIRECTORY: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class OsFacade:
@@ -76,6 +78,14 @@ class OsFacade:
 
     def _enter(self, site: str) -> None:
         """Hook run before every call; production does nothing."""
+
+    def _enter_at(self, site: str, dir_fd: int) -> None:
+        """Hook run before every call relative to a directory descriptor.
+
+        Production only runs `_enter`; a fault plan may also act on the
+        directory itself here (replace it between two calls).
+        """
+        self._enter(site)
 
     # -- files ---------------------------------------------------------------
 
@@ -148,6 +158,39 @@ class OsFacade:
         else:
             os.utime(path, ns=ns)
 
+    # -- files relative to a directory descriptor ------------------------------
+    #
+    # Every file of a deployment is reached through these: the descriptor was
+    # opened once, O_DIRECTORY | O_NOFOLLOW, and verified ours, so no later
+    # call re-resolves the directory's path (which another uid could have
+    # re-created meanwhile). `name` is a single path component.
+
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        self._enter_at(SITE_OPEN, dir_fd)
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+
+    def stat_at(self, dir_fd: int, name: str) -> os.stat_result:
+        self._enter_at(SITE_STAT, dir_fd)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+    def unlink_at(self, dir_fd: int, name: str) -> None:
+        self._enter_at(SITE_UNLINK, dir_fd)
+        os.unlink(name, dir_fd=dir_fd)
+
+    def rename_at(self, dir_fd: int, source: str, target: str) -> None:
+        self._enter_at(SITE_RENAME, dir_fd)
+        os.rename(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def scandir_at(self, dir_fd: int) -> list[str]:
+        """The names in the directory `dir_fd` names (not `.` and `..`)."""
+        self._enter_at(SITE_SCANDIR, dir_fd)
+        return os.listdir(dir_fd)
+
+    def open_directory(self, path: str) -> int:
+        """A descriptor for the directory at `path`; ELOOP / ENOTDIR for anything else."""
+        self._enter(SITE_OPEN)
+        return os.open(path, OPEN_FLAGS_DIRECTORY)
+
     # -- locks ---------------------------------------------------------------
 
     def flock(self, fd: int, operation: int) -> None:
@@ -197,6 +240,7 @@ __all__ = [
     "DIR_MODE",
     "FILE_MODE",
     "OPEN_FLAGS_CREATE",
+    "OPEN_FLAGS_DIRECTORY",
     "OPEN_FLAGS_EXISTING",
     "OPEN_FLAGS_READONLY",
     "SITES",

@@ -69,7 +69,7 @@ from shmring.spec.connector import (
 from shmring.spec.ring import PutStatus
 
 CAPACITIES = (0, 4096, 4096, 8192)  # 0: rings disabled, the fallback carries all
-BUDGETS = (0, 1500, 4000, 1 << 20, 1 << 20)
+BUDGETS = (0, 1500, 9000, 1 << 20, 1 << 20)  # nothing fits; two segments (a page each); plenty
 EDGES = (("a", "b"), ("a", "c"))
 KEYS = ("k0", "k1", "k2", "req_1_0", "req_1_12", "req_1_3x", "request_1_0")
 PREFIXES = ("req_1_", "req_1_1", "req_", "request_1_", "k", "")
@@ -181,6 +181,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             os_facade=self.os,
             fallback_spare_bytes=1 << 20 if spares else 0,
             fallback_spare_min_bytes=0,
+            ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
+            rescan_seconds=None,  # nor does it rescan without a stamp move
         )
         self.model = connector_spec.initialize_connector(capacity, budget)
         # Join the deployment now, so a planned lock fault hits the stamp, not the join.

@@ -79,6 +79,16 @@ class FaultyOs(OsFacade):
         self.opened.append(name)
         return fd
 
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        for prefix, code in list(self._open_faults.items()):
+            if name.startswith(prefix):
+                del self._open_faults[prefix]
+                self.fired[f"open {prefix}"] += 1
+                raise OSError(code, f"injected open: {os.strerror(code)}", name)
+        fd = super().open_at(dir_fd, name, flags, mode)
+        self.opened.append(name)
+        return fd
+
     def flock(self, fd: int, operation: int) -> None:
         if operation == fcntl.LOCK_UN:
             self.calls[SITE_FLOCK] += 1

@@ -169,7 +169,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         for name in RECEIVERS:
             seam = CountingOs()
             self.seams[name] = seam
-            receiver = Connector(self.scope, ring_capacity=RING_CAPACITY, os_facade=seam)
+            receiver = Connector(
+                self.scope, ring_capacity=RING_CAPACITY, os_facade=seam, rescan_seconds=None
+            )
             self.receivers[name] = receiver
             # Receivers are up before producers: each joins the deployment
             # (so the directory and its stamp outlive every producer) and scans once.

@@ -49,7 +49,7 @@ from shmring.model_tests.connector_support import (
     tagged_payload,
     watchdog,
 )
-from shmring.spec.connector import compute_fallback_length
+from shmring.spec.connector import compute_fallback_charge
 
 EDGE = ("enc", "dec")
 CAPACITY = 4096
@@ -210,7 +210,7 @@ def test_cleanup_retires_the_exact_key_on_every_edge_and_route(
 
 
 def test_back_pressure_past_the_budget_is_typed_and_changes_nothing(scope: str) -> None:
-    budget = compute_fallback_length("a", codec.prepare(tagged_payload(0, 5000)).nbytes) + 100
+    budget = compute_fallback_charge("a", codec.prepare(tagged_payload(0, 5000)).nbytes) + 100
     with (
         Connector(scope, ring_capacity=CAPACITY, fallback_budget=budget) as producer,
         Connector(scope) as receiver,
@@ -275,6 +275,44 @@ def test_real_enospc_on_a_tiny_tmpfs_disables_the_ring_and_the_fallback_carries(
 # -- setup failures ---------------------------------------------------------------------
 
 
+def test_ring_setup_enospc_is_retried_after_its_back_off_and_health_says_so(scope: str) -> None:
+    """Issue 12: ENOSPC at ring setup disabled the edge's ring for the connector's lifetime."""
+    seam = FaultyOs()
+    with (
+        Connector(
+            scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=0.05
+        ) as producer,
+        Connector(scope) as receiver,
+    ):
+        seam.fail_open("ring.", errno.ENOSPC)
+        assert producer.put(EDGE, "k0", tagged_payload(0, 100)).route is Route.FALLBACK
+        assert EDGE in producer.failed_edges() and producer.health().ring_setup_retries == 0
+        time.sleep(0.1)  # past the back-off: space is back, the next put sets the ring up
+        assert producer.put(EDGE, "k1", tagged_payload(1, 100)).route is Route.RING
+        health = producer.health()
+        assert health.ring_setup_retries == 1 and health.failed_edges == 0 and health.rings == 1
+        assert payload_tag(receiver.get(EDGE, "k0").value) == 0
+        assert payload_tag(receiver.get(EDGE, "k1").value) == 1
+
+
+def test_ring_setup_failing_again_doubles_the_back_off(scope: str) -> None:
+    seam = FaultyOs()
+    with Connector(
+        scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=0.05
+    ) as producer:
+        seam.fail_open("ring.", errno.ENOSPC)
+        producer.put(EDGE, "k0", tagged_payload(0, 100))
+        first_at = producer._ring_retry_at[EDGE]
+        time.sleep(0.1)
+        seam.fail_open("ring.", errno.ENOSPC)
+        assert producer.put(EDGE, "k1", tagged_payload(1, 100)).route is Route.FALLBACK
+        again_at = producer._ring_retry_at[EDGE]
+        assert again_at[1] == 2 and first_at[1] == 1
+        assert producer.health().ring_setup_retries == 1
+    with pytest.raises(ConfigurationError, match="ring_retry_seconds"):
+        Connector(scope, ring_retry_seconds=-1.0)
+
+
 @pytest.mark.parametrize(
     "fault",
     [("ring.", errno.ENOSPC), ("ring.", errno.EPERM), ("marker.", errno.ENOSPC)],
@@ -285,7 +323,9 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
 ) -> None:
     seam = FaultyOs()
     with (
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(
+            scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=3600.0
+        ) as producer,
         Connector(scope) as receiver,
     ):
         seam.fail_open(*fault)
@@ -295,7 +335,7 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
         assert not [
             n for n in _files(producer) if parse_ring_file_name(n) or parse_marker_file_name(n)
         ]
-        for index in range(1, 4):  # the edge is not retried
+        for index in range(1, 4):  # the edge is not retried within its back-off
             assert (
                 producer.put(EDGE, f"k{index}", tagged_payload(index, 100)).route is Route.FALLBACK
             )
@@ -341,7 +381,7 @@ def test_empty_polls_take_no_lock_and_scan_nothing(scope: str) -> None:
     seam = CountingOs()
     with (
         Connector(scope, ring_capacity=CAPACITY) as producer,
-        Connector(scope, os_facade=seam) as receiver,
+        Connector(scope, os_facade=seam, rescan_seconds=3600.0) as receiver,
     ):
         producer.put(EDGE, "k", tagged_payload(1, 100))
         assert receiver.get(EDGE, "k").delivered  # first get: one scan, one claim
@@ -710,6 +750,10 @@ def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope:
         def open(self, path: str, flags: int, mode: int = 0o600) -> int:
             self.names.append(os.path.basename(path))
             return super().open(path, flags, mode)
+
+        def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+            self.names.append(name)
+            return super().open_at(dir_fd, name, flags, mode)
 
     seam = OpenAttempts()
     with (

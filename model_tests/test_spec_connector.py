@@ -29,6 +29,8 @@ from shmring.spec.ring import ConsumeMode, PutStatus
 
 CAPACITY = 4096
 OVERSIZE = 1040  # one alignment step past the admission limit
+# What a segment of an OVERSIZE frame is charged: its file, header and frame, in pages
+CHARGE = 4096
 EDGE = ("s0", "s1")
 OTHER_EDGE = ("s1", "s2")
 
@@ -78,9 +80,17 @@ def test_invalid_configuration_is_rejected(capacity: int, budget: int) -> None:
         spec.initialize_connector(capacity, budget)
 
 
-def test_fallback_segment_is_charged_one_frame_length() -> None:
+def test_fallback_segment_holds_one_frame_length() -> None:
     assert spec.compute_fallback_length("k", 0) == 48  # align16(32 + 1)
     assert spec.compute_fallback_length("k", 2000) == 2048  # align16(32 + 1 + 2000)
+
+
+def test_fallback_segment_is_charged_what_its_file_occupies() -> None:
+    """Issue 12: a 1 KiB message was charged 1,344 bytes but took a 4 KiB page."""
+    assert spec.compute_fallback_charge("k", 0) == 4096  # header + 48 bytes: one page
+    assert spec.compute_fallback_charge("k", 1024) == 4096
+    assert spec.compute_fallback_charge("k", 4096) == 8192  # 64 + align16(4129) spills over
+    assert spec.compute_fallback_charge("k", OVERSIZE) == CHARGE
 
 
 # -- routing -----------------------------------------------------------------------------
@@ -107,9 +117,9 @@ def test_oversize_frame_goes_to_the_fallback() -> None:
         Route.FALLBACK,
         FallbackDescriptor(EDGE, "k", 1),
         PutStatus.NOT_ADMITTED,
-        OVERSIZE,
+        CHARGE,
     )
-    assert conn.fallback_bytes == OVERSIZE
+    assert conn.fallback_bytes == CHARGE
     assert conn.rings[EDGE].frames == []  # the ring was set up, but took no credit
 
 
@@ -163,13 +173,13 @@ def test_ring_is_set_up_only_at_the_first_put_on_an_edge() -> None:
 
 
 def test_budget_back_pressure_refusal_changes_nothing() -> None:
-    conn = fresh(budget=OVERSIZE)
+    conn = fresh(budget=CHARGE)
     put(conn, "a", OVERSIZE, "va")  # uses the whole budget
     put(conn, "b", 256)  # on the ring: not charged
     before = copy.deepcopy(conn)
     result = put(conn, "c", OVERSIZE)
     assert result == spec.ConnectorPutResult(
-        ConnectorPutStatus.REFUSED, None, None, PutStatus.NOT_ADMITTED, OVERSIZE
+        ConnectorPutStatus.REFUSED, None, None, PutStatus.NOT_ADMITTED, CHARGE
     )
     assert conn.health.refusals == 1
     conn.health.refusals = 0
@@ -178,7 +188,7 @@ def test_budget_back_pressure_refusal_changes_nothing() -> None:
 
 
 def test_refused_reput_keeps_the_older_version() -> None:
-    conn = fresh(budget=OVERSIZE)
+    conn = fresh(budget=CHARGE)
     put(conn, "a", OVERSIZE, "fills")
     put(conn, "k", 256, "older")
     assert put(conn, "k", OVERSIZE, "newer").status is ConnectorPutStatus.REFUSED
@@ -187,18 +197,18 @@ def test_refused_reput_keeps_the_older_version() -> None:
 
 
 def test_reput_in_the_fallback_is_charged_only_the_difference() -> None:
-    conn = fresh(budget=OVERSIZE)
-    assert spec.compute_budget_allows(OVERSIZE, OVERSIZE, OVERSIZE, OVERSIZE)
-    assert not spec.compute_budget_allows(OVERSIZE, 0, 16, OVERSIZE)
+    conn = fresh(budget=CHARGE)
+    assert spec.compute_budget_allows(CHARGE, CHARGE, CHARGE, CHARGE)
+    assert not spec.compute_budget_allows(CHARGE, 0, 16, CHARGE)
     put(conn, "k", OVERSIZE, "v1")
     result = put(conn, "k", OVERSIZE, "v2")  # replaces its own segment: fits
     assert result.status is ConnectorPutStatus.ACCEPTED
     assert result.descriptor == FallbackDescriptor(EDGE, "k", 2)
-    assert conn.fallback_bytes == OVERSIZE and len(conn.fallback) == 1
+    assert conn.fallback_bytes == CHARGE and len(conn.fallback) == 1
 
 
 def test_delivered_segment_gives_its_bytes_back_to_the_budget() -> None:
-    conn = fresh(budget=OVERSIZE)
+    conn = fresh(budget=CHARGE)
     put(conn, "a", OVERSIZE)
     get(conn, "a")
     assert conn.fallback_bytes == 0
@@ -353,7 +363,7 @@ def test_close_retires_everything_and_is_idempotent() -> None:
 
 
 def test_health_counts_puts_gets_bytes_routes_and_refusals() -> None:
-    conn = fresh(budget=OVERSIZE)
+    conn = fresh(budget=CHARGE)
     ring_payload = compute_payload_length("a", 256)
     fallback_payload = compute_payload_length("b", OVERSIZE)
     put(conn, "a", 256)

@@ -63,7 +63,7 @@ from shmring.spec.ring import ConsumeMode
 # -- the machine -------------------------------------------------------------------------------
 
 CAPACITY = 4096
-BUDGET = 2100  # two oversize segments fit, a third is refused
+BUDGET = 2 * 4096 + 100  # two oversize segments (a page each) fit, a third is refused
 EDGES = (("s0", "s1"), ("s1", "s2"))
 KEYS = ("req_0_1", "req_0_12", "req_0_1x")
 PREFIXES = ("req_0_", "req_0_1")
@@ -421,6 +421,10 @@ class DeploymentModelMachine(RuleBasedStateMachine):
     def model_invariants_hold(self) -> None:
         invariants.check_deployment(self.dep)
         invariants.check_stamp_step(self.directory_before, self.dep.directory)
+        # files are removed only by a close or a reclaim of a dead producer's
+        removed = self.directory_before.files - self.dep.directory.files
+        for identity in removed:
+            assert not self.dep.producers[identity].alive, f"live producer's files went: {identity}"
         self.directory_before = copy.deepcopy(self.dep.directory)
 
     @invariant()
@@ -500,6 +504,13 @@ def _copy_segment_to(conn: connector_spec.ConnectorState, key: str) -> None:
     conn.fallback[(EDGE, key)] = connector_spec.FallbackSegment(
         EDGE, key, segment.generation, segment.length, segment.payload_length, "a second version"
     )
+
+
+def _reclaimed_deployment() -> DeploymentState:
+    """`_deployment` after a scan reclaimed the killed producer's files."""
+    dep = _deployment()
+    discovery_spec.process_reclaim(dep)
+    return dep
 
 
 def _deployment() -> DeploymentState:
@@ -652,6 +663,24 @@ VIOLATIONS: dict[
         _double_marker_stamp,
         lambda pair: invariants.check_stamp_step(pair[0], pair[1]),
         "markers changed but stamp stayed 3",
+    ),
+    "check_files_of_known_producers": (
+        _deployment,
+        lambda d: d.directory.files.add((999, 9)),
+        invariants.check_files_of_known_producers,
+        "files of unknown producer=(999, 9)",
+    ),
+    "check_reclaimed_after_scan": (
+        _reclaimed_deployment,
+        lambda d: d.directory.files.add(P2),
+        invariants.check_reclaimed_after_scan,
+        "files of dead producers remain after reclaim: [(200, 1)]",
+    ),
+    "check_reclaim_step": (
+        lambda: (copy.deepcopy(_deployment()), _deployment()),
+        lambda pair: pair[1].directory.files.discard(P1),
+        lambda pair: invariants.check_reclaim_step(pair[0], pair[1]),
+        "files of live producer=(100, 1) were removed",
     ),
     "check_deployment": (
         _deployment,

@@ -25,7 +25,11 @@ import enum
 from dataclasses import dataclass, field
 
 from shmring.spec import ring as ring_spec
-from shmring.spec.layout import compute_frame_length
+from shmring.spec.layout import (
+    compute_file_footprint,
+    compute_frame_length,
+    compute_ring_file_length,
+)
 from shmring.spec.ring import (
     ConsumeMode,
     GetStatus,
@@ -72,7 +76,7 @@ class FallbackSegment:
     edge: Edge
     key: str
     generation: int  # the descriptor's generation; strictly increasing per connector
-    length: int  # bytes charged to the budget (a frame's length, see compute_fallback_length)
+    length: int  # bytes charged to the budget: the file's pages (compute_fallback_charge)
     payload_length: int
     payload: object  # opaque payload token
 
@@ -150,10 +154,22 @@ def is_valid_budget(budget: int) -> bool:
 
 
 def compute_fallback_length(key: str, payload_length: int) -> int:
-    """Bytes a fallback segment is charged: one frame of the ring's layout."""
+    """Bytes of a fallback segment's one frame (the ring's layout)."""
     # Verify the payload length is a byte count
     assert payload_length >= 0
     return compute_frame_length(compute_key_length(key), payload_length)
+
+
+def compute_fallback_charge(key: str, payload_length: int) -> int:
+    """Bytes a fallback segment is charged to the budget: what its file occupies.
+
+    A ring header plus the frame, in whole pages (issue 12: a 1 KiB message
+    was charged 1,344 bytes but took a 4 KiB page).
+    """
+    # Verify the payload length is a byte count
+    assert payload_length >= 0
+    frame_length = compute_fallback_length(key, payload_length)
+    return compute_file_footprint(compute_ring_file_length(frame_length))
 
 
 def compute_budget_allows(used: int, replaced: int, length: int, budget: int) -> bool:
@@ -259,7 +275,7 @@ def process_put(
                 ring_status,
                 put.frame_length,
             )
-    length = compute_fallback_length(key, payload_length)
+    length = compute_fallback_charge(key, payload_length)
     old = conn.fallback.get((edge, key))
     replaced = old.length if old is not None else 0
     if not compute_budget_allows(conn.fallback_bytes, replaced, length, conn.fallback_budget):

@@ -13,6 +13,15 @@ registers during the scan moves the stamp past the cached one and is picked
 up by the next get. Markers of dead producers are pruned during a scan;
 channels of producers that exited or closed are released at the next get.
 
+Reclaim. Everything else a producer leaves in the directory (its rings,
+live file, fallback segments and spare files; `DirectoryState.files`) is
+removed by the producer itself when it closes. A producer that was killed
+cannot; the first scan of any receiver that finds it dead reclaims all of
+it, alongside the stale markers, so a crash loop does not fill shared
+memory. After that scan no file of a dead producer remains, and a live
+producer's files are never touched (identity is (pid, start time): a
+restarted process is another producer).
+
 Frames of a producer that is not alive are never delivered: a get with a
 descriptor of a dead producer answers PRODUCER_GONE; a get by key looks only
 at live producers, so a new producer's reused key is never served an old
@@ -52,6 +61,9 @@ class DirectoryState:
     # (producer, edge) pairs; a marker exists only once that producer's ring on the edge is ready
     markers: set[tuple[ProducerId, Edge]] = field(default_factory=set)
     stamp: int = 0  # strictly increases with every change of `markers`
+    # Producers with files (rings, live file, segments, spares) in the directory;
+    # a closed producer has none, a dead one keeps its files until a scan reclaims them
+    files: set[ProducerId] = field(default_factory=set)
 
 
 @dataclass
@@ -113,6 +125,11 @@ def get_live_producers(dep: DeploymentState, edge: Edge) -> list[ProducerId]:
         for p, e in dep.directory.markers
         if e == edge and producers_spec.is_delivering(dep.producers[p])
     )
+
+
+def get_dead_with_files(dep: DeploymentState) -> set[ProducerId]:
+    """Producers that are not alive and still have files in the directory."""
+    return {p for p in dep.directory.files if not dep.producers[p].alive}
 
 
 def get_receiver(dep: DeploymentState, name: str) -> ReceiverState:
@@ -179,6 +196,7 @@ def process_put(
     result = connector_spec.process_put(
         producer.connector, edge, key, payload_length, payload, ring_setup_ok
     )
+    dep.directory.files.add(identity)  # at least its live file
     if not had_ring and edge in producer.connector.rings:
         dep.directory.markers.add((identity, edge))
         _change_markers(dep)
@@ -214,6 +232,7 @@ def process_close(dep: DeploymentState, identity: ProducerId) -> int:
     # Verify the producer exists and is alive
     assert producer is not None and producer.alive
     retired = producers_spec.process_producer_close(producer)
+    dep.directory.files.discard(identity)
     mine = {marker for marker in dep.directory.markers if marker[0] == identity}
     if mine:
         dep.directory.markers -= mine
@@ -224,16 +243,18 @@ def process_close(dep: DeploymentState, identity: ProducerId) -> int:
 def process_refresh(dep: DeploymentState, name: str) -> bool:
     """A receiver's look at the directory before a get; answers whether it scanned.
 
-    No scan when the stamp has not moved. A scan prunes stale markers (which
-    moves the stamp; the receiver caches the stamp after its own pruning) and
-    attaches every live producer's channel per edge. Channels of producers
-    that are no longer alive are released whether or not a scan happened.
+    No scan when the stamp has not moved. A scan reclaims every file of dead
+    producers (`process_reclaim`), prunes stale markers (which moves the
+    stamp; the receiver caches the stamp after its own pruning) and attaches
+    every live producer's channel per edge. Channels of producers that are
+    no longer alive are released whether or not a scan happened.
     """
     receiver = get_receiver(dep, name)
     scanned = False
     if receiver.seen_stamp != dep.directory.stamp:
         scanned = True
         receiver.scans += 1
+        process_reclaim(dep)
         stale = {m for m in dep.directory.markers if is_marker_stale(dep, m[0])}
         if stale:
             dep.directory.markers -= stale
@@ -252,6 +273,18 @@ def process_refresh(dep: DeploymentState, name: str) -> bool:
         else:
             del receiver.attached[edge]
     return scanned
+
+
+def process_reclaim(dep: DeploymentState) -> set[ProducerId]:
+    """Remove every file of producers that are not alive; answers whose files went.
+
+    Only files of producers found dead go: a live producer's, or a restarted
+    process's (another identity), are never touched. Their frames were
+    undeliverable already, so no get answers differently afterwards.
+    """
+    dead = get_dead_with_files(dep)
+    dep.directory.files -= dead
+    return dead
 
 
 def _wrap(identity: ProducerId, got: ConnectorGetResult) -> DeploymentGetResult:

@@ -491,7 +491,7 @@ def connector_step(before: ConnectorWorld, label: str, after: ConnectorWorld) ->
 
 def connector_system(
     capacity: int = 4096,
-    budget: int = 2000,
+    budget: int = 5000,  # one segment (4 KiB of pages) fits, a second does not
     frame_lengths: tuple[int, ...] = (1024, 1040),
 ) -> System[ConnectorWorld]:
     return System(
@@ -530,7 +530,9 @@ def clone_deployment(dep: DeploymentState) -> DeploymentState:
         name: dataclasses.replace(r, attached={e: set(ps) for e, ps in r.attached.items()})
         for name, r in dep.receivers.items()
     }
-    directory = discovery_spec.DirectoryState(set(dep.directory.markers), dep.directory.stamp)
+    directory = discovery_spec.DirectoryState(
+        set(dep.directory.markers), dep.directory.stamp, set(dep.directory.files)
+    )
     return DeploymentState(dep.ring_capacity, dep.fallback_budget, producers, directory, receivers)
 
 
@@ -559,6 +561,7 @@ def canonical_deployment(world: DeploymentWorld) -> Hashable:
     return (
         producers,
         tuple(sorted(dep.directory.markers)),
+        tuple(sorted(dep.directory.files)),
         receivers,
         tuple(sorted(world.puts.items())),
     )
@@ -655,6 +658,7 @@ def _deployment_get(key: str, identity: ProducerId | None) -> Callable[[Deployme
 
 def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld) -> list[str]:
     invariants.check_stamp_step(before.dep.directory, after.dep.directory)
+    invariants.check_reclaim_step(before.dep, after.dep)
     found: list[str] = []
     if label.startswith("start") and any(
         i[0] == int(label[6:].split(",")[0]) for i in before.dep.producers
@@ -668,6 +672,10 @@ def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld)
     scans_after = sum(r.scans for r in after.dep.receivers.values())
     if label.startswith("get("):
         found.append("rescan" if scans_after > scans_before else "no rescan")
+        if scans_after > scans_before:
+            invariants.check_reclaimed_after_scan(after.dep)
+            if discovery_spec.get_dead_with_files(before.dep):
+                found.append("dead producer's files reclaimed")
         if "descriptor" in label and sum(
             p.connector.health.gets for p in after.dep.producers.values()
         ) == sum(p.connector.health.gets for p in before.dep.producers.values()):
@@ -681,7 +689,7 @@ def deployment_step(before: DeploymentWorld, label: str, after: DeploymentWorld)
 
 def deployment_system(
     capacity: int = 4096,
-    budget: int = 2000,
+    budget: int = 5000,  # one segment (4 KiB of pages) fits, a second does not
     frame_lengths: tuple[int, ...] = (1024, 1040),
     max_puts: int = 2,
 ) -> System[DeploymentWorld]:
@@ -876,7 +884,7 @@ def long_systems() -> list[tuple[System[Any], int | None]]:
     """A larger bound for long campaigns (minutes)."""
     return [
         (ring_system(frame_lengths=(512, 1024, 1040)), 10),
-        (connector_system(budget=3200, frame_lengths=(768, 1024, 1040)), None),
+        (connector_system(budget=13000, frame_lengths=(768, 1024, 1040)), None),
         (deployment_system(frame_lengths=(1024,), max_puts=2), None),
         (registration_system(max_transfers=4), None),
     ]

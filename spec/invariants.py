@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shmring.spec.connector import ConnectorState, compute_fallback_length
+from shmring.spec.connector import ConnectorState, compute_fallback_charge
 from shmring.spec.discovery import DeploymentState, DirectoryState, get_candidates
 from shmring.spec.layout import (
     ADMISSION_DIVISOR,
@@ -143,7 +143,7 @@ def check_connector_budget(conn: ConnectorState) -> None:
         f"fallback over budget: bytes={conn.fallback_bytes} budget={conn.fallback_budget}",
     )
     for segment in conn.fallback.values():
-        expected = compute_fallback_length(segment.key, segment.payload_length)
+        expected = compute_fallback_charge(segment.key, segment.payload_length)
         _require(segment.length == expected, f"segment length={segment.length} expected={expected}")
         _require(
             segment.generation < conn.next_generation,
@@ -229,6 +229,31 @@ def check_dead_producers_undeliverable(dep: DeploymentState) -> None:
                 )
 
 
+def check_files_of_known_producers(dep: DeploymentState) -> None:
+    """Files belong to producers of the deployment; a closed producer left none."""
+    for identity in dep.directory.files:
+        producer = dep.producers.get(identity)
+        _require(producer is not None, f"files of unknown producer={identity}")
+        assert producer is not None
+        _require(not producer.closed, f"closed producer={identity} still has files")
+
+
+def check_reclaimed_after_scan(dep: DeploymentState) -> None:
+    """After a reclaim (every scan does one) no file of a dead producer remains."""
+    dead = sorted(p for p in dep.directory.files if not dep.producers[p].alive)
+    _require(not dead, f"files of dead producers remain after reclaim: {dead}")
+
+
+def check_reclaim_step(before: DeploymentState, after: DeploymentState) -> None:
+    """Across one transition: a reclaim never removes a live producer's files."""
+    for identity in before.directory.files - after.directory.files:
+        producer = after.producers[identity]
+        _require(
+            not producer.alive,
+            f"files of live producer={identity} were removed",
+        )
+
+
 def check_stamp_step(before: DirectoryState, after: DirectoryState) -> None:
     """Across one transition: the stamp never goes back, and moves whenever markers change."""
     _require(after.stamp >= before.stamp, f"stamp went back: {before.stamp} -> {after.stamp}")
@@ -242,6 +267,7 @@ def check_deployment(dep: DeploymentState) -> None:
     check_markers_follow_rings(dep)
     check_receivers_behind_stamp(dep)
     check_dead_producers_undeliverable(dep)
+    check_files_of_known_producers(dep)
 
 
 # -- registration (registered transfer path) ---------------------------------

@@ -146,3 +146,17 @@ def compute_ring_file_length(capacity: int) -> int:
     # Verify the capacity is not negative
     assert capacity >= 0
     return RING_HEADER_LENGTH + capacity
+
+
+# tmpfs (/dev/shm) gives a file whole pages: a 1 KiB fallback segment takes a
+# 4 KiB page, and the fallback budget charges what a file occupies. 4 KiB is
+# the page of x86-64 and of most arm64 kernels; on a 16 or 64 KiB-page kernel
+# the budget undercounts by the difference.
+SHM_PAGE_SIZE: Final = 4096
+
+
+def compute_file_footprint(file_length: int) -> int:
+    """Bytes a shared-memory file of `file_length` bytes occupies: whole pages."""
+    # Verify the length is not negative
+    assert file_length >= 0
+    return align(file_length, SHM_PAGE_SIZE)

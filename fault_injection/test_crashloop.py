@@ -1,0 +1,58 @@
+"""Dead producers' files do not pile up in a crash loop (issue 12, part 2)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from shmring.fault_injection import crashloop
+from shmring.impl.connector import Connector
+
+# One dead producer's files (ring, marker, live file, two segments) may still be
+# there between its kill and the receiver's next scan; nothing else may grow.
+ONE_DEAD_PRODUCER = 5
+
+
+def _check(report: crashloop.CrashLoopReport) -> None:
+    assert report.lost == (), report
+    assert report.delivered == report.kills, report
+    bound = report.live_files + ONE_DEAD_PRODUCER
+    assert max(report.files_after_kill) <= bound, report
+    assert report.reclaimed >= report.kills, report  # every kill was reclaimed by the receiver
+
+
+def test_crash_loop_a_dead_producers_files_are_reclaimed_by_the_next_scan() -> None:
+    _check(crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=3))
+
+
+@pytest.mark.slow
+def test_crash_loop_of_40_kills_keeps_dev_shm_within_the_live_producers_files() -> None:
+    report = crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=40)
+    _check(report)
+    assert report.files_after_kill[-1] <= report.files_after_kill[0], report
+
+
+def test_a_killed_producers_files_go_at_the_periodic_rescan_without_any_stamp_move() -> None:
+    """A death moves no stamp: the receiver's periodic rescan bounds how long its files stay."""
+    scope = f"cl{uuid.uuid4().hex[:8]}"
+    with Connector(scope, ring_capacity=crashloop.RING_CAPACITY, rescan_seconds=0.2) as receiver:
+        receiver.get(crashloop.EDGE, "join")
+        pid, out = crashloop._fork_child(lambda w: crashloop._doomed(scope, 0, w))
+        try:
+            assert crashloop._read_line(out) == "ready"
+            receiver.get(crashloop.DEAD_EDGE, "nothing")  # scans: the producer is alive
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(out)
+        own = {"stamp", "members"}
+        assert set(os.listdir(receiver.directory)) > own  # the dead producer's files
+        receiver.get(crashloop.DEAD_EDGE, "nothing")  # within the period: no scan, still there
+        time.sleep(0.3)
+        receiver.get(crashloop.DEAD_EDGE, "nothing")  # the period passed: rescan, reclaim
+        assert set(os.listdir(receiver.directory)) == own
+        assert receiver.health().reclaimed_files >= 4

@@ -1,0 +1,148 @@
+"""The deployment directory held by a verified descriptor (issue 12, part 1)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shmring.impl.connector import Connector, GetStatus
+from shmring.impl.errors import (
+    ConfigurationError,
+    CorruptFrameError,
+    DirectoryReplacedError,
+    ShmringError,
+)
+from shmring.impl.fallback import segment_path
+from shmring.impl.naming import DeploymentDirectory, deployment_directory, open_deployment_directory
+from shmring.impl.os_seam import OsFacade
+
+EDGE = ("src", "dst")
+
+
+def test_a_symlink_or_an_open_directory_is_refused_typed(scope: str, tmp_path: object) -> None:
+    path = deployment_directory(scope)
+    target = os.path.join(str(tmp_path), "elsewhere")
+    os.mkdir(target, 0o700)
+    os.symlink(target, path)
+    try:
+        with pytest.raises(ConfigurationError, match="not a directory"):
+            open_deployment_directory(scope)
+    finally:
+        os.unlink(path)
+    os.mkdir(path, 0o700)
+    os.chmod(path, 0o755)
+    try:
+        with pytest.raises(ConfigurationError, match="mode is not 0700"):
+            open_deployment_directory(scope)
+        with pytest.raises(ConfigurationError):
+            Connector(scope).put(EDGE, "k", b"x")
+    finally:
+        os.rmdir(path)
+
+
+def test_files_follow_the_descriptor_not_the_path_once_the_directory_is_replaced(
+    scope: str,
+) -> None:
+    directory = open_deployment_directory(scope)
+    aside = directory.path + ".aside"
+    try:
+        os.rename(directory.path, aside)
+        os.mkdir(directory.path, 0o700)  # a stranger at the path (here: looks like ours)
+        with pytest.raises(DirectoryReplacedError):
+            directory.verify()
+        fd = directory.open("probe", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        assert os.listdir(aside) == ["probe"] and os.listdir(directory.path) == []
+        directory.unlink("probe")
+        with pytest.raises(ValueError, match="not a file of"):
+            directory.open("/etc/passwd", os.O_RDONLY)
+    finally:
+        directory.close()
+        os.rmdir(aside)
+        os.rmdir(directory.path)
+
+
+def test_a_removed_directory_refuses_new_files_and_the_join_opens_it_again(scope: str) -> None:
+    directory = open_deployment_directory(scope)
+    os.rmdir(directory.path)
+    try:
+        assert directory.is_removed()
+        with pytest.raises(FileNotFoundError):
+            directory.open("members", os.O_RDWR | os.O_CREAT, 0o600)
+        assert not os.path.exists(directory.path)  # nothing was created anywhere
+        with Connector(scope) as connector:  # joins afresh
+            connector.put(EDGE, "k", b"x" * 10)
+            assert connector.get(EDGE, "k").status is GetStatus.DELIVERED
+    finally:
+        directory.close()
+    assert not os.path.exists(deployment_directory(scope))
+
+
+def test_a_segment_not_mode_0600_is_never_delivered_and_is_removed(scope: str) -> None:
+    with (
+        Connector(scope, ring_capacity=4096) as producer,
+        Connector(scope, ring_capacity=4096) as receiver,
+    ):
+        producer.put(EDGE, "big", {"v": b"x" * 3000})  # > capacity / 4: a fallback segment
+        path = segment_path(producer.directory, EDGE, "big")
+        os.chmod(path, 0o644)  # changed by someone: its bytes are not ours to trust
+        with pytest.raises(CorruptFrameError, match="not trusted"):
+            receiver.get(EDGE, "big")
+        assert not os.path.exists(path)
+
+
+@pytest.mark.root
+def test_a_segment_owned_by_another_uid_is_never_delivered(scope: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another uid")
+    with (
+        Connector(scope, ring_capacity=4096) as producer,
+        Connector(scope, ring_capacity=4096) as receiver,
+    ):
+        producer.put(EDGE, "big", {"v": b"x" * 3000})
+        path = segment_path(producer.directory, EDGE, "big")
+        os.chown(path, 4242, 4242)
+        with pytest.raises(CorruptFrameError, match="not ours: uid=4242"):
+            receiver.get(EDGE, "big")
+        assert not os.path.exists(path)
+
+
+def test_connector_file_operations_all_go_through_the_directory_descriptor(scope: str) -> None:
+    """No open/stat/unlink/rename/scandir by a path inside the deployment directory."""
+
+    class PathCalls(OsFacade):
+        def __init__(self) -> None:
+            self.paths: list[str] = []
+
+        def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+            self.paths.append(path)
+            return super().open(path, flags, mode)
+
+        def stat(self, path: str) -> os.stat_result:
+            self.paths.append(path)
+            return super().stat(path)
+
+        def unlink(self, path: str) -> None:
+            self.paths.append(path)
+            super().unlink(path)
+
+        def rename(self, source: str, target: str) -> None:
+            self.paths.append(source)
+            super().rename(source, target)
+
+    seam = PathCalls()
+    directory = deployment_directory(scope)
+    with Connector(scope, ring_capacity=4096, os_facade=seam) as producer:
+        receiver = Connector(scope, ring_capacity=4096, os_facade=seam)
+        try:
+            producer.put(EDGE, "small", b"s" * 10)
+            producer.put(EDGE, "big", {"v": b"x" * 3000})
+            for key in ("small", "big"):
+                assert receiver.get(EDGE, key).status is GetStatus.DELIVERED
+        finally:
+            receiver.close()
+    inside = [p for p in seam.paths if p.startswith(directory + "/")]
+    assert inside == [], inside
+    assert isinstance(DirectoryReplacedError("x"), ShmringError)
+    assert isinstance(DeploymentDirectory, type)
