@@ -27,7 +27,6 @@ import contextlib
 import mmap
 import os
 import shutil
-import struct
 import tempfile
 from collections.abc import Callable
 from typing import Any, Final
@@ -38,23 +37,22 @@ from shmring.fault_injection.interleave import (
     SchedulingOs,
     install_words,
 )
+from shmring.impl import frame_io
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
-from shmring.impl.frame_io import compute_checksum
+from shmring.impl.frame_io import FrameHeader, SharedWords, compute_checksum
 from shmring.spec import invariants
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
     FRAME_STATE_RETIRED,
     PADDING_FRAME_TYPE,
-    RING_HEAD_OFFSET,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
-    RING_STATE_OFFSET,
-    RING_TAIL_OFFSET,
 )
 from shmring.spec.ring import ConsumeMode, Frame, PutStatus, RingState
 
@@ -66,9 +64,6 @@ PAYLOAD_LENGTH: Final = 900
 # How often a script retries an answer that depends on another actor (BUSY, FULL, not yet put).
 RETRIES: Final = 3
 
-_U64: Final = struct.Struct("<Q")
-_U32: Final = struct.Struct("<I")
-_HEADER: Final = struct.Struct("<IHHIIQI")
 _FORWARD: Final = {
     FRAME_STATE_PUBLISHED: {FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_RETIRED},
     FRAME_STATE_CLAIMED: {FRAME_STATE_DONE},
@@ -92,6 +87,69 @@ def _named(name: str, *classes: type[Any]) -> str:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(message)
+
+
+class Observer:
+    """A private read-only mapping of a ring-layout file (ring or arena), read for the checks.
+
+    Unscheduled, and through `frame_io`'s accessors and header readers, so no
+    layout fact is restated here.
+    """
+
+    def __init__(self, path: str, capacity: int) -> None:
+        self.capacity = capacity
+        self._fd = os.open(path, os.O_RDONLY)
+        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
+        self.view = memoryview(self._map)
+        self._words = SharedWords(self.view)
+
+    def head(self) -> int:
+        return frame_io.load_head_acquire(self._words)
+
+    def tail(self) -> int:
+        return frame_io.load_tail_acquire(self._words)
+
+    def closed(self) -> bool:
+        return frame_io.load_ring_state_acquire(self._words) == RING_STATE_CLOSED
+
+    def frames(self, tail: int, head: int) -> list[tuple[int, int, FrameHeader]]:
+        """(position, offset, header) of each frame from `tail` to `head`, as the headers say.
+
+        A data frame too close to the end for a whole header reads as its
+        first three fields and zeros. The walk stops at a length that cannot
+        tile (`check_ring_frames_tile` says what is wrong with it).
+        """
+        found: list[tuple[int, int, FrameHeader]] = []
+        position = tail
+        while position < head and len(found) <= self.capacity // FRAME_ALIGNMENT:
+            offset = RING_HEADER_LENGTH + position % self.capacity
+            length, frame_type, state = frame_io.load_frame_prefix(self.view, offset)
+            if (
+                frame_type == DATA_FRAME_TYPE
+                and self.capacity - position % self.capacity >= FRAME_HEADER_LENGTH
+            ):
+                header = frame_io.read_frame_header(self.view, offset)
+            else:
+                header = FrameHeader(length, frame_type, state, 0, 0, 0, 0)
+            found.append((position, offset, header))
+            if length <= 0 or length % FRAME_ALIGNMENT:
+                break
+            position += length
+        return found
+
+    def key_and_payload(self, offset: int, header: FrameHeader) -> tuple[bytes, bytes]:
+        key_start = offset + FRAME_KEY_OFFSET
+        payload_start = key_start + header.key_length
+        return (
+            bytes(self.view[key_start:payload_start]),
+            bytes(self.view[payload_start : payload_start + header.payload_length]),
+        )
+
+    def close(self) -> None:
+        self._words.release()
+        self.view.release()
+        self._map.close()
+        os.close(self._fd)
 
 
 # -- the ring ----------------------------------------------------------------------
@@ -157,9 +215,7 @@ class RingWorld:
             self.path, RING_CAPACITY, os_facade=self.os, producer=(os.getpid(), 1)
         )
         self.readers = [reader_class.attach(self.path, os_facade=self.os) for _ in range(readers)]
-        self._fd = os.open(self.path, os.O_RDONLY)
-        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
-        self.view = memoryview(self._map)
+        self.observer = Observer(self.path, RING_CAPACITY)
         for index in range(preload):
             key = f"k{index}"
             payload = payload_for(key, 0)
@@ -246,45 +302,37 @@ class RingWorld:
 
     def decode(self) -> RingState:
         """The ring as the model sees it, read from the shared memory."""
-        view = self.view
-        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
-        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
-        closed = _U32.unpack_from(view, RING_STATE_OFFSET)[0] == RING_STATE_CLOSED
+        observer = self.observer
+        tail, head = observer.tail(), observer.head()
         frames: list[Frame] = []
-        position = tail
-        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
-            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
-            if RING_CAPACITY - position % RING_CAPACITY >= _HEADER.size:
-                fields = _HEADER.unpack_from(view, offset)
-            else:
-                fields = (*struct.unpack_from("<IHH", view, offset), 0, 0, 0, 0)
-            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
-            if frame_type == DATA_FRAME_TYPE:
-                key_start = offset + FRAME_KEY_OFFSET
-                key_bytes = bytes(view[key_start : key_start + key_length])
-                payload = bytes(
-                    view[key_start + key_length : key_start + key_length + payload_length]
+        for position, offset, header in observer.frames(tail, head):
+            if header.frame_type != DATA_FRAME_TYPE:
+                frames.append(Frame(position, header.length, header.frame_type, header.state))
+                continue
+            key_bytes, payload = observer.key_and_payload(offset, header)
+            _require(header.position == position, f"frame at {position} says {header.position}")
+            _require(
+                compute_checksum(key_bytes, payload) == header.checksum,
+                f"torn or foreign frame at position={position}: checksum mismatch",
+            )
+            key = key_bytes.decode("utf-8", "replace")
+            self.log.check_payload(key, payload, f"frame at position={position}")
+            frames.append(
+                Frame(
+                    position,
+                    header.length,
+                    header.frame_type,
+                    header.state,
+                    key,
+                    header.payload_length,
+                    payload,
                 )
-                _require(frame_position == position, f"frame at {position} says {frame_position}")
-                _require(
-                    compute_checksum(key_bytes, payload) == checksum,
-                    f"torn or foreign frame at position={position}: checksum mismatch",
-                )
-                key = key_bytes.decode("utf-8", "replace")
-                self.log.check_payload(key, payload, f"frame at position={position}")
-                frames.append(
-                    Frame(position, length, frame_type, state, key, payload_length, payload)
-                )
-            else:
-                frames.append(Frame(position, length, frame_type, state))
-            if length <= 0 or length % FRAME_ALIGNMENT:
-                break  # check_ring_frames_tile says what is wrong with it
-            position += length
-        return RingState(RING_CAPACITY, head, tail, frames, closed)
+            )
+        return RingState(RING_CAPACITY, head, tail, frames, observer.closed())
 
     def check_step(self, label: str) -> None:
         # Unchanged memory (most points are loads) was checked already.
-        snapshot = (bytes(self.view), len(self.leases))
+        snapshot = (bytes(self.observer.view), len(self.leases))
         if snapshot == self._snapshot:
             return
         self._snapshot = snapshot
@@ -342,9 +390,7 @@ class RingWorld:
         for lease, _ in self.leases:
             with contextlib.suppress(BufferError):
                 lease.release()
-        self.view.release()
-        self._map.close()
-        os.close(self._fd)
+        self.observer.close()
         for reader in self.readers:
             reader.close()
         self.channel.close()
@@ -818,10 +864,9 @@ class ArenaWorld:
         self.views: list[tuple[Any, int]] = []  # (borrowed array, its fill byte)
         self.released = 0
         self.actors: list[tuple[str, Callable[[], object]]] = []
-        path = os.path.join(self.registry.directory, self.arena.name)
-        self._fd = os.open(path, os.O_RDONLY)
-        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
-        self.view = memoryview(self._map)
+        self.observer = Observer(
+            os.path.join(self.registry.directory, self.arena.name), RING_CAPACITY
+        )
         self.head = self.tail = 0
         self._snapshot: tuple[bytes, int] | None = None
 
@@ -856,29 +901,28 @@ class ArenaWorld:
         del array  # the last view: the frame is DONE now
 
     def check_step(self, label: str) -> None:
-        view = self.view
-        snapshot = (bytes(view), sum(array is not None for array, _ in self.views))
+        observer = self.observer
+        snapshot = (bytes(observer.view), sum(array is not None for array, _ in self.views))
         if snapshot == self._snapshot:
             return  # unchanged memory was checked already
         self._snapshot = snapshot
-        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
-        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
+        tail, head = observer.tail(), observer.head()
         frames: list[Frame] = []
-        position = tail
-        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
-            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
-            length, frame_type, state = struct.unpack_from("<IHH", view, offset)
-            if frame_type == DATA_FRAME_TYPE:
-                payload_length = _U32.unpack_from(view, offset + 12)[0]
-                key = bytes(view[offset + FRAME_KEY_OFFSET : offset + FRAME_KEY_OFFSET + 16])
+        for position, offset, header in observer.frames(tail, head):
+            if header.frame_type == DATA_FRAME_TYPE:
+                key, _ = observer.key_and_payload(offset, header)
                 frames.append(
-                    Frame(position, length, frame_type, state, key.decode(), payload_length)
+                    Frame(
+                        position,
+                        header.length,
+                        header.frame_type,
+                        header.state,
+                        key.decode(),
+                        header.payload_length,
+                    )
                 )
             else:
-                frames.append(Frame(position, length, frame_type, state))
-            if length <= 0 or length % FRAME_ALIGNMENT:
-                break
-            position += length
+                frames.append(Frame(position, header.length, header.frame_type, header.state))
         ring = RingState(RING_CAPACITY, head, tail, frames, False)
         invariants.check_ring_positions(ring)
         invariants.check_ring_frames_tile(ring)
@@ -906,9 +950,7 @@ class ArenaWorld:
 
     def close(self) -> None:
         self.views = []
-        self.view.release()
-        self._map.close()
-        os.close(self._fd)
+        self.observer.close()
         self.reader.close()
         self.arena.close()
         self.registry.close()
