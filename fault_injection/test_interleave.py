@@ -237,15 +237,15 @@ def test_every_scenario_delivers_through_its_actors(scenario: interleave.Scenari
 def test_the_check_section_counts_schedules_and_fails_with_the_reproducer() -> None:
     assert "interleavings" in campaign.SECTIONS and "interleavings" in campaign.RUNNERS
     seen: list[tuple[int, int | None]] = []
-    counts = interleave.run_interleavings(
-        "quick", 0, lambda done, total: seen.append((done, total)), [scenarios.ring_publish()]
+    counts = interleave.explore_scenarios(
+        [scenarios.ring_publish()], "quick", 0, lambda done, total: seen.append((done, total))
     )
     assert counts["schedules"] == counts["ring_publish schedules"] > 1
     assert counts["scenarios exhaustive to k=1"] == 1 and counts["schedules/s"] > 0
     assert seen[-1] == (1, 1)
     broken = scenarios.ring_publish(channel_class=HeadBeforeLengthChannel)
     with pytest.raises(interleave.InterleavingFailure, match=r"schedule: P\*"):
-        interleave.run_interleavings("quick", 0, lambda done, total: None, [broken])
+        interleave.explore_scenarios([broken], "quick", 0, lambda done, total: None)
 
 
 def test_a_registered_scenario_prints_the_command_that_reruns_it() -> None:
