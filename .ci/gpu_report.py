@@ -26,8 +26,13 @@ SMALL_PAYLOAD_BYTES = 16 * 1024 * 1024
 def counts(path: Path) -> str:
     if not path.exists():
         return f"no {path.name} (step not run, or cut before pytest wrote it)"
-    root = ElementTree.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root[0]
+    try:  # pytest writes the XML at its end: a run killed while writing leaves half a file
+        root = ElementTree.parse(path).getroot()
+    except ElementTree.ParseError as error:
+        return f"{path.name} unreadable ({error}): the step was cut while pytest wrote it"
+    suite = root if root.tag == "testsuite" else next(iter(root), None)
+    if suite is None:
+        return f"{path.name} holds no test suite"
     get = lambda key: int(suite.get(key, "0"))  # noqa: E731
     tests, failures, errors, skipped = get("tests"), get("failures"), get("errors"), get("skipped")
     passed = tests - failures - errors - skipped
