@@ -397,149 +397,121 @@ class RingWorld:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def ring_claim_race(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+def ring_scenario(
+    summary: str, readers: int, preload: int = 0
+) -> Callable[[Callable[[RingWorld, Scheduler], None]], Callable[..., Scenario]]:
+    """Make a scenario factory of a script that gives a fresh `RingWorld` its actors.
+
+    The factory takes the classes to run (`channel_class`, `reader_class`), so
+    a test can hand it a deliberately broken one; the scenario's name then
+    says which.
+    """
+
+    def factory_of(script: Callable[[RingWorld, Scheduler], None]) -> Callable[..., Scenario]:
+        def factory(
+            channel_class: type[RingChannel] = RingChannel,
+            reader_class: type[RingReader] = RingReader,
+        ) -> Scenario:
+            def build(scheduler: Scheduler) -> RingWorld:
+                world = RingWorld(
+                    scheduler,
+                    readers,
+                    channel_class=channel_class,
+                    reader_class=reader_class,
+                    preload=preload,
+                )
+                script(world, scheduler)
+                return world
+
+            return Scenario(_named(script.__name__, channel_class, reader_class), build, summary)
+
+        factory.__name__ = factory.__qualname__ = script.__name__
+        factory.__doc__ = script.__doc__
+        return factory
+
+    return factory_of
+
+
+@ring_scenario("two readers claim k0 while the producer re-puts it", readers=2, preload=1)
+def ring_claim_race(world: RingWorld, scheduler: Scheduler) -> None:
     """Two readers race for k0 while the producer re-puts it: one claim, or one retire."""
-
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=1
-        )
-        r0, r1 = world.readers
-        world.actors = [
-            ("P", lambda: world.put("k0", 1)),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
-            # R1 decodes in place under the lock (the connector's path).
-            ("R1", lambda: world.get("R1", r1, "k0", retries=1, decode=bytes)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_claim_race", channel_class, reader_class),
-        build,
-        "two readers claim k0 while the producer re-puts it",
-    )
+    r0, r1 = world.readers
+    world.actors = [
+        ("P", lambda: world.put("k0", 1)),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
+        # R1 decodes in place under the lock (the connector's path).
+        ("R1", lambda: world.get("R1", r1, "k0", retries=1, decode=bytes)),
+    ]
 
 
-def ring_publish(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("puts of k0, k1 against a reader's scan and claims", readers=1)
+def ring_publish(world: RingWorld, scheduler: Scheduler) -> None:
     """The reader scans and claims while the producer publishes two frames."""
+    (r0,) = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(scheduler, 1, channel_class=channel_class, reader_class=reader_class)
-        (r0,) = world.readers
+    def producer() -> None:
+        world.put("k0", 0)
+        world.put("k1", 0)
 
-        def producer() -> None:
-            world.put("k0", 0)
-            world.put("k1", 0)
+    def reader() -> None:
+        world.get("R0", r0, "k1", retries=2)
+        world.get("R0", r0, "k0", retries=1)
 
-        def reader() -> None:
-            world.get("R0", r0, "k1", retries=2)
-            world.get("R0", r0, "k0", retries=1)
-
-        world.actors = [("P", producer), ("R0", reader)]
-        return world
-
-    return Scenario(
-        _named("ring_publish", channel_class, reader_class),
-        build,
-        "puts of k0, k1 against a reader's scan and claims",
-    )
+    world.actors = [("P", producer), ("R0", reader)]
 
 
-def ring_wrap_reclaim(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("claim k0 of a full ring while k4 wraps onto it", readers=1, preload=4)
+def ring_wrap_reclaim(world: RingWorld, scheduler: Scheduler) -> None:
     """A full ring: the put of k4 needs the reader's claim of k0, then pads and wraps onto it."""
-
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        (r0,) = world.readers
-        world.actors = [
-            ("P", lambda: world.put("k4", 0)),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_wrap_reclaim", channel_class, reader_class),
-        build,
-        "claim k0 of a full ring while k4 wraps onto it",
-    )
+    (r0,) = world.readers
+    world.actors = [
+        ("P", lambda: world.put("k4", 0)),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+    ]
 
 
-def ring_lease_release(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("leases of k0, k1 released k1 first; puts wait for space", readers=1, preload=4)
+def ring_lease_release(world: RingWorld, scheduler: Scheduler) -> None:
     """Two leases released out of order while the producer waits for space."""
+    (r0,) = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        (r0,) = world.readers
+    def reader() -> None:
+        first = world.get("R0", r0, "k0", mode=ConsumeMode.LEASE, retries=0)
+        second = world.get("R0", r0, "k1", mode=ConsumeMode.LEASE, retries=0)
+        if second is not None:
+            world.release(second)
+        if first is not None:
+            world.release(first)
 
-        def reader() -> None:
-            first = world.get("R0", r0, "k0", mode=ConsumeMode.LEASE, retries=0)
-            second = world.get("R0", r0, "k1", mode=ConsumeMode.LEASE, retries=0)
-            if second is not None:
-                world.release(second)
-            if first is not None:
-                world.release(first)
+    def producer() -> None:
+        world.put("k4", 0)
+        world.put("k5", 0)
 
-        def producer() -> None:
-            world.put("k4", 0)
-            world.put("k5", 0)
-
-        world.actors = [("P", producer), ("R0", reader)]
-        return world
-
-    return Scenario(
-        _named("ring_lease_release", channel_class, reader_class),
-        build,
-        "leases of k0, k1 released k1 first; puts wait for space",
-    )
+    world.actors = [("P", producer), ("R0", reader)]
 
 
-def ring_cancel_close(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("cancel k0 and close against claims of k0 and k1", readers=2, preload=2)
+def ring_cancel_close(world: RingWorld, scheduler: Scheduler) -> None:
     """The producer cancels k0 and closes while two readers claim k0 and k1."""
+    r0, r1 = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
-        )
-        r0, r1 = world.readers
+    def producer() -> None:
+        scheduler.point("cancel k0")
+        if world.channel.cancel("k0"):
+            world.log.retired("k0")
+        scheduler.point("close")
+        live = [key for key, payload in world.log.live.items() if payload is not None]
+        retired = world.channel.close()
+        # close answers how many it retired; the readers' claims account for the rest
+        world.closed_retired = retired
+        world.live_at_close = live
 
-        def producer() -> None:
-            scheduler.point("cancel k0")
-            if world.channel.cancel("k0"):
-                world.log.retired("k0")
-            scheduler.point("close")
-            live = [key for key, payload in world.log.live.items() if payload is not None]
-            retired = world.channel.close()
-            # close answers how many it retired; the readers' claims account for the rest
-            world.closed_retired = retired
-            world.live_at_close = live
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
-            ("R1", lambda: world.get("R1", r1, "k1", retries=0)),
-        ]
-        world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
-        return world
-
-    return Scenario(
-        _named("ring_cancel_close", channel_class, reader_class),
-        build,
-        "cancel k0 and close against claims of k0 and k1",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+        ("R1", lambda: world.get("R1", r1, "k1", retries=0)),
+    ]
+    world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
 
 
 def _check_cancel_close(world: RingWorld) -> None:
@@ -562,63 +534,43 @@ def _check_cancel_close(world: RingWorld) -> None:
     world.log.check()
 
 
-def ring_descriptor(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario(
+    "a descriptor get of k0 v0 against its re-put and a get by key", readers=2, preload=2
+)
+def ring_descriptor(world: RingWorld, scheduler: Scheduler) -> None:
     """A descriptor get of k0's first version against a re-put and a get by key."""
+    r0, r1 = world.readers
+    first = (0, payload_for("k0", 0))  # k0 v0 was preloaded at position 0
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
-        )
-        r0, r1 = world.readers
-        first = (0, payload_for("k0", 0))  # k0 v0 was preloaded at position 0
+    def producer() -> None:
+        world.put("k0", 1)
+        world.put("k2", 0)
 
-        def producer() -> None:
-            world.put("k0", 1)
-            world.put("k2", 0)
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.get("R0", r0, "k0", descriptor=first, retries=1)),
-            ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_descriptor", channel_class, reader_class),
-        build,
-        "a descriptor get of k0 v0 against its re-put and a get by key",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.get("R0", r0, "k0", descriptor=first, retries=1)),
+        ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
+    ]
 
 
-def ring_lap(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario(
+    "a slow reader's index against a fast reader and a producer lapping the ring",
+    readers=2,
+    preload=4,
+)
+def ring_lap(world: RingWorld, scheduler: Scheduler) -> None:
     """A slow reader's index names k0 while a fast one takes it and k4 is written over it."""
+    fast, slow = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        fast, slow = world.readers
+    def slow_reader() -> None:
+        world.get("R1", slow, "k1", retries=0)  # indexes k0..k3 first
+        world.get("R1", slow, "k0", retries=0)  # k0 may be gone, and k4 over it
 
-        def slow_reader() -> None:
-            world.get("R1", slow, "k1", retries=0)  # indexes k0..k3 first
-            world.get("R1", slow, "k0", retries=0)  # k0 may be gone, and k4 over it
-
-        world.actors = [
-            ("P", lambda: world.put("k4", 0)),
-            ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
-            ("R1", slow_reader),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_lap", channel_class, reader_class),
-        build,
-        "a slow reader's index against a fast reader and a producer lapping the ring",
-    )
+    world.actors = [
+        ("P", lambda: world.put("k4", 0)),
+        ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
+        ("R1", slow_reader),
+    ]
 
 
 RING_SCENARIOS: Final = (
