@@ -606,7 +606,7 @@ class FallbackWorld:
     KEY: Final = "k"
 
     def __init__(
-        self, scheduler: Scheduler, readers: int, claim_segment: Callable[..., Any] | None = None
+        self, scheduler: Scheduler, claim_segment: Callable[..., Any] | None = None
     ) -> None:
         from shmring.impl import fallback
 
@@ -620,7 +620,6 @@ class FallbackWorld:
             self.directory, (os.getpid(), 1), 1 << 20, self.os, spare_min=0
         )
         self.path = fallback.segment_path(self.directory, self.EDGE, self.KEY)
-        self.readers = readers
         self._snapshot: bytes | None = None
         self.put(0, scheduled=False)
         self.actors: list[tuple[str, Callable[[], object]]] = []
@@ -702,72 +701,70 @@ class FallbackWorld:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def fallback_handback(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+def fallback_scenario(
+    summary: str,
+) -> Callable[[Callable[[FallbackWorld, Scheduler], None]], Callable[..., Scenario]]:
+    """Make a scenario factory of a script that gives a fresh `FallbackWorld` its actors.
+
+    The factory takes the `claim_segment` to run (default: the real one), so a
+    test can hand it a deliberately broken one; the scenario's name then says
+    which.
+    """
+
+    def factory_of(script: Callable[[FallbackWorld, Scheduler], None]) -> Callable[..., Scenario]:
+        def factory(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+            def build(scheduler: Scheduler) -> FallbackWorld:
+                world = FallbackWorld(scheduler, claim_segment)
+                script(world, scheduler)
+                return world
+
+            name = script.__name__
+            if claim_segment is not None:
+                name = f"{name}[{claim_segment.__qualname__}]"
+            return Scenario(name, build, summary)
+
+        factory.__name__ = factory.__qualname__ = script.__name__
+        factory.__doc__ = script.__doc__
+        return factory
+
+    return factory_of
+
+
+@fallback_scenario("a re-put against a claim and its hand-back")
+def fallback_claim_race(world: FallbackWorld, scheduler: Scheduler) -> None:
+    """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
+    world.actors = [
+        ("P", lambda: world.put(1)),
+        ("R0", lambda: world.claim("R0", retries=1)),
+    ]
+
+
+@fallback_scenario("two claims of a kept segment against two re-puts reusing it")
+def fallback_handback(world: FallbackWorld, scheduler: Scheduler) -> None:
     """Re-put of a kept file while two readers claim the key and hand its file back."""
 
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 2, claim_segment)
+    def producer() -> None:
+        world.put(1)
+        world.put(2)
 
-        def producer() -> None:
-            world.put(1)
-            world.put(2)
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.claim("R0", retries=1)),
-            ("R1", lambda: world.claim("R1", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_handback", claim_segment),
-        build,
-        "two claims of a kept segment against two re-puts reusing it",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.claim("R0", retries=1)),
+        ("R1", lambda: world.claim("R1", retries=1)),
+    ]
 
 
-def _named_claim(name: str, claim_segment: Callable[..., Any] | None) -> str:
-    return name if claim_segment is None else f"{name}[{claim_segment.__qualname__}]"
-
-
-def fallback_claim_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
-    """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
-
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 1, claim_segment)
-        world.actors = [
-            ("P", lambda: world.put(1)),
-            ("R0", lambda: world.claim("R0", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_claim_race", claim_segment),
-        build,
-        "a re-put against a claim and its hand-back",
-    )
-
-
-def fallback_retire_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+@fallback_scenario("a cleanup's retire against a claim of the same segment")
+def fallback_retire_race(world: FallbackWorld, scheduler: Scheduler) -> None:
     """The producer retires its segment (a cleanup) while a reader claims it: exactly one wins."""
 
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 1, claim_segment)
+    def producer() -> None:
+        scheduler.point("fallback retire")
+        if world.writer.retire(world.EDGE, world.KEY):
+            world.log.retired(world.KEY)
 
-        def producer() -> None:
-            scheduler.point("fallback retire")
-            if world.writer.retire(world.EDGE, world.KEY):
-                world.log.retired(world.KEY)
-
-        world.actors = [("P", producer), ("R0", lambda: world.claim("R0", retries=1))]
-        world.check_end = lambda: _check_retire_race(world)  # type: ignore[method-assign]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_retire_race", claim_segment),
-        build,
-        "a cleanup's retire against a claim of the same segment",
-    )
+    world.actors = [("P", producer), ("R0", lambda: world.claim("R0", retries=1))]
+    world.check_end = lambda: _check_retire_race(world)  # type: ignore[method-assign]
 
 
 def _check_retire_race(world: FallbackWorld) -> None:
