@@ -107,8 +107,8 @@ class ClaimedFramesReclaimedArena(arena_module.RegisteredArena):
         arena_module.RegisteredArena.reclaim,
         [
             (
-                "header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES",
-                "header.frame_type == PADDING_FRAME_TYPE or header.state != FRAME_STATE_PUBLISHED",
+                "header.frame_type == PADDING_FRAME_TYPE or state in _RECLAIMABLE_STATES",
+                "header.frame_type == PADDING_FRAME_TYPE or state != FRAME_STATE_PUBLISHED",
             )
         ],
     )
