@@ -374,6 +374,9 @@ def run_fault_unit(
         raise ValueError(f"not a fault unit: {name!r}")
     scenario, _, rest = name.partition("/")
     identities = _identities_once()
+    # Another section's unit may have run in this process just before: collect its
+    # garbage now, or its descriptors closing mid-cell would read as this cell's doing.
+    gc.collect()
     counts = {"cells": 0, "cells_failed": 0, "fault_slots": 0, "faults_fired": 0}
     failed: list[tuple[str, str]] = []
 

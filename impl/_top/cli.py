@@ -143,10 +143,15 @@ def _check(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     sections = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_SECTIONS)
     if args.workers < 1:
-        console.print(f"--workers must be at least 1: workers={args.workers}")
+        print(
+            f"shmring check: --workers must be at least 1: workers={args.workers}", file=sys.stderr
+        )
         return 2
     if args.max_seconds is not None and args.max_seconds <= 0:
-        console.print(f"--max-seconds must be positive: max_seconds={args.max_seconds}")
+        print(
+            f"shmring check: --max-seconds must be positive: max_seconds={args.max_seconds}",
+            file=sys.stderr,
+        )
         return 2
     database = None if args.database == "none" else args.database
     try:
@@ -163,7 +168,7 @@ def _check(args: argparse.Namespace) -> int:
             shard=shard,
         )
     except (ValueError, DatabaseError) as error:
-        console.print(f"shmring check: {error}")
+        print(f"shmring check: {error}", file=sys.stderr)
         return 2
     if args.list_units:
         for unit in plan.units:
