@@ -1,0 +1,155 @@
+"""Tests written for mutants that survived the rest of the suite (docs/mutation.md, issue 15).
+
+Each names the promise the mutant broke unnoticed: a limit at its exact
+boundary, a statistics field no other test read, a liveness edge.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from msgspec.msgpack import Ext
+
+from shmring.impl import codec, views
+from shmring.impl.channel import RingChannel
+from shmring.impl.discovery import Liveness
+from shmring.impl.errors import UnsupportedPayloadError
+from shmring.impl.naming import read_start_time
+from shmring.impl.os_seam import DEFAULT_OS
+from shmring.spec.ring import PutStatus
+
+# -- codec limits ------------------------------------------------------------------------
+
+
+def _nested_lists(levels: int) -> list[object]:
+    tree: list[object] = []
+    for _ in range(levels):
+        tree = [tree]
+    return tree
+
+
+def _nested_dicts(levels: int) -> dict[str, object]:
+    tree: dict[str, object] = {}
+    for _ in range(levels):
+        tree = {"k": tree}
+    return tree
+
+
+@pytest.mark.parametrize("nest", [_nested_lists, _nested_dicts])
+def test_codec_carries_exactly_max_nesting_containers_and_refuses_one_more(nest: object) -> None:
+    assert callable(nest)
+    deepest = nest(codec.MAX_NESTING)
+    assert codec.decode(codec.encode(deepest)) == deepest
+    with pytest.raises(UnsupportedPayloadError, match="nested deeper than 128"):
+        codec.encode(nest(codec.MAX_NESTING + 1))
+
+
+def test_payload_whose_exts_leave_one_code_free_travels_and_one_using_all_is_refused() -> None:
+    every = [code for code in range(-128, 128) if code != codec.TIMESTAMP_EXT_CODE]
+    for free in (codec.DEFAULT_LEAF_EXT_CODE, 0, -128):
+        exts = [Ext(code, bytes([code & 0xFF])) for code in every if code != free]
+        payload = {"exts": exts, "leaf": np.arange(5, dtype=np.int16)}
+        decoded = codec.decode(codec.encode(payload))
+        assert decoded["exts"] == exts
+        assert np.array_equal(decoded["leaf"], payload["leaf"])
+    with pytest.raises(UnsupportedPayloadError, match="every msgpack ext code"):
+        codec.encode({"exts": [Ext(code, b"") for code in every], "leaf": np.arange(2)})
+
+
+def test_codec_imports_and_round_trips_tensors_in_a_fresh_process() -> None:
+    # The child imports the very modules this process does (same sys.path), so a
+    # codec that only works once something else imported numpy or torch fails here.
+    script = (
+        "import json, sys\n"
+        "from shmring.impl import codec\n"
+        "assert 'numpy' not in sys.modules and 'torch' not in sys.modules\n"
+        "import numpy as np, torch\n"
+        "tree = {'a': np.arange(6, dtype=np.float32).reshape(2, 3), 't': torch.arange(4)}\n"
+        "back = codec.decode(codec.encode(tree))\n"
+        "print(json.dumps([back['a'].tolist(), back['t'].tolist(), type(back['t']).__name__]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], [0, 1, 2, 3], "Tensor"]
+
+
+# -- statistics fields ---------------------------------------------------------------------
+
+
+def test_ring_statistics_count_puts_refused_full_and_not_admitted(tmp_path: Path) -> None:
+    with RingChannel.create(str(tmp_path / "ring"), 4096) as ring:
+        published = 0
+        while (outcome := ring.put(f"k{published}", b"x" * 200)).status is PutStatus.PUBLISHED:
+            published += 1
+        assert outcome.status is PutStatus.FULL
+        assert ring.put("again", b"x" * 200).status is PutStatus.FULL
+        assert ring.put("huge", b"x" * 2048).status is PutStatus.NOT_ADMITTED
+        stats = ring.statistics()
+    assert published > 0
+    assert stats.puts == published
+    assert stats.refused_full == 2
+    assert stats.refused_not_admitted == 1
+
+
+def test_lease_statistics_count_a_release_once_when_the_last_view_dies() -> None:
+    gc.collect()  # leases other tests left to the collector are released now, not below
+    keep = np.zeros(64, dtype=np.uint8)
+    released: list[int] = []
+    before = views.lease_statistics()
+    owner = views.LeaseOwner(
+        keep, 16, np.dtype(np.uint8), (8,), release=lambda array: released.append(array.nbytes)
+    )
+    view = np.asarray(owner)
+    del owner
+    taken = views.lease_statistics()
+    assert (taken.taken, taken.released) == (before.taken + 1, before.released)
+    assert taken.live == before.live + 1
+    del view
+    gc.collect()
+    after = views.lease_statistics()
+    assert released == [64]
+    assert (after.taken, after.released, after.live) == (
+        taken.taken,
+        before.released + 1,
+        before.live,
+    )
+
+
+# -- liveness --------------------------------------------------------------------------------
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_pid_zero_or_negative_is_dead_and_a_dead_producers_pidfd_is_closed_at_once() -> None:
+    liveness = Liveness(DEFAULT_OS)
+    try:
+        assert not liveness.is_alive((0, 1))
+        assert not liveness.is_alive((-7, 1))
+        child = subprocess.Popen(["sleep", "60"])
+        try:
+            start = read_start_time(child.pid)
+            assert start is not None
+            before = _descriptors()
+            assert liveness.is_alive((child.pid, start))
+            # a pidfd is kept for the live producer (pid <= 0 did not turn pidfds off)
+            assert _descriptors() == before + 1
+        finally:
+            child.kill()
+            child.wait()
+        assert not liveness.is_alive((child.pid, start))
+        assert _descriptors() == before  # closed as soon as the death was seen
+        assert not liveness.is_alive((child.pid, start))  # dead stays dead
+    finally:
+        liveness.close()
