@@ -136,6 +136,30 @@ def sample(names: list[str], per_module: int, seed: int, modules: set[str]) -> l
     return chosen
 
 
+def population(names: list[str]) -> dict[str, int]:
+    """Mutants per module (the strata's sizes)."""
+    counts: dict[str, int] = defaultdict(int)
+    for name in names:
+        counts[module_of(name)] += 1
+    return counts
+
+
+def stratified(modules: dict[str, dict[str, float]], sizes: dict[str, int]) -> tuple[float, float]:
+    """The score of all mutants from per-module samples: sum of w_m p_m, +- 1.96 sigma."""
+    weighed = {m: sizes[m] for m, row in modules.items() if row["score"] is not None}
+    total = sum(weighed.values()) or 1
+    estimate = variance = 0.0
+    for module, size in weighed.items():
+        row = modules[module]
+        n = row.get("killed", 0) + row.get("timeout", 0) + row.get("survived", 0)
+        n += row.get("no tests", 0)
+        p = float(row["score"])
+        w = size / total
+        estimate += w * p
+        variance += w * w * p * (1 - p) / max(n, 1)
+    return estimate, 1.96 * math.sqrt(variance)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=("impl", "spec"), default="impl")
@@ -145,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modules", default="", help="comma-separated module names (default all)")
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once")
     parser.add_argument("--reuse", action="store_true", help="keep the copy and mutmut's results")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="summarise the last run's results again, run nothing",
+    )
     parser.add_argument(
         "--tests",
         action="append",
@@ -156,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else ROOT / ".shmring" / "mutation" / args.target
     mutmut = [sys.executable, "-m", "mutmut"]
     started = time.monotonic()
-    if not args.reuse or not (work / "mutants").is_dir():
+    fresh = not (args.reuse or args.report_only) or not (work / "mutants").is_dir()
+    if fresh:
         tests = args.tests or (list(SPEC_TESTS) if args.target == "spec" else [])
         prepare(args.target, work, tests)
         subprocess.run(
@@ -169,18 +199,18 @@ def main(argv: list[str] | None = None) -> int:
         {m for m in args.modules.split(",") if m},
     )
     print(f"mutation: {len(names)} mutants of {args.target}/ sampled", flush=True)
-    log = work / "mutmut.log"
-    with open(log, "w") as handle:
-        subprocess.run(
-            [*mutmut, "run", "--max-children", str(args.max_children), *names],
-            cwd=work,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
+    if not args.report_only:
+        with open(work / "mutmut.log", "w") as handle:
+            subprocess.run(
+                [*mutmut, "run", "--max-children", str(args.max_children), *names],
+                cwd=work,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            )
     codes = mutants(work)
     per_module: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    survivors = []
+    survivors: list[tuple[str, str]] = []
     for name in names:
         code = codes.get(name)
         status = (
@@ -198,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         per_module[module_of(name)][status] += 1
         if status in ("survived", "no tests"):
-            survivors.append(name)
+            survivors.append((name, status))
     summary = {
         "target": args.target,
         "seed": args.seed,
@@ -226,16 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     summary["killed"], summary["counted"] = total_killed, total
     summary["interval"] = [round(low, 3), round(high, 3)]
     print(
-        f"  all: killed {total_killed} of {total} ({total_killed / max(total, 1):.0%}, "
-        f"95% {low:.0%}-{high:.0%}) in {summary['seconds']} s"
+        f"  sample: killed {total_killed} of {total} ({total_killed / max(total, 1):.0%}, "
+        f"95% Wilson {low:.0%}-{high:.0%}) in {summary['seconds']} s"
+    )
+    estimate, margin = stratified(summary["modules"], population(list(codes)))
+    summary["stratified"] = {"estimate": round(estimate, 3), "margin95": round(margin, 3)}
+    print(
+        f"  all mutants (weighted by each module's mutant count): "
+        f"{estimate:.0%} +- {margin:.0%} (95%)"
     )
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=dict))
     with open(work / "survivors.txt", "w") as handle:
-        for name in survivors:
+        for name, status in survivors:
             shown = subprocess.run(
                 [*mutmut, "show", name], cwd=work, capture_output=True, text=True
             )
-            handle.write(f"=== {name} ({per_module and 'survived'})\n{shown.stdout}\n")
+            handle.write(f"=== {name} ({status})\n{shown.stdout}\n")
     print(f"  survivors' diffs: {work / 'survivors.txt'}")
     return 0
 

@@ -343,11 +343,17 @@ def _lockstep_rounds(budget: str) -> int:
     return LOCKSTEP_ROUNDS_PER_SCALE * _SCALE[budget]
 
 
+# Seconds one round of each machine took at the quick budget (scheduling only).
+_LOCKSTEP_COSTS = {"arena": 9.0, "driver": 7.0}
+
+
 def _lockstep_round(budget: str, seed: int, round_: int) -> list[Unit]:
-    return [
-        Unit("lockstep", f"{_short(class_name)}/{round_}", (round_, index), examples / 25)
-        for index, (_, class_name, examples, _) in enumerate(LOCKSTEP_MACHINES)
-    ]
+    units = []
+    for index, (_, class_name, _, _) in enumerate(LOCKSTEP_MACHINES):
+        short = _short(class_name)
+        cost = _LOCKSTEP_COSTS.get(short, 1.5)
+        units.append(Unit("lockstep", f"{short}/{round_}", (round_, index), cost))
+    return units
 
 
 def _lockstep_machine(short: str) -> tuple[str, str, int, int]:
@@ -473,6 +479,7 @@ def _run_crash_unit(unit: Unit, context: Context, progress: Progress) -> dict[st
 # Rounds of every fuzz target per budget; the budget's cases are spread over them.
 FUZZ_ROUNDS = {"quick": 3, "standard": 12, "deep": 40}
 FORGED_UNIT = "forged"
+_FUZZ_COSTS = {"descriptors": 5.0, "codec": 1.5, "ring_file": 1.5}  # seconds a round took at quick
 
 
 def _fuzz_cases(budget: str, target: str) -> int:
@@ -485,7 +492,7 @@ def _fuzz_round(budget: str, seed: int, round_: int) -> list[Unit]:
     from shmring.fault_injection import fuzz
 
     units = [
-        Unit("fuzz", f"{target}/{round_}", (round_, index), _fuzz_cases(budget, target) / 40)
+        Unit("fuzz", f"{target}/{round_}", (round_, index), _FUZZ_COSTS.get(target, 1.0))
         for index, target in enumerate(fuzz.TARGETS)
     ]
     if round_ == 0:
