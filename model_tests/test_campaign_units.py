@@ -331,3 +331,32 @@ def test_directory_database_is_hypothesis_own(tmp_path: Path) -> None:
     database = campaign.open_database(str(tmp_path / "db"))
     assert isinstance(database, DirectoryBasedExampleDatabase)
     assert campaign.open_database("none") is None
+
+
+def test_a_worker_that_dies_fails_its_unit_and_the_others_still_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    import signal
+
+    def run(unit: campaign.Unit, context: campaign.Context, progress: Any) -> dict[str, int]:
+        if unit.name == "dies":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"ran": 1}
+
+    names = ["a", "dies", "b", "c", "d"]
+    declared = campaign.SectionUnits(
+        run,
+        units=lambda budget, seed: [
+            campaign.Unit("crash", name, (i,), 1.0) for i, name in enumerate(names)
+        ],
+    )
+    monkeypatch.setitem(campaign.UNITS, "crash", declared)
+    plan = schedule.make_plan(campaign.Context("quick", 0), ["crash"])
+    results = {result.unit: result for result in schedule.execute(plan, 2)}
+    assert set(results) == {f"crash:{name}" for name in names}
+    (failure,) = results["crash:dies"].failures
+    assert "BrokenProcessPool" in failure.message
+    assert failure.rerun.endswith("--unit crash:dies")
+    # whatever shared the broken pool failed with it or ran again in a fresh pool; nothing is lost
+    assert sum(result.counts.get("ran", 0) for result in results.values()) >= 1

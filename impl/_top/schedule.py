@@ -222,8 +222,8 @@ def _execute_pool(
                 unit = running.pop(future)
                 try:
                     result = future.result()
-                except BrokenProcessPool as error:
-                    broken = True
+                except Exception as error:  # noqa: BLE001 - the unit fails, the run goes on
+                    broken = broken or isinstance(error, BrokenProcessPool)
                     result = _died(unit, plan.context, error)
                 results.append(result)
                 notify(unit, result, 1.0)
@@ -241,7 +241,7 @@ def _execute_pool(
 
 
 def _died(unit: Unit, context: Context, error: BaseException) -> UnitResult:
-    message = f"the worker process running it died: {error}"
+    message = f"the worker process running it failed: {type(error).__name__}: {error}"
     rerun = rerun_command(context, unit.id)
     return UnitResult(
         unit.id,
