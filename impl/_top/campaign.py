@@ -218,7 +218,8 @@ def _model_systems(budget: str) -> list[tuple[Any, int | None]]:
 
 
 def _model_units(budget: str, seed: int) -> list[Unit]:
-    costs = {"ring": 4.0, "connector": 20.0, "deployment": 20.0, "registration": 4.0}
+    # Seconds each took at the quick budget (scheduling only: the longest start first).
+    costs = {"ring": 25.0, "connector": 24.0, "deployment": 7.0, "registration": 4.0}
     return [
         Unit("model", system.name, (index,), costs.get(system.name, 10.0))
         for index, (system, _) in enumerate(_model_systems(budget))
@@ -344,14 +345,14 @@ def _lockstep_rounds(budget: str) -> int:
 
 
 # Seconds one round of each machine took at the quick budget (scheduling only).
-_LOCKSTEP_COSTS = {"arena": 9.0, "driver": 7.0}
+_LOCKSTEP_COSTS = {"restart": 0.5, "driver": 0.5, "arena": 0.5}
 
 
 def _lockstep_round(budget: str, seed: int, round_: int) -> list[Unit]:
     units = []
     for index, (_, class_name, _, _) in enumerate(LOCKSTEP_MACHINES):
         short = _short(class_name)
-        cost = _LOCKSTEP_COSTS.get(short, 1.5)
+        cost = _LOCKSTEP_COSTS.get(short, 1.0)
         units.append(Unit("lockstep", f"{short}/{round_}", (round_, index), cost))
     return units
 
@@ -446,7 +447,7 @@ def _crash_units(budget: str, seed: int) -> list[Unit]:
     from shmring.fault_injection import crash
 
     return [
-        Unit("crash", crash.cell_name(cell), (index,), 0.4)
+        Unit("crash", crash.cell_name(cell), (index,), 0.1)
         for index, cell in enumerate(crash.enumerate_crash_cells(budget, seed))
     ]
 
@@ -479,7 +480,7 @@ def _run_crash_unit(unit: Unit, context: Context, progress: Progress) -> dict[st
 # Rounds of every fuzz target per budget; the budget's cases are spread over them.
 FUZZ_ROUNDS = {"quick": 3, "standard": 12, "deep": 40}
 FORGED_UNIT = "forged"
-_FUZZ_COSTS = {"descriptors": 5.0, "codec": 1.5, "ring_file": 1.5}  # seconds a round took at quick
+_FUZZ_COSTS = {"codec": 0.5}  # seconds a round took at quick (others about 0.1)
 
 
 def _fuzz_cases(budget: str, target: str) -> int:
@@ -492,11 +493,11 @@ def _fuzz_round(budget: str, seed: int, round_: int) -> list[Unit]:
     from shmring.fault_injection import fuzz
 
     units = [
-        Unit("fuzz", f"{target}/{round_}", (round_, index), _FUZZ_COSTS.get(target, 1.0))
+        Unit("fuzz", f"{target}/{round_}", (round_, index), _FUZZ_COSTS.get(target, 0.1))
         for index, target in enumerate(fuzz.TARGETS)
     ]
     if round_ == 0:
-        units.append(Unit("fuzz", FORGED_UNIT, (0, len(units)), 0.5))
+        units.append(Unit("fuzz", FORGED_UNIT, (0, len(units)), 0.1))
     return units
 
 
@@ -584,7 +585,7 @@ UNITS: dict[str, SectionUnits] = {
 }
 
 SINGLE_UNIT = "all"
-_SINGLE_COSTS = {"crosshair": 60.0}
+_SINGLE_COSTS = {"crosshair": 6.0}
 
 
 def section_units(name: str) -> SectionUnits:
