@@ -682,6 +682,24 @@ def run_unit(unit: Unit, context: Context, progress: Progress | None = None) -> 
     )
 
 
+# Modules units of a section import on first use; imported once before the
+# workers fork, they are shared (copy-on-write) instead of imported per worker.
+_PRELOAD = {
+    "lockstep": ("hypothesis", "shmring.impl.connector", "torch"),
+    "faults": ("shmring.fault_injection.campaign", "torch"),
+    "crash": ("shmring.fault_injection.crash",),
+    "fuzz": ("shmring.fault_injection.fuzz", "torch"),
+}
+
+
+def preload(sections: Sequence[str]) -> None:
+    """Import what the sections' units will need, in this process (before forking workers)."""
+    for name in dict.fromkeys(
+        module for section in sections for module in _PRELOAD.get(section, ())
+    ):
+        importlib.import_module(name)
+
+
 def run_unit_in_worker(args: tuple[Unit, Context]) -> UnitResult:
     """Entry point for `--workers`: one unit in a worker process, no progress."""
     unit, context = args

@@ -33,6 +33,7 @@ from shmring.campaign import (
     UnitResult,
     budget_units,
     is_stream,
+    preload,
     rerun_command,
     resolve_unit,
     run_unit,
@@ -206,6 +207,7 @@ def _execute_pool(
     plan: Plan, workers: int, next_unit: Callable[[], Unit | None], notify: Listener
 ) -> list[UnitResult]:
     results: list[UnitResult] = []
+    preload(plan.sections)
     context = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     running: dict[Future[UnitResult], Unit] = {}
