@@ -6,6 +6,7 @@ boundary, a statistics field no other test read, a liveness edge.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
@@ -18,11 +19,15 @@ import pytest
 from msgspec.msgpack import Ext
 
 from shmring.impl import codec, views
+from shmring.impl.arena import RegisteredArena
 from shmring.impl.channel import RingChannel
+from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.discovery import Liveness
-from shmring.impl.errors import UnsupportedPayloadError
+from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError, describe_errno
 from shmring.impl.naming import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
+from shmring.impl.registration import Registry
+from shmring.impl.transfer import CARRIER_SEGMENT, FieldDescriptor
 from shmring.spec.ring import PutStatus
 
 # -- codec limits ------------------------------------------------------------------------
@@ -153,3 +158,37 @@ def test_pid_zero_or_negative_is_dead_and_a_dead_producers_pidfd_is_closed_at_on
         assert not liveness.is_alive((child.pid, start))  # dead stays dead
     finally:
         liveness.close()
+
+
+# -- messages, seam calls and statistics the first impl/ sample found unasserted -------------
+
+
+def test_describe_errno_names_known_codes_and_shows_unknown_ones_as_numbers() -> None:
+    assert describe_errno(errno.ENOSPC) == f"ENOSPC ({os.strerror(errno.ENOSPC)})"
+    assert describe_errno(4242).startswith("4242 (")
+
+
+def test_os_facade_write_writes_the_bytes(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert DEFAULT_OS.write(fd, b"shmring") == 7
+        assert os.pread(fd, 16, 0) == b"shmring"
+    finally:
+        os.close(fd)
+
+
+def test_field_descriptor_with_a_negative_dimension_names_itself_in_the_error() -> None:
+    field = FieldDescriptor("x", CARRIER_SEGMENT, "seg", 0, "", 0, "float32", "float32", (2, -1))
+    with pytest.raises(CorruptFrameError, match=r"negative shape or position: .*shape=\(2, -1\)"):
+        field.check()
+
+
+def test_registry_statistics_count_the_arena_range_while_it_is_registered(scope: str) -> None:
+    registry = Registry(scope, SimulatedCudaDriver())
+    try:
+        assert registry.statistics().ranges_registered == 0
+        with RegisteredArena(registry, 8192):
+            assert registry.statistics().ranges_registered == 1
+        assert registry.statistics().ranges_registered == 0
+    finally:
+        registry.close()
