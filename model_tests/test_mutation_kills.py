@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from msgspec.msgpack import Ext
 
 from shmring.impl import codec, views
@@ -190,5 +191,25 @@ def test_registry_statistics_count_the_arena_range_while_it_is_registered(scope:
         with RegisteredArena(registry, 8192):
             assert registry.statistics().ranges_registered == 1
         assert registry.statistics().ranges_registered == 0
+    finally:
+        registry.close()
+
+
+def test_wrapped_arena_drained_to_tail_equals_head_keeps_taking_frames(scope: str) -> None:
+    from shmring.model_tests.arena_machine import borrow_in_reader
+
+    registry = Registry(scope, SimulatedCudaDriver())
+    try:
+        with RegisteredArena(registry, 4096) as arena:
+            for n in range(12):  # 12 frames of ~900 bytes: the 4 KiB arena wraps twice
+                frame = arena.put(torch.full((900,), n, dtype=torch.uint8))
+                assert not isinstance(frame, PutStatus), n
+                view = borrow_in_reader(registry.directory, frame, (900,))
+                assert int(view[0]) == int(view[-1]) == n
+                del view
+                assert arena.reclaim() > 0
+                assert arena.tail == arena.head  # drained, before and after wrapping
+                assert arena.reclaim() == 0  # and reclaiming again finds nothing
+            assert arena.head > 2 * 4096
     finally:
         registry.close()
