@@ -48,6 +48,7 @@ SPEC_TESTS = (
     "shmring/model_tests/test_spec_discovery.py",
     "shmring/model_tests/test_spec_registration.py",
     "shmring/model_tests/test_spec_machine.py",
+    "shmring/model_tests/test_mutation_kills.py",
 )
 # What mutmut's exit codes mean (mutmut.stats.status_by_exit_code, repeated for the summary).
 KILLED = {1, 3}
@@ -156,7 +157,8 @@ def stratified(modules: dict[str, dict[str, float]], sizes: dict[str, int]) -> t
         p = float(row["score"])
         w = size / total
         estimate += w * p
-        variance += w * w * p * (1 - p) / max(n, 1)
+        adjusted = (p * n + 2) / (n + 4)  # Agresti-Coull: no zero variance at 0% or 100%
+        variance += w * w * adjusted * (1 - adjusted) / (n + 4)
     return estimate, 1.96 * math.sqrt(variance)
 
 

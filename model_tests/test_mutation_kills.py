@@ -29,6 +29,7 @@ from shmring.impl.naming import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.registration import Registry
 from shmring.impl.transfer import CARRIER_SEGMENT, FieldDescriptor
+from shmring.spec import layout
 from shmring.spec.ring import PutStatus
 
 # -- codec limits ------------------------------------------------------------------------
@@ -213,3 +214,17 @@ def test_wrapped_arena_drained_to_tail_equals_head_keeps_taking_frames(scope: st
             assert arena.head > 2 * 4096
     finally:
         registry.close()
+
+
+# -- spec/layout: helpers only the implementation called ---------------------------------------
+
+
+def test_ring_file_length_is_header_plus_capacity_also_for_a_disabled_ring() -> None:
+    assert layout.compute_ring_file_length(0) == layout.RING_HEADER_LENGTH
+    assert layout.compute_ring_file_length(4096) == layout.RING_HEADER_LENGTH + 4096
+
+
+def test_align_accepts_every_power_of_two_including_one() -> None:
+    assert [layout.align(7, alignment) for alignment in (1, 2, 4, 16)] == [7, 8, 8, 16]
+    with pytest.raises(AssertionError):
+        layout.align(7, 3)
