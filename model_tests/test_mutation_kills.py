@@ -20,11 +20,16 @@ import torch
 from msgspec.msgpack import Ext
 
 from shmring.impl import codec, views
-from shmring.impl.arena import RegisteredArena
+from shmring.impl.arena import ArenaReader, RegisteredArena
 from shmring.impl.channel import RingChannel
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.discovery import Liveness
-from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError, describe_errno
+from shmring.impl.errors import (
+    CorruptFrameError,
+    NoSpaceError,
+    UnsupportedPayloadError,
+    describe_errno,
+)
 from shmring.impl.naming import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.registration import Registry
@@ -228,3 +233,23 @@ def test_align_accepts_every_power_of_two_including_one() -> None:
     assert [layout.align(7, alignment) for alignment in (1, 2, 4, 16)] == [7, 8, 8, 16]
     with pytest.raises(AssertionError):
         layout.align(7, 3)
+
+
+def test_no_space_error_carries_its_errno_and_its_message() -> None:
+    error = NoSpaceError("no space for a ring file: capacity=4096", errno.EMFILE)
+    assert isinstance(error, OSError) and error.errno == errno.EMFILE
+    assert error.strerror == "no space for a ring file: capacity=4096"
+    assert "capacity=4096" in str(error)
+
+
+def test_arena_reader_attaches_to_an_arena_whose_bytes_read_as_nan(scope: str) -> None:
+    # Attaching touches one byte per page; read as anything but bytes, 0xFF... is a NaN.
+    registry = Registry(scope, SimulatedCudaDriver())
+    try:
+        with RegisteredArena(registry, 65536) as arena:
+            frames = [arena.put(torch.full((15000,), 255, dtype=torch.uint8)) for _ in range(4)]
+            assert not any(isinstance(frame, PutStatus) for frame in frames)
+            with ArenaReader(registry.directory, arena.name) as reader:
+                assert reader.capacity == 65536
+    finally:
+        registry.close()
