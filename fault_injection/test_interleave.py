@@ -119,12 +119,12 @@ _claim_locked_commit_first = _reordered(
     fallback_module._claim_locked,
     [
         (
-            "            handed_back = _commit(path, state, producer, frame_generation, os_facade)\n",
+            "            handed_back = _commit(where, path, state, producer, frame_generation)\n",
             "",
         ),
         (
             "                try:\n                    value = decode(payload)\n",
-            "                handed_back = _commit(path, state, producer, frame_generation, os_facade)\n"
+            "                handed_back = _commit(where, path, state, producer, frame_generation)\n"
             "                try:\n                    value = decode(payload)\n",
         ),
     ],
