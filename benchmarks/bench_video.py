@@ -65,6 +65,8 @@ SHM_MARGIN_BYTES = 64 * 1024 * 1024
 SHM_ROOT = "/dev/shm"
 # The project's target for the registered arena against the existing path.
 E_OVER_A_TARGET = 1.02
+# The registered arena of variant E (--arena-mib), also what /dev/shm must hold besides a payload.
+ARENA_MIB = 64
 
 
 @dataclass(frozen=True)
@@ -433,6 +435,8 @@ def summarize(
         "arena_mib": args.arena_mib,
         "shapes_done": list(done),
         "shapes_left_out": left_out,
+        "payload_bytes": {shape: payload_bytes(shape) for shape in [*done, *left_out]},
+        "small_shapes": [shape for shape in done if payload_bytes(shape) <= SMALL_PAYLOAD_BYTES],
         "samples": {shape: samples[shape] for shape in done},
         "mp4_crc32": {shape: digests[shape] for shape in done},
         "routes": {shape: routes[shape] for shape in done},
@@ -512,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="repeats for payloads of at most 16 MiB (cheap, and noisier); default: --repeats",
     )
-    parser.add_argument("--arena-mib", type=int, default=64, help="registered arena size for E")
+    parser.add_argument(
+        "--arena-mib", type=int, default=ARENA_MIB, help="registered arena size for E"
+    )
     parser.add_argument("--json", help="write all samples and medians here (after every shape)")
     parser.add_argument(
         "--fit-shm",

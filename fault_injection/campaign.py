@@ -321,6 +321,102 @@ def run_fuzz(budget: str, seed: int, progress: Progress) -> dict[str, int]:
     return fuzz.run_fuzz(budget, seed, progress)
 
 
+# -- units for `shmring check` --------------------------------------------------------------
+#
+# A unit is the set of slots of one (scenario, site): `scenario/site`. The
+# cells of a unit depend only on the budget and a fault-free baseline run of
+# the scenario (run once per process and kept), so a unit runs the same cells
+# in any worker or shard. A single cell is a unit too: `scenario/site#N:ERROR:mode`,
+# and `scenario/baseline` is the fault-free run; failures name their cell.
+
+BASELINE_UNIT: Final = "baseline"
+_baselines: dict[str, dict[str, int]] = {}
+_prepared: Identities | None = None
+
+
+def fault_units() -> list[tuple[str, str]]:
+    """(scenario, site) of every unit, in the campaign's order."""
+    return [(scenario, site.name) for scenario in SCENARIOS for site in all_sites()]
+
+
+def is_fault_unit(name: str) -> bool:
+    """Whether `name` is `scenario/site`, `scenario/baseline` or `scenario/<plan>`."""
+    scenario, _, rest = name.partition("/")
+    if scenario not in SCENARIOS or not rest:
+        return False
+    if rest == BASELINE_UNIT or rest in {site.name for site in all_sites()}:
+        return True
+    try:
+        FaultPlan.parse(rest)
+    except ValueError:
+        return False
+    return True
+
+
+def _identities_once() -> Identities:
+    global _prepared
+    if _prepared is None:
+        _prepared = _prepare()
+    return _prepared
+
+
+def _scope(seed: int) -> str:
+    return f"fi{seed % 10000}x{uuid.uuid4().hex[:6]}"
+
+
+def run_fault_unit(
+    name: str, budget: str, seed: int, progress: Progress
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """One unit's cells; answers its counts and (cell unit name, report) per failed cell."""
+    if budget not in BUDGETS:
+        raise ValueError(f"budget must be one of {BUDGETS}: budget={budget!r}")
+    if not is_fault_unit(name):
+        raise ValueError(f"not a fault unit: {name!r}")
+    scenario, _, rest = name.partition("/")
+    identities = _identities_once()
+    # Another section's unit may have run in this process just before: collect its
+    # garbage now, or its descriptors closing mid-cell would read as this cell's doing.
+    gc.collect()
+    counts = {"cells": 0, "cells_failed": 0, "fault_slots": 0, "faults_fired": 0}
+    failed: list[tuple[str, str]] = []
+
+    def on_cell(result: CellResult) -> None:
+        counts["cells"] += 1
+        counts["faults_fired"] += result.hit
+        if result.problems:
+            counts["cells_failed"] += 1
+            cell = f"{scenario}/{result.plan or BASELINE_UNIT}"
+            failed.append((cell, f"[{cell}] " + "; ".join(result.problems)))
+        progress(counts["cells"], None)
+
+    if rest == BASELINE_UNIT or "#" in rest:
+        plan = None if rest == BASELINE_UNIT else FaultPlan.parse(rest)
+        on_cell(run_cell(scenario, plan, identities, _scope(seed)))
+        return counts, failed
+    if scenario not in _baselines:
+        try:
+            _baselines[scenario] = baseline(scenario, identities, _scope(seed))
+        except CampaignFailure as failure:
+            return counts, [(f"{scenario}/{BASELINE_UNIT}", str(failure))]
+    calls = _baselines[scenario].get(rest, 0)
+    slots = [
+        Slot(scenario, rest, error, mode, calls)
+        for site in all_sites()
+        if site.name == rest and calls
+        for mode in MODES
+        for error in site.errors_for(mode, ERROR_DEPTH[budget])
+    ]
+    counts["fault_slots"] = len(slots)
+    prefix = _scope(seed)
+    for index, slot in enumerate(slots):
+        run_slot(slot, identities, f"{prefix}s{index}n", on_cell)
+    if counts["cells"] != enumerate_cells(slots):
+        failed.append(
+            (name, f"ran {counts['cells']} cells, the registry enumerates {enumerate_cells(slots)}")
+        )
+    return counts, failed
+
+
 # -- rerunning one cell ------------------------------------------------------------------------
 
 

@@ -121,6 +121,23 @@ def enumerate_crash_cells(budget: str = "quick", seed: int = 0) -> list[CrashCel
     return cells
 
 
+def cell_name(cell: CrashCell) -> str:
+    """The cell as a `shmring check --unit crash:NAME` name: ``point/state/size``, dashes for spaces."""
+    return "/".join((cell.point.replace(" ", "-"), cell.state.replace(" ", "-"), str(cell.size)))
+
+
+def parse_cell_name(name: str) -> CrashCell:
+    """Inverse of `cell_name`; ValueError for a name that is not a crash cell."""
+    parts = name.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise ValueError(f"not a crash cell (point/state/size): {name!r}")
+    points = {point.replace(" ", "-"): point for point in (*PRODUCER_POINTS, *READER_POINTS)}
+    states = {state.replace(" ", "-"): state for state in RING_STATES}
+    if parts[0] not in points or parts[1] not in states:
+        raise ValueError(f"no crash point {parts[0]!r} in ring state {parts[1]!r}")
+    return CrashCell(points[parts[0]], states[parts[1]], int(parts[2]))
+
+
 # -- processes -----------------------------------------------------------------------------
 
 
@@ -536,7 +553,9 @@ __all__ = [
     "RING_STATES",
     "CrashCell",
     "CrashFailure",
+    "cell_name",
     "enumerate_crash_cells",
+    "parse_cell_name",
     "run_crash",
     "run_crash_cell",
 ]

@@ -303,7 +303,7 @@ def _run(name: str, test: Callable[[], None], seed: int) -> None:
         notes = "\n".join(getattr(error, "__notes__", []))
         raise FuzzFailure(
             f"fuzz target {name}: {type(error).__name__}: {error}\n{notes}\n"
-            f"    rerun: shmring check --only fuzz --seed {seed}"
+            f"    (target seed {seed}; `shmring check` prints the command that reruns it)"
         ) from error
 
 

@@ -714,15 +714,21 @@ BUDGETS: Final = {
 
 
 def run_interleavings(
+    budget: str, seed: int, progress: Callable[[int, int | None], None]
+) -> dict[str, int]:
+    """The `shmring check` section: every registered scenario under `budget`."""
+    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+
+    return explore_scenarios(SCENARIOS, budget, seed, progress)
+
+
+def explore_scenarios(
+    chosen: Sequence[Scenario],
     budget: str,
     seed: int,
     progress: Callable[[int, int | None], None],
-    scenarios: Sequence[Scenario] | None = None,
 ) -> dict[str, int]:
-    """Every scenario: bounded exhaustive, then PCT; raises InterleavingFailure on a failure."""
-    from shmring.fault_injection.interleave_scenarios import SCENARIOS
-
-    chosen = tuple(SCENARIOS if scenarios is None else scenarios)
+    """Each scenario: bounded exhaustive, then PCT; raises InterleavingFailure on a failure."""
     preemptions, cap, random_schedules = BUDGETS[budget]
     counts: dict[str, int] = {}
     schedules = 0

@@ -27,7 +27,6 @@ import contextlib
 import mmap
 import os
 import shutil
-import struct
 import tempfile
 from collections.abc import Callable
 from typing import Any, Final
@@ -38,23 +37,22 @@ from shmring.fault_injection.interleave import (
     SchedulingOs,
     install_words,
 )
+from shmring.impl import frame_io
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
-from shmring.impl.frame_io import compute_checksum
+from shmring.impl.frame_io import FrameHeader, SharedWords, compute_checksum
 from shmring.spec import invariants
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
     FRAME_STATE_RETIRED,
     PADDING_FRAME_TYPE,
-    RING_HEAD_OFFSET,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
-    RING_STATE_OFFSET,
-    RING_TAIL_OFFSET,
 )
 from shmring.spec.ring import ConsumeMode, Frame, PutStatus, RingState
 
@@ -66,9 +64,6 @@ PAYLOAD_LENGTH: Final = 900
 # How often a script retries an answer that depends on another actor (BUSY, FULL, not yet put).
 RETRIES: Final = 3
 
-_U64: Final = struct.Struct("<Q")
-_U32: Final = struct.Struct("<I")
-_HEADER: Final = struct.Struct("<IHHIIQI")
 _FORWARD: Final = {
     FRAME_STATE_PUBLISHED: {FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_RETIRED},
     FRAME_STATE_CLAIMED: {FRAME_STATE_DONE},
@@ -92,6 +87,69 @@ def _named(name: str, *classes: type[Any]) -> str:
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(message)
+
+
+class Observer:
+    """A private read-only mapping of a ring-layout file (ring or arena), read for the checks.
+
+    Unscheduled, and through `frame_io`'s accessors and header readers, so no
+    layout fact is restated here.
+    """
+
+    def __init__(self, path: str, capacity: int) -> None:
+        self.capacity = capacity
+        self._fd = os.open(path, os.O_RDONLY)
+        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
+        self.view = memoryview(self._map)
+        self._words = SharedWords(self.view)
+
+    def head(self) -> int:
+        return frame_io.load_head_acquire(self._words)
+
+    def tail(self) -> int:
+        return frame_io.load_tail_acquire(self._words)
+
+    def closed(self) -> bool:
+        return frame_io.load_ring_state_acquire(self._words) == RING_STATE_CLOSED
+
+    def frames(self, tail: int, head: int) -> list[tuple[int, int, FrameHeader]]:
+        """(position, offset, header) of each frame from `tail` to `head`, as the headers say.
+
+        A data frame too close to the end for a whole header reads as its
+        first three fields and zeros. The walk stops at a length that cannot
+        tile (`check_ring_frames_tile` says what is wrong with it).
+        """
+        found: list[tuple[int, int, FrameHeader]] = []
+        position = tail
+        while position < head and len(found) <= self.capacity // FRAME_ALIGNMENT:
+            offset = RING_HEADER_LENGTH + position % self.capacity
+            length, frame_type, state = frame_io.load_frame_prefix(self.view, offset)
+            if (
+                frame_type == DATA_FRAME_TYPE
+                and self.capacity - position % self.capacity >= FRAME_HEADER_LENGTH
+            ):
+                header = frame_io.read_frame_header(self.view, offset)
+            else:
+                header = FrameHeader(length, frame_type, state, 0, 0, 0, 0)
+            found.append((position, offset, header))
+            if length <= 0 or length % FRAME_ALIGNMENT:
+                break
+            position += length
+        return found
+
+    def key_and_payload(self, offset: int, header: FrameHeader) -> tuple[bytes, bytes]:
+        key_start = offset + FRAME_KEY_OFFSET
+        payload_start = key_start + header.key_length
+        return (
+            bytes(self.view[key_start:payload_start]),
+            bytes(self.view[payload_start : payload_start + header.payload_length]),
+        )
+
+    def close(self) -> None:
+        self._words.release()
+        self.view.release()
+        self._map.close()
+        os.close(self._fd)
 
 
 # -- the ring ----------------------------------------------------------------------
@@ -157,9 +215,7 @@ class RingWorld:
             self.path, RING_CAPACITY, os_facade=self.os, producer=(os.getpid(), 1)
         )
         self.readers = [reader_class.attach(self.path, os_facade=self.os) for _ in range(readers)]
-        self._fd = os.open(self.path, os.O_RDONLY)
-        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
-        self.view = memoryview(self._map)
+        self.observer = Observer(self.path, RING_CAPACITY)
         for index in range(preload):
             key = f"k{index}"
             payload = payload_for(key, 0)
@@ -246,45 +302,37 @@ class RingWorld:
 
     def decode(self) -> RingState:
         """The ring as the model sees it, read from the shared memory."""
-        view = self.view
-        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
-        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
-        closed = _U32.unpack_from(view, RING_STATE_OFFSET)[0] == RING_STATE_CLOSED
+        observer = self.observer
+        tail, head = observer.tail(), observer.head()
         frames: list[Frame] = []
-        position = tail
-        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
-            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
-            if RING_CAPACITY - position % RING_CAPACITY >= _HEADER.size:
-                fields = _HEADER.unpack_from(view, offset)
-            else:
-                fields = (*struct.unpack_from("<IHH", view, offset), 0, 0, 0, 0)
-            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
-            if frame_type == DATA_FRAME_TYPE:
-                key_start = offset + FRAME_KEY_OFFSET
-                key_bytes = bytes(view[key_start : key_start + key_length])
-                payload = bytes(
-                    view[key_start + key_length : key_start + key_length + payload_length]
+        for position, offset, header in observer.frames(tail, head):
+            if header.frame_type != DATA_FRAME_TYPE:
+                frames.append(Frame(position, header.length, header.frame_type, header.state))
+                continue
+            key_bytes, payload = observer.key_and_payload(offset, header)
+            _require(header.position == position, f"frame at {position} says {header.position}")
+            _require(
+                compute_checksum(key_bytes, payload) == header.checksum,
+                f"torn or foreign frame at position={position}: checksum mismatch",
+            )
+            key = key_bytes.decode("utf-8", "replace")
+            self.log.check_payload(key, payload, f"frame at position={position}")
+            frames.append(
+                Frame(
+                    position,
+                    header.length,
+                    header.frame_type,
+                    header.state,
+                    key,
+                    header.payload_length,
+                    payload,
                 )
-                _require(frame_position == position, f"frame at {position} says {frame_position}")
-                _require(
-                    compute_checksum(key_bytes, payload) == checksum,
-                    f"torn or foreign frame at position={position}: checksum mismatch",
-                )
-                key = key_bytes.decode("utf-8", "replace")
-                self.log.check_payload(key, payload, f"frame at position={position}")
-                frames.append(
-                    Frame(position, length, frame_type, state, key, payload_length, payload)
-                )
-            else:
-                frames.append(Frame(position, length, frame_type, state))
-            if length <= 0 or length % FRAME_ALIGNMENT:
-                break  # check_ring_frames_tile says what is wrong with it
-            position += length
-        return RingState(RING_CAPACITY, head, tail, frames, closed)
+            )
+        return RingState(RING_CAPACITY, head, tail, frames, observer.closed())
 
     def check_step(self, label: str) -> None:
         # Unchanged memory (most points are loads) was checked already.
-        snapshot = (bytes(self.view), len(self.leases))
+        snapshot = (bytes(self.observer.view), len(self.leases))
         if snapshot == self._snapshot:
             return
         self._snapshot = snapshot
@@ -342,158 +390,128 @@ class RingWorld:
         for lease, _ in self.leases:
             with contextlib.suppress(BufferError):
                 lease.release()
-        self.view.release()
-        self._map.close()
-        os.close(self._fd)
+        self.observer.close()
         for reader in self.readers:
             reader.close()
         self.channel.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def ring_claim_race(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+def ring_scenario(
+    summary: str, readers: int, preload: int = 0
+) -> Callable[[Callable[[RingWorld, Scheduler], None]], Callable[..., Scenario]]:
+    """Make a scenario factory of a script that gives a fresh `RingWorld` its actors.
+
+    The factory takes the classes to run (`channel_class`, `reader_class`), so
+    a test can hand it a deliberately broken one; the scenario's name then
+    says which.
+    """
+
+    def factory_of(script: Callable[[RingWorld, Scheduler], None]) -> Callable[..., Scenario]:
+        def factory(
+            channel_class: type[RingChannel] = RingChannel,
+            reader_class: type[RingReader] = RingReader,
+        ) -> Scenario:
+            def build(scheduler: Scheduler) -> RingWorld:
+                world = RingWorld(
+                    scheduler,
+                    readers,
+                    channel_class=channel_class,
+                    reader_class=reader_class,
+                    preload=preload,
+                )
+                script(world, scheduler)
+                return world
+
+            return Scenario(_named(script.__name__, channel_class, reader_class), build, summary)
+
+        factory.__name__ = factory.__qualname__ = script.__name__
+        factory.__doc__ = script.__doc__
+        return factory
+
+    return factory_of
+
+
+@ring_scenario("two readers claim k0 while the producer re-puts it", readers=2, preload=1)
+def ring_claim_race(world: RingWorld, scheduler: Scheduler) -> None:
     """Two readers race for k0 while the producer re-puts it: one claim, or one retire."""
-
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=1
-        )
-        r0, r1 = world.readers
-        world.actors = [
-            ("P", lambda: world.put("k0", 1)),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
-            # R1 decodes in place under the lock (the connector's path).
-            ("R1", lambda: world.get("R1", r1, "k0", retries=1, decode=bytes)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_claim_race", channel_class, reader_class),
-        build,
-        "two readers claim k0 while the producer re-puts it",
-    )
+    r0, r1 = world.readers
+    world.actors = [
+        ("P", lambda: world.put("k0", 1)),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=1)),
+        # R1 decodes in place under the lock (the connector's path).
+        ("R1", lambda: world.get("R1", r1, "k0", retries=1, decode=bytes)),
+    ]
 
 
-def ring_publish(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("puts of k0, k1 against a reader's scan and claims", readers=1)
+def ring_publish(world: RingWorld, scheduler: Scheduler) -> None:
     """The reader scans and claims while the producer publishes two frames."""
+    (r0,) = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(scheduler, 1, channel_class=channel_class, reader_class=reader_class)
-        (r0,) = world.readers
+    def producer() -> None:
+        world.put("k0", 0)
+        world.put("k1", 0)
 
-        def producer() -> None:
-            world.put("k0", 0)
-            world.put("k1", 0)
+    def reader() -> None:
+        world.get("R0", r0, "k1", retries=2)
+        world.get("R0", r0, "k0", retries=1)
 
-        def reader() -> None:
-            world.get("R0", r0, "k1", retries=2)
-            world.get("R0", r0, "k0", retries=1)
-
-        world.actors = [("P", producer), ("R0", reader)]
-        return world
-
-    return Scenario(
-        _named("ring_publish", channel_class, reader_class),
-        build,
-        "puts of k0, k1 against a reader's scan and claims",
-    )
+    world.actors = [("P", producer), ("R0", reader)]
 
 
-def ring_wrap_reclaim(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("claim k0 of a full ring while k4 wraps onto it", readers=1, preload=4)
+def ring_wrap_reclaim(world: RingWorld, scheduler: Scheduler) -> None:
     """A full ring: the put of k4 needs the reader's claim of k0, then pads and wraps onto it."""
-
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        (r0,) = world.readers
-        world.actors = [
-            ("P", lambda: world.put("k4", 0)),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_wrap_reclaim", channel_class, reader_class),
-        build,
-        "claim k0 of a full ring while k4 wraps onto it",
-    )
+    (r0,) = world.readers
+    world.actors = [
+        ("P", lambda: world.put("k4", 0)),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+    ]
 
 
-def ring_lease_release(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("leases of k0, k1 released k1 first; puts wait for space", readers=1, preload=4)
+def ring_lease_release(world: RingWorld, scheduler: Scheduler) -> None:
     """Two leases released out of order while the producer waits for space."""
+    (r0,) = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 1, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        (r0,) = world.readers
+    def reader() -> None:
+        first = world.get("R0", r0, "k0", mode=ConsumeMode.LEASE, retries=0)
+        second = world.get("R0", r0, "k1", mode=ConsumeMode.LEASE, retries=0)
+        if second is not None:
+            world.release(second)
+        if first is not None:
+            world.release(first)
 
-        def reader() -> None:
-            first = world.get("R0", r0, "k0", mode=ConsumeMode.LEASE, retries=0)
-            second = world.get("R0", r0, "k1", mode=ConsumeMode.LEASE, retries=0)
-            if second is not None:
-                world.release(second)
-            if first is not None:
-                world.release(first)
+    def producer() -> None:
+        world.put("k4", 0)
+        world.put("k5", 0)
 
-        def producer() -> None:
-            world.put("k4", 0)
-            world.put("k5", 0)
-
-        world.actors = [("P", producer), ("R0", reader)]
-        return world
-
-    return Scenario(
-        _named("ring_lease_release", channel_class, reader_class),
-        build,
-        "leases of k0, k1 released k1 first; puts wait for space",
-    )
+    world.actors = [("P", producer), ("R0", reader)]
 
 
-def ring_cancel_close(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario("cancel k0 and close against claims of k0 and k1", readers=2, preload=2)
+def ring_cancel_close(world: RingWorld, scheduler: Scheduler) -> None:
     """The producer cancels k0 and closes while two readers claim k0 and k1."""
+    r0, r1 = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
-        )
-        r0, r1 = world.readers
+    def producer() -> None:
+        scheduler.point("cancel k0")
+        if world.channel.cancel("k0"):
+            world.log.retired("k0")
+        scheduler.point("close")
+        live = [key for key, payload in world.log.live.items() if payload is not None]
+        retired = world.channel.close()
+        # close answers how many it retired; the readers' claims account for the rest
+        world.closed_retired = retired
+        world.live_at_close = live
 
-        def producer() -> None:
-            scheduler.point("cancel k0")
-            if world.channel.cancel("k0"):
-                world.log.retired("k0")
-            scheduler.point("close")
-            live = [key for key, payload in world.log.live.items() if payload is not None]
-            retired = world.channel.close()
-            # close answers how many it retired; the readers' claims account for the rest
-            world.closed_retired = retired
-            world.live_at_close = live
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
-            ("R1", lambda: world.get("R1", r1, "k1", retries=0)),
-        ]
-        world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
-        return world
-
-    return Scenario(
-        _named("ring_cancel_close", channel_class, reader_class),
-        build,
-        "cancel k0 and close against claims of k0 and k1",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.get("R0", r0, "k0", retries=0)),
+        ("R1", lambda: world.get("R1", r1, "k1", retries=0)),
+    ]
+    world.check_end = lambda: _check_cancel_close(world)  # type: ignore[method-assign]
 
 
 def _check_cancel_close(world: RingWorld) -> None:
@@ -516,63 +534,43 @@ def _check_cancel_close(world: RingWorld) -> None:
     world.log.check()
 
 
-def ring_descriptor(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario(
+    "a descriptor get of k0 v0 against its re-put and a get by key", readers=2, preload=2
+)
+def ring_descriptor(world: RingWorld, scheduler: Scheduler) -> None:
     """A descriptor get of k0's first version against a re-put and a get by key."""
+    r0, r1 = world.readers
+    first = (0, payload_for("k0", 0))  # k0 v0 was preloaded at position 0
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=2
-        )
-        r0, r1 = world.readers
-        first = (0, payload_for("k0", 0))  # k0 v0 was preloaded at position 0
+    def producer() -> None:
+        world.put("k0", 1)
+        world.put("k2", 0)
 
-        def producer() -> None:
-            world.put("k0", 1)
-            world.put("k2", 0)
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.get("R0", r0, "k0", descriptor=first, retries=1)),
-            ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_descriptor", channel_class, reader_class),
-        build,
-        "a descriptor get of k0 v0 against its re-put and a get by key",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.get("R0", r0, "k0", descriptor=first, retries=1)),
+        ("R1", lambda: world.get("R1", r1, "k0", retries=1)),
+    ]
 
 
-def ring_lap(
-    channel_class: type[RingChannel] = RingChannel, reader_class: type[RingReader] = RingReader
-) -> Scenario:
+@ring_scenario(
+    "a slow reader's index against a fast reader and a producer lapping the ring",
+    readers=2,
+    preload=4,
+)
+def ring_lap(world: RingWorld, scheduler: Scheduler) -> None:
     """A slow reader's index names k0 while a fast one takes it and k4 is written over it."""
+    fast, slow = world.readers
 
-    def build(scheduler: Scheduler) -> RingWorld:
-        world = RingWorld(
-            scheduler, 2, channel_class=channel_class, reader_class=reader_class, preload=4
-        )
-        fast, slow = world.readers
+    def slow_reader() -> None:
+        world.get("R1", slow, "k1", retries=0)  # indexes k0..k3 first
+        world.get("R1", slow, "k0", retries=0)  # k0 may be gone, and k4 over it
 
-        def slow_reader() -> None:
-            world.get("R1", slow, "k1", retries=0)  # indexes k0..k3 first
-            world.get("R1", slow, "k0", retries=0)  # k0 may be gone, and k4 over it
-
-        world.actors = [
-            ("P", lambda: world.put("k4", 0)),
-            ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
-            ("R1", slow_reader),
-        ]
-        return world
-
-    return Scenario(
-        _named("ring_lap", channel_class, reader_class),
-        build,
-        "a slow reader's index against a fast reader and a producer lapping the ring",
-    )
+    world.actors = [
+        ("P", lambda: world.put("k4", 0)),
+        ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
+        ("R1", slow_reader),
+    ]
 
 
 RING_SCENARIOS: Final = (
@@ -608,7 +606,7 @@ class FallbackWorld:
     KEY: Final = "k"
 
     def __init__(
-        self, scheduler: Scheduler, readers: int, claim_segment: Callable[..., Any] | None = None
+        self, scheduler: Scheduler, claim_segment: Callable[..., Any] | None = None
     ) -> None:
         from shmring.impl import fallback
 
@@ -622,7 +620,6 @@ class FallbackWorld:
             self.directory, (os.getpid(), 1), 1 << 20, self.os, spare_min=0
         )
         self.path = fallback.segment_path(self.directory, self.EDGE, self.KEY)
-        self.readers = readers
         self._snapshot: bytes | None = None
         self.put(0, scheduled=False)
         self.actors: list[tuple[str, Callable[[], object]]] = []
@@ -704,72 +701,70 @@ class FallbackWorld:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def fallback_handback(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+def fallback_scenario(
+    summary: str,
+) -> Callable[[Callable[[FallbackWorld, Scheduler], None]], Callable[..., Scenario]]:
+    """Make a scenario factory of a script that gives a fresh `FallbackWorld` its actors.
+
+    The factory takes the `claim_segment` to run (default: the real one), so a
+    test can hand it a deliberately broken one; the scenario's name then says
+    which.
+    """
+
+    def factory_of(script: Callable[[FallbackWorld, Scheduler], None]) -> Callable[..., Scenario]:
+        def factory(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+            def build(scheduler: Scheduler) -> FallbackWorld:
+                world = FallbackWorld(scheduler, claim_segment)
+                script(world, scheduler)
+                return world
+
+            name = script.__name__
+            if claim_segment is not None:
+                name = f"{name}[{claim_segment.__qualname__}]"
+            return Scenario(name, build, summary)
+
+        factory.__name__ = factory.__qualname__ = script.__name__
+        factory.__doc__ = script.__doc__
+        return factory
+
+    return factory_of
+
+
+@fallback_scenario("a re-put against a claim and its hand-back")
+def fallback_claim_race(world: FallbackWorld, scheduler: Scheduler) -> None:
+    """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
+    world.actors = [
+        ("P", lambda: world.put(1)),
+        ("R0", lambda: world.claim("R0", retries=1)),
+    ]
+
+
+@fallback_scenario("two claims of a kept segment against two re-puts reusing it")
+def fallback_handback(world: FallbackWorld, scheduler: Scheduler) -> None:
     """Re-put of a kept file while two readers claim the key and hand its file back."""
 
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 2, claim_segment)
+    def producer() -> None:
+        world.put(1)
+        world.put(2)
 
-        def producer() -> None:
-            world.put(1)
-            world.put(2)
-
-        world.actors = [
-            ("P", producer),
-            ("R0", lambda: world.claim("R0", retries=1)),
-            ("R1", lambda: world.claim("R1", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_handback", claim_segment),
-        build,
-        "two claims of a kept segment against two re-puts reusing it",
-    )
+    world.actors = [
+        ("P", producer),
+        ("R0", lambda: world.claim("R0", retries=1)),
+        ("R1", lambda: world.claim("R1", retries=1)),
+    ]
 
 
-def _named_claim(name: str, claim_segment: Callable[..., Any] | None) -> str:
-    return name if claim_segment is None else f"{name}[{claim_segment.__qualname__}]"
-
-
-def fallback_claim_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
-    """One re-put against one claim: the smallest hand-back race, explored exhaustively."""
-
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 1, claim_segment)
-        world.actors = [
-            ("P", lambda: world.put(1)),
-            ("R0", lambda: world.claim("R0", retries=1)),
-        ]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_claim_race", claim_segment),
-        build,
-        "a re-put against a claim and its hand-back",
-    )
-
-
-def fallback_retire_race(claim_segment: Callable[..., Any] | None = None) -> Scenario:
+@fallback_scenario("a cleanup's retire against a claim of the same segment")
+def fallback_retire_race(world: FallbackWorld, scheduler: Scheduler) -> None:
     """The producer retires its segment (a cleanup) while a reader claims it: exactly one wins."""
 
-    def build(scheduler: Scheduler) -> FallbackWorld:
-        world = FallbackWorld(scheduler, 1, claim_segment)
+    def producer() -> None:
+        scheduler.point("fallback retire")
+        if world.writer.retire(world.EDGE, world.KEY):
+            world.log.retired(world.KEY)
 
-        def producer() -> None:
-            scheduler.point("fallback retire")
-            if world.writer.retire(world.EDGE, world.KEY):
-                world.log.retired(world.KEY)
-
-        world.actors = [("P", producer), ("R0", lambda: world.claim("R0", retries=1))]
-        world.check_end = lambda: _check_retire_race(world)  # type: ignore[method-assign]
-        return world
-
-    return Scenario(
-        _named_claim("fallback_retire_race", claim_segment),
-        build,
-        "a cleanup's retire against a claim of the same segment",
-    )
+    world.actors = [("P", producer), ("R0", lambda: world.claim("R0", retries=1))]
+    world.check_end = lambda: _check_retire_race(world)  # type: ignore[method-assign]
 
 
 def _check_retire_race(world: FallbackWorld) -> None:
@@ -818,10 +813,9 @@ class ArenaWorld:
         self.views: list[tuple[Any, int]] = []  # (borrowed array, its fill byte)
         self.released = 0
         self.actors: list[tuple[str, Callable[[], object]]] = []
-        path = os.path.join(self.registry.directory, self.arena.name)
-        self._fd = os.open(path, os.O_RDONLY)
-        self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
-        self.view = memoryview(self._map)
+        self.observer = Observer(
+            os.path.join(self.registry.directory, self.arena.name), RING_CAPACITY
+        )
         self.head = self.tail = 0
         self._snapshot: tuple[bytes, int] | None = None
 
@@ -856,29 +850,28 @@ class ArenaWorld:
         del array  # the last view: the frame is DONE now
 
     def check_step(self, label: str) -> None:
-        view = self.view
-        snapshot = (bytes(view), sum(array is not None for array, _ in self.views))
+        observer = self.observer
+        snapshot = (bytes(observer.view), sum(array is not None for array, _ in self.views))
         if snapshot == self._snapshot:
             return  # unchanged memory was checked already
         self._snapshot = snapshot
-        tail = _U64.unpack_from(view, RING_TAIL_OFFSET)[0]
-        head = _U64.unpack_from(view, RING_HEAD_OFFSET)[0]
+        tail, head = observer.tail(), observer.head()
         frames: list[Frame] = []
-        position = tail
-        while position < head and len(frames) <= RING_CAPACITY // FRAME_ALIGNMENT:
-            offset = RING_HEADER_LENGTH + position % RING_CAPACITY
-            length, frame_type, state = struct.unpack_from("<IHH", view, offset)
-            if frame_type == DATA_FRAME_TYPE:
-                payload_length = _U32.unpack_from(view, offset + 12)[0]
-                key = bytes(view[offset + FRAME_KEY_OFFSET : offset + FRAME_KEY_OFFSET + 16])
+        for position, offset, header in observer.frames(tail, head):
+            if header.frame_type == DATA_FRAME_TYPE:
+                key, _ = observer.key_and_payload(offset, header)
                 frames.append(
-                    Frame(position, length, frame_type, state, key.decode(), payload_length)
+                    Frame(
+                        position,
+                        header.length,
+                        header.frame_type,
+                        header.state,
+                        key.decode(),
+                        header.payload_length,
+                    )
                 )
             else:
-                frames.append(Frame(position, length, frame_type, state))
-            if length <= 0 or length % FRAME_ALIGNMENT:
-                break
-            position += length
+                frames.append(Frame(position, header.length, header.frame_type, header.state))
         ring = RingState(RING_CAPACITY, head, tail, frames, False)
         invariants.check_ring_positions(ring)
         invariants.check_ring_frames_tile(ring)
@@ -906,9 +899,7 @@ class ArenaWorld:
 
     def close(self) -> None:
         self.views = []
-        self.view.release()
-        self._map.close()
-        os.close(self._fd)
+        self.observer.close()
         self.reader.close()
         self.arena.close()
         self.registry.close()

@@ -254,13 +254,13 @@ class RegisteredArena:
         while self._tail < self._head:
             offset = self._frame_offset(self._tail)
             header = frame_io.read_frame_header(self._buf, offset)
-            reclaimable = (
-                header.frame_type == PADDING_FRAME_TYPE or header.state in _RECLAIMABLE_STATES
-            )
+            # Receivers store the state: load it through its accessor, as every shared word.
+            state = frame_io.load_frame_state_acquire(self._words, offset)
+            reclaimable = header.frame_type == PADDING_FRAME_TYPE or state in _RECLAIMABLE_STATES
             if (
                 not reclaimable
                 and header.frame_type == DATA_FRAME_TYPE
-                and header.state == FRAME_STATE_CLAIMED
+                and state == FRAME_STATE_CLAIMED
                 and not is_holder_alive(
                     frame_io.load_frame_holder_pid(self._words, offset), self._os
                 )

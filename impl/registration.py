@@ -133,18 +133,22 @@ def host_view(buffer: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Ten
     return buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
 
 
-def copy_without_device_allocation(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy `src` into the host tensor `dst` (its `host_view`) without allocating device memory.
+def copy_to_host_or_gather(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy `src` into the host tensor `dst` (its `host_view`); synchronous.
 
     torch copies a strided device source by making it contiguous *on the
-    device* first (an allocation the size of the payload); such a source is
-    gathered on the host instead (`gather_through_host`). Anything else is
-    copied as it is. Synchronous.
+    device* first (an allocation the size of the payload). Only when that
+    allocation fails is the source gathered on the host instead
+    (`gather_through_host`): the gather copies the whole storage span the
+    view covers, which for a column of a large tensor is the large tensor,
+    so it is the way out of a full device, not the default.
     """
     source = copy_source(src)
-    if source.is_contiguous() or source.device.type == "cpu":
+    try:
         dst.copy_(source)
-    else:
+    except torch.cuda.OutOfMemoryError:
+        if source.is_contiguous():
+            raise  # nothing to make contiguous: the allocation was not ours
         gather_through_host(dst, source)
 
 
@@ -722,7 +726,7 @@ __all__ = [
     "arena_file_name",
     "copy_into_host",
     "copy_source",
-    "copy_without_device_allocation",
+    "copy_to_host_or_gather",
     "gather_through_host",
     "dtype_name",
     "host_view",

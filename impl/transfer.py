@@ -23,7 +23,7 @@ instead of to the caller (docs/registered.md, "Falling back"): a driver older
 than the bindings (`cudaErrorInsufficientDriver`: the registered path is
 switched off for this sender, logged once), and a failed device allocation
 while a strided source is made contiguous on the device (this transfer only;
-the copying path then gathers on the host, `copy_without_device_allocation`).
+the copying path then gathers on the host, `copy_to_host_or_gather`).
 Both are counted in `SenderStatistics`.
 """
 
@@ -65,7 +65,7 @@ from shmring.impl.registration import (
     WIRE_DTYPES,
     Registry,
     ShmFile,
-    copy_without_device_allocation,
+    copy_to_host_or_gather,
     dtype_name,
     host_view,
     prune_taken_names,
@@ -437,8 +437,8 @@ class TransferSender:
     def _send_plain(self, names: list[str], tensors: list[torch.Tensor]) -> list[FieldDescriptor]:
         """The copying path: an unregistered segment per field, filled by torch `copy_`.
 
-        A strided device source is gathered on the host, never made
-        contiguous on the device (`copy_without_device_allocation`).
+        A strided device source whose device-side contiguous copy finds no
+        memory is gathered on the host instead (`copy_to_host_or_gather`).
         """
         files: list[ShmFile] = []
         try:
@@ -448,7 +448,7 @@ class TransferSender:
                     self.directory, segment_file_name(self._os), max(1, nbytes), self._os
                 )
                 files.append(file)
-                copy_without_device_allocation(host_view(file.tensor, 0, tensor), tensor)
+                copy_to_host_or_gather(host_view(file.tensor, 0, tensor), tensor)
         except BaseException:
             for file in files:
                 file.unmap()

@@ -115,7 +115,7 @@ CI_PROFILE = "connector-ci"
 LONG_PROFILE = "connector-long"
 settings.register_profile(
     CI_PROFILE,
-    max_examples=100,
+    max_examples=150,
     stateful_step_count=60,
     derandomize=True,
     database=None,

@@ -39,6 +39,7 @@ def test_failing_section_exits_non_zero_and_prints_why(
         progress(1, 2)
         raise AssertionError("model and implementation disagree: put(k) -> ring vs fallback")
 
+    monkeypatch.delitem(campaign.UNITS, "model")  # one unit, through the runner
     monkeypatch.setitem(campaign.RUNNERS, "model", broken)
     report = tmp_path / "report.json"
     status = cli.main(["check", "--only", "model", "--report", str(report), "--database", "none"])
@@ -46,7 +47,12 @@ def test_failing_section_exits_non_zero_and_prints_why(
     out = capsys.readouterr().out
     assert "model FAILED" in out
     assert "put(k) -> ring vs fallback" in out
-    assert json.loads(report.read_text())["passed"] is False
+    data = json.loads(report.read_text())
+    assert data["passed"] is False
+    (failure,) = data["failures"]
+    assert failure["unit"] == "model:all"
+    assert failure["rerun"] == "shmring check --budget quick --seed 0 --unit model:all"
+    assert failure["rerun"] in out
 
 
 def test_lockstep_section_counts_steps_per_machine(tmp_path: Path) -> None:

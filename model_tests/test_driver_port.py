@@ -27,7 +27,7 @@ from shmring.impl.cuda_driver import (
     torch_cuda_error_name,
 )
 from shmring.impl.errors import RegistrationError
-from shmring.impl.registration import gather_through_host
+from shmring.impl.registration import copy_to_host_or_gather, gather_through_host
 from shmring.impl.transfer import (
     CARRIER_SEGMENT,
     TransferOptions,
@@ -293,6 +293,38 @@ def test_host_gather_of_a_strided_source_equals_torch_copy(make: Any) -> None:
     dst = torch.full(source.shape, 99, dtype=source.dtype)
     gather_through_host(dst, source)
     assert torch.equal(dst, source)
+
+
+class DeviceFullOnce:
+    """A host destination whose first copy fails as torch's allocator does on a full GPU."""
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.tensor = torch.full(like.shape, 99, dtype=like.dtype)
+        self.sources: list[torch.Tensor] = []
+
+    def copy_(self, src: torch.Tensor) -> None:
+        self.sources.append(src)
+        if len(self.sources) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 KiB")
+        self.tensor.copy_(src)
+
+
+def test_a_strided_source_is_gathered_on_the_host_only_when_the_device_is_full() -> None:
+    """The host gather copies the whole span a view covers (a column spans nearly the whole
+    matrix): the copying path uses it only when the device-side copy finds no memory."""
+    source = torch.arange(24 * 16, dtype=torch.int32).reshape(24, 16)[:, 3]
+    dst = torch.empty(source.shape, dtype=source.dtype)
+    recorded: list[torch.Tensor] = []
+    copy_ = dst.copy_
+    dst.copy_ = lambda src: (recorded.append(src), copy_(src))  # type: ignore[method-assign]
+    copy_to_host_or_gather(dst, source)
+    assert len(recorded) == 1 and recorded[0] is source  # copied as it is: no staged span
+    full = DeviceFullOnce(source)
+    copy_to_host_or_gather(full, source)  # type: ignore[arg-type]
+    assert len(full.sources) == 2 and full.sources[1] is not source  # the gathered view
+    assert torch.equal(full.tensor, source)
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # contiguous: nothing to gather
+        copy_to_host_or_gather(DeviceFullOnce(source.contiguous()), source.contiguous())  # type: ignore[arg-type]
 
 
 class FakeCudaStream:

@@ -1,10 +1,16 @@
-"""`shmring` command line: `check` runs the campaign; `gc` and `stat` look after a deployment.
+"""`shmring` command line: `check` runs the campaign; `report merge` joins shard reports;
+`gc` and `stat` look after a deployment.
 
-`shmring check` runs the sections of `shmring.campaign` at a budget, shows a
-progress bar per section, prints a table of what was checked with counts,
-writes an optional JSON report and exits non-zero when anything failed. A
-failing lockstep section prints Hypothesis's shrunk reproducer; the example
-database (`--database`) keeps it, so the next campaign starts from it.
+`shmring check` runs the units of the campaign's sections (see
+`shmring.campaign`) on `--workers` processes, as `--shard K/N` of a fleet,
+for a fixed budget or `--max-seconds`; it shows a progress bar per section,
+prints a table of what was checked with counts, writes an optional JSON
+report and exits non-zero when anything failed. Every failure prints the
+`shmring check ... --unit ID` command that reruns only it (a lockstep
+divergence also Hypothesis's shrunk reproducer; the example database,
+`--database`, keeps it so the next campaign, on any machine sharing it,
+starts from it). Library logging is captured: counted, shown with `-v`
+and with failures.
 """
 
 from __future__ import annotations
@@ -15,10 +21,9 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from typing import Any
 
-from shmring.campaign import BUDGETS, SECTIONS, SectionResult, run_section, run_section_in_worker
+from shmring.campaign import BUDGETS, SECTIONS, Context, DatabaseError, SectionResult, open_database
 
 DEFAULT_SECTIONS = SECTIONS
 DEFAULT_DATABASE = os.path.join(".shmring", "hypothesis")
@@ -39,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed for the randomised sections (default 0)"
     )
     check.add_argument(
-        "--workers", type=int, default=1, help="run sections in N processes (default 1)"
+        "--workers", type=int, default=1, help="run units in N processes (default 1)"
     )
     check.add_argument(
         "--only",
@@ -47,12 +52,48 @@ def _parser() -> argparse.ArgumentParser:
         choices=SECTIONS,
         help="run only this section (repeatable); default: all",
     )
+    check.add_argument(
+        "--unit",
+        action="append",
+        metavar="ID",
+        help="run only this unit (section:name as failures print it, or a glob such as "
+        "'faults:ring_wrap/*'; repeatable)",
+    )
+    check.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run shard K of N (1 <= K <= N): N machines together run each unit once",
+    )
+    check.add_argument(
+        "--max-seconds",
+        type=float,
+        metavar="S",
+        help="after the fixed units, keep drawing lockstep and fuzz rounds until S seconds",
+    )
+    check.add_argument(
+        "--list-units", action="store_true", help="print the units this run would run, run none"
+    )
+    check.add_argument(
+        "-v", "--verbose", action="store_true", help="print the library's captured log records"
+    )
     check.add_argument("--report", metavar="FILE", help="write a JSON report here")
     check.add_argument(
         "--database",
-        metavar="DIR",
+        metavar="DB",
         default=DEFAULT_DATABASE,
-        help=f"Hypothesis example database (default {DEFAULT_DATABASE}); 'none' disables it",
+        help=f"Hypothesis example database: a directory (default {DEFAULT_DATABASE}), "
+        "redis://host:port/N (needs the redis extra), or 'none'",
+    )
+
+    report = commands.add_parser("report", help="work with `shmring check` reports")
+    report_commands = report.add_subparsers(dest="report_command", required=True)
+    merge = report_commands.add_parser(
+        "merge", help="add shard reports up into one report and print its table"
+    )
+    merge.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports of shards")
+    merge.add_argument("--report", metavar="FILE", help="write the merged JSON report here")
+    merge.add_argument(
+        "-v", "--verbose", action="store_true", help="print the captured log records"
     )
 
     gc = commands.add_parser(
@@ -76,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
         return _check(args)
+    if args.command == "report":
+        return _merge(args)
     from shmring.impl import admin
     from shmring.impl.errors import ShmringError
 
@@ -94,65 +137,142 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from shmring import schedule
 
     console = Console(stderr=True)
     sections = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_SECTIONS)
     if args.workers < 1:
-        console.print(f"--workers must be at least 1: workers={args.workers}")
+        print(
+            f"shmring check: --workers must be at least 1: workers={args.workers}", file=sys.stderr
+        )
+        return 2
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        print(
+            f"shmring check: --max-seconds must be positive: max_seconds={args.max_seconds}",
+            file=sys.stderr,
+        )
         return 2
     database = None if args.database == "none" else args.database
-    if database:
-        os.makedirs(database, exist_ok=True)
+    try:
+        shard = schedule.Shard.parse(args.shard) if args.shard else None
+        if database and not database.startswith(("redis://", "rediss://", "unix://")):
+            os.makedirs(database, exist_ok=True)
+        open_database(database)
+        context = Context(args.budget, args.seed, database)
+        plan = schedule.make_plan(
+            context,
+            sections,
+            unit_patterns=args.unit or (),
+            max_seconds=args.max_seconds,
+            shard=shard,
+        )
+    except (ValueError, DatabaseError) as error:
+        print(f"shmring check: {error}", file=sys.stderr)
+        return 2
+    if args.list_units:
+        for unit in plan.units:
+            print(unit.id)
+        if plan.streams:
+            print(f"... then rounds of {', '.join(plan.streams)} until {args.max_seconds} s")
+        return 0
     console.print(
         f"shmring check: budget={args.budget} seed={args.seed} workers={args.workers} "
-        f"sections={','.join(sections)}"
+        f"sections={','.join(plan.sections)} units={len(plan.units)}"
+        + (f" shard={shard}" if shard else "")
+        + (f" max-seconds={args.max_seconds:g}" if args.max_seconds else "")
     )
     started = time.perf_counter()
-    results: list[SectionResult] = []
-    if args.workers == 1:
-        columns = (
-            TextColumn("{task.description:<10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=False) as bar:
-            for name in sections:
-                task = bar.add_task(name, total=None)
-
-                def progress(done: int, total: int | None, task: int = task) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                result = run_section(name, args.budget, args.seed, database, progress)
-                bar.update(
-                    task, description=f"{name} {'ok' if result.failure is None else 'FAILED'}"
-                )
-                results.append(result)
-    else:
-        with (
-            ProcessPoolExecutor(max_workers=args.workers) as pool,
-            console.status("running sections in workers"),
-        ):
-            jobs = [(name, args.budget, args.seed, database) for name in sections]
-            results = list(pool.map(run_section_in_worker, jobs))
+    results = _run_with_progress(console, plan, args.workers)
     elapsed = time.perf_counter() - started
-    _print_table(results, elapsed)
-    failed = [r for r in results if r.failure is not None]
-    for result in failed:
-        print(f"\n=== {result.name} FAILED ===\n{result.failure}", file=sys.stdout)
-    if args.report:
-        report = {
-            "budget": args.budget,
-            "seed": args.seed,
-            "workers": args.workers,
-            "seconds": round(elapsed, 2),
-            "passed": not failed,
-            "sections": [asdict(r) for r in results],
+    report = schedule.build_report(plan, results, elapsed, workers=args.workers)
+    return _finish(report, elapsed, args.report, args.verbose, schedule.section_results)
+
+
+def _run_with_progress(console: Any, plan: Any, workers: int) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from shmring import schedule
+
+    columns = (
+        TextColumn("{task.description:<16}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("units"),
+        TimeElapsedColumn(),
+    )
+    totals = {name: 0 for name in plan.sections}
+    for unit in plan.units:
+        totals[unit.section] += 1
+    done = dict.fromkeys(plan.sections, 0)
+    failed = dict.fromkeys(plan.sections, False)
+    fractions: dict[str, dict[str, float]] = {name: {} for name in plan.sections}
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks = {
+            name: bar.add_task(name, total=None if name in plan.streams else totals[name])
+            for name in plan.sections
         }
-        with open(args.report, "w", encoding="utf-8") as handle:
+
+        def listener(unit: Any, result: Any, fraction: float) -> None:
+            name = unit.section
+            if result is None:
+                fractions[name][unit.id] = fraction
+            else:
+                fractions[name].pop(unit.id, None)
+                done[name] += 1
+                failed[name] = failed[name] or bool(result.failures)
+            verdict = "FAILED" if failed[name] else ("ok" if done[name] >= totals[name] else "")
+            bar.update(
+                tasks[name],
+                completed=done[name] + sum(fractions[name].values()),
+                description=f"{name} {verdict}".rstrip(),
+            )
+
+        return schedule.execute(plan, workers, listener)
+
+
+def _finish(
+    report: dict[str, Any], elapsed: float, path: str | None, verbose: bool, sums: Any
+) -> int:
+    from shmring import schedule
+
+    results = schedule.unit_results(report)
+    sections = sums(report["section_names"], results)
+    _print_table(sections, elapsed)
+    if verbose:
+        for result in results:
+            if result.logs:
+                print(f"\n--- {result.unit}: {result.logs} log record(s) ---")
+                for line in result.log_lines:
+                    print(f"  {line}")
+                if result.logs > len(result.log_lines):
+                    print(f"  ... and {result.logs - len(result.log_lines)} more")
+    for section in sections:
+        if section.failure is not None:
+            print(f"\n=== {section.name} FAILED ===\n{section.failure}", file=sys.stdout)
+    if report["failures"]:
+        print("\nrerun a failure alone:")
+        for failure in report["failures"]:
+            print(f"  {failure['rerun']}")
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)
-    return 1 if failed else 0
+    return 0 if report["passed"] else 1
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from shmring import schedule
+
+    try:
+        reports = [(path, schedule.load_report(path)) for path in args.reports]
+        merged, warnings = schedule.merge(reports)
+    except (OSError, ValueError, KeyError) as error:
+        print(f"shmring report merge: {error}", file=sys.stderr)
+        return 2
+    for warning in warnings:
+        print(f"shmring report merge: {warning}", file=sys.stderr)
+    status = _finish(merged, merged["seconds"], args.report, args.verbose, schedule.section_results)
+    return status if not warnings else max(status, 1)
 
 
 def _print_table(results: list[SectionResult], elapsed: float) -> None:
@@ -162,14 +282,18 @@ def _print_table(results: list[SectionResult], elapsed: float) -> None:
     table = Table(title=f"shmring check ({elapsed:.1f} s)")
     table.add_column("section")
     table.add_column("result")
+    table.add_column("units", justify="right")
     table.add_column("seconds", justify="right")
+    table.add_column("logs", justify="right")
     table.add_column("what was checked")
     for result in results:
         counts = ", ".join(f"{key}={value:,}" for key, value in result.counts.items())
         table.add_row(
             result.name,
             "ok" if result.failure is None else "FAILED",
+            str(result.units),
             f"{result.seconds:.1f}",
+            str(result.logs),
             counts or "-",
         )
     Console(width=max(120, Console().width)).print(table)
