@@ -792,7 +792,6 @@ class Connector:
                 if reader is None:
                     continue
                 resolved.append((producer, reader))
-                continue
             try:
                 got = reader.get(key, decode=_decode_sized)
             except CorruptFrameError as error:
