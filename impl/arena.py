@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,7 +52,7 @@ from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
 )
-from shmring.impl.naming import current_producer_identity
+from shmring.impl.naming import check_private_file, current_producer_identity
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 from shmring.impl.registration import (
     RegisteredRange,
@@ -462,7 +461,10 @@ class ArenaReader:
         fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
         try:
             info = os_facade.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size < RING_HEADER_LENGTH:
+            untrusted = check_private_file(path, info)  # a file another uid made or changed
+            if untrusted is not None:
+                raise CorruptFrameError(f"arena file not trusted: {untrusted}")
+            if info.st_size < RING_HEADER_LENGTH:
                 raise CorruptFrameError(f"arena file too short: path={path!r} size={info.st_size}")
             self._mapping = os_facade.mmap(fd, info.st_size)
         finally:

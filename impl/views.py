@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from shmring.impl.errors import CorruptFrameError
+from shmring.impl.naming import check_private_file
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 
 ReleaseHook = Callable[[np.ndarray], None]
@@ -191,7 +191,10 @@ def map_segment(
     fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
     try:
         info = os_facade.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size <= 0:
+        untrusted = check_private_file(path, info)  # a file another uid made or changed
+        if untrusted is not None:
+            raise CorruptFrameError(f"segment not trusted: {untrusted}")
+        if info.st_size <= 0:
             raise CorruptFrameError(
                 f"segment is not a non-empty regular file: path={path!r} size={info.st_size}"
             )

@@ -535,7 +535,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
                 _label("delivered from the sibling's ring")
 
     @precondition(lambda self: self._sibling_open())
-    @rule(now=st.sampled_from([False] * 9 + [True]))
+    @rule(now=st.sampled_from([False] * 4 + [True]))
     def close_sibling(self, now: bool) -> None:
         """The sibling closes; the main connector keeps going and unmaps its rings."""
         if not now:

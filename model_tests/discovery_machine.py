@@ -105,7 +105,7 @@ _COMMON: dict[str, Any] = {
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
 }
 settings.register_profile(
-    CI_PROFILE, max_examples=50, stateful_step_count=50, derandomize=True, database=None, **_COMMON
+    CI_PROFILE, max_examples=80, stateful_step_count=50, derandomize=True, database=None, **_COMMON
 )
 settings.register_profile(LONG_PROFILE, max_examples=200, stateful_step_count=60, **_COMMON)
 settings.register_profile(

@@ -146,3 +146,46 @@ def test_connector_file_operations_all_go_through_the_directory_descriptor(scope
     assert inside == [], inside
     assert isinstance(DirectoryReplacedError("x"), ShmringError)
     assert isinstance(DeploymentDirectory, type)
+
+
+def _untrusted_transfer_files(directory: str) -> list[str]:
+    """An arena and a segment, each in a 0644 file (a mode we never create)."""
+    from shmring.impl.registration import arena_file_name, segment_file_name
+
+    names = [arena_file_name(), segment_file_name()]
+    for name in names:
+        fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 1 << 16)
+        os.fchmod(fd, 0o644)
+        os.close(fd)
+    return names
+
+
+def test_registered_transfer_readers_refuse_files_that_are_not_ours_issue_12(
+    scope: str,
+) -> None:
+    """Arena and segment readers check owner and mode before trusting the bytes."""
+    from shmring.impl.arena import ArenaReader
+    from shmring.impl.naming import ensure_deployment_directory
+    from shmring.impl.views import map_segment
+
+    directory = ensure_deployment_directory(scope)
+    arena, segment = _untrusted_transfer_files(directory)
+    try:
+        with pytest.raises(CorruptFrameError, match="arena file not trusted: mode is not 0600"):
+            ArenaReader(directory, arena)
+        with pytest.raises(CorruptFrameError, match="segment not trusted: mode is not 0600"):
+            map_segment(directory, segment)
+        if os.geteuid() == 0:  # another uid's file, mode 0600: refused for its owner
+            for name in (arena, segment):
+                os.chmod(os.path.join(directory, name), 0o600)
+                os.chown(os.path.join(directory, name), 65534, 65534)
+            with pytest.raises(CorruptFrameError, match="not ours: uid=65534"):
+                ArenaReader(directory, arena)
+            with pytest.raises(CorruptFrameError, match="not ours: uid=65534"):
+                map_segment(directory, segment)
+        assert os.path.exists(os.path.join(directory, segment)), "a refused segment is left alone"
+    finally:
+        for name in (arena, segment):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
