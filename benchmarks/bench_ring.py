@@ -330,36 +330,15 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     route = route_of(stats)
                     if route:
                         routes.setdefault(f"latency {label}", {}).setdefault(name, set()).add(route)
-            for size, count, batches in plan.throughput:
-                label = size_label(size)
-                for name in order:
-                    if BYTES not in TRANSPORTS[name].kinds:
-                        continue
-                    if name == "ring" and not ring_admits(
-                        THROUGHPUT_CAPACITY, size, (batches + 1) * count
-                    ):
-                        not_run.setdefault(label, {})[name] = (
-                            f"not admitted: a {label} frame exceeds capacity/4 of the largest ring (64 MiB)"
-                        )
-                        continue
-                    counter += 1
-                    spec = CaseSpec(
-                        f"b{token}{counter:05d}", name, BYTES, size, THROUGHPUT_CAPACITY, count
-                    )
-                    rates, stats = run_throughput(pair, spec, count, batches)
-                    throughput[label][name].extend(rates)
-                    route = route_of(stats)
-                    if route:
-                        routes.setdefault(f"throughput {label}", {}).setdefault(name, set()).add(
-                            route
-                        )
-            for size, count, batches in plan.bursts:
-                label = burst_label(size, count)
+            cases = [(size, count, batches, False) for size, count, batches in plan.throughput]
+            cases += [(size, count, batches, True) for size, count, batches in plan.bursts]
+            for size, count, batches, burst in cases:
+                label = burst_label(size, count) if burst else size_label(size)
                 for name in order:
                     transport = TRANSPORTS[name]
                     if BYTES not in transport.kinds:
                         continue
-                    if not transport.buffers_bursts:
+                    if burst and not transport.buffers_bursts:
                         not_run.setdefault(label, {})[name] = (
                             "a bounded kernel buffer: the sender would block before the receiver starts"
                         )
@@ -375,7 +354,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     spec = CaseSpec(
                         f"b{token}{counter:05d}", name, BYTES, size, THROUGHPUT_CAPACITY, count
                     )
-                    rates, stats = run_throughput(pair, spec, count, batches, burst=True)
+                    rates, stats = run_throughput(pair, spec, count, batches, burst=burst)
                     throughput[label][name].extend(rates)
                     route = route_of(stats)
                     if route:
@@ -383,7 +362,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                             route
                         )
                     reused = stats.get("a", {}).get("fallback_reused")
-                    if reused is not None:
+                    if burst and reused is not None:
                         reuse.setdefault(label, {}).setdefault(name, []).append(
                             {"messages": (batches + 1) * count, "fallback_reused": reused}
                         )
