@@ -142,12 +142,12 @@ class RingRaw(Transport):
     _directory: str | None = None
 
     def setup(self) -> dict[str, Any]:
-        from shmring.impl.channel import RingChannel
         from shmring.impl.naming import (
             current_producer_identity,
             ensure_deployment_directory,
             ring_path,
         )
+        from shmring.impl.ring.producer import RingChannel
 
         self._directory = ensure_deployment_directory(self.spec.case_id)
         identity = current_producer_identity()
@@ -156,8 +156,8 @@ class RingRaw(Transport):
         return {"identity": list(identity)}
 
     def connect(self, peer_info: dict[str, Any]) -> None:
-        from shmring.impl.channel import RingReader
         from shmring.impl.naming import ring_path
+        from shmring.impl.ring.reader import RingReader
 
         assert self._directory is not None
         identity = tuple(peer_info["identity"])
@@ -182,7 +182,7 @@ class RingRaw(Transport):
             raise RuntimeError(f"ring put failed: status={outcome.status} seq={seq}")
 
     def recv(self, seq: int, deadline: float) -> Any:
-        from shmring.impl.channel import ReceiveStatus
+        from shmring.impl.ring.results import ReceiveStatus
 
         reader = self._in
         key = str(seq)

@@ -41,7 +41,6 @@ def build_paths() -> tuple[dict[str, Step], Callable[[], None]]:
     """The measured paths, each a function of the message index; and their cleanup."""
     import torch
 
-    from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
     from shmring.impl.connector import Connector
     from shmring.impl.naming import (
         current_producer_identity,
@@ -49,6 +48,9 @@ def build_paths() -> tuple[dict[str, Step], Callable[[], None]]:
         remove_deployment_directory_if_empty,
         ring_path,
     )
+    from shmring.impl.ring.producer import RingChannel
+    from shmring.impl.ring.reader import RingReader
+    from shmring.impl.ring.results import ReceiveStatus
 
     small = os.urandom(64)
     tree = {"codes": {"audio": torch.arange(28)}, "meta": {"finished": torch.tensor(False)}}

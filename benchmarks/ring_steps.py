@@ -41,7 +41,6 @@ def measure(messages: int) -> dict[str, float]:
     import torch
 
     from shmring.impl import codec
-    from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
     from shmring.impl.connector import Connector
     from shmring.impl.naming import (
         current_producer_identity,
@@ -49,6 +48,9 @@ def measure(messages: int) -> dict[str, float]:
         remove_deployment_directory_if_empty,
         ring_path,
     )
+    from shmring.impl.ring.producer import RingChannel
+    from shmring.impl.ring.reader import RingReader
+    from shmring.impl.ring.results import ReceiveStatus
 
     tree = {"codes": {"audio": torch.arange(28)}, "meta": {"finished": torch.tensor(False)}}
     small = os.urandom(64)

@@ -59,19 +59,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from shmring.fault_injection.lockstep import tagged
-from shmring.impl.channel import (
-    HOOK_FIELDS_WRITTEN,
-    HOOK_LENGTH_STORED,
-    HOOK_PAYLOAD_WRITTEN,
-    HOOK_RESERVED,
-    ReceiveStatus,
-    RingReader,
-)
 from shmring.impl.connector import Connector, GetStatus, Route
 from shmring.impl.errors import ProducerGoneError
 from shmring.impl.fallback import claim_segment
 from shmring.impl.naming import current_producer_identity, deployment_directory, ring_path
 from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
+from shmring.impl.ring.producer import (
+    HOOK_FIELDS_WRITTEN,
+    HOOK_LENGTH_STORED,
+    HOOK_PAYLOAD_WRITTEN,
+    HOOK_RESERVED,
+)
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.spec.ring import ConsumeMode
 
 EDGE: Final = ("enc", "dec")

@@ -248,8 +248,9 @@ class RingTemplate:
 
 def make_ring_template(directory: str) -> RingTemplate:
     """A real ring: wrapped, with padding, done, retired and published frames."""
-    from shmring.impl.channel import RingChannel, RingReader
     from shmring.impl.naming import current_producer_identity, ring_path
+    from shmring.impl.ring.producer import RingChannel
+    from shmring.impl.ring.reader import RingReader
 
     path = ring_path(directory, "tpl", "x", current_producer_identity())
     payloads: dict[str, set[bytes]] = {}
@@ -312,7 +313,8 @@ def _run(name: str, test: Callable[[], None], seed: int) -> None:
 
 def fuzz_ring_file(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated ring files: a reader answers typed errors or original payloads, never crashes."""
-    from shmring.impl.channel import ReceiveStatus, RingReader
+    from shmring.impl.ring.reader import RingReader
+    from shmring.impl.ring.results import ReceiveStatus
 
     with _scratch("fz") as directory:
         template = make_ring_template(directory)
@@ -679,10 +681,11 @@ def forged_battery(scope: str) -> int:
 
     Answers how many cases ran; FuzzFailure on the first that misbehaves.
     """
-    from shmring.impl.channel import RingChannel, RingReader
     from shmring.impl.connector import Connector, Route
     from shmring.impl.fallback import segment_path
     from shmring.impl.naming import current_producer_identity, deployment_directory, ring_path
+    from shmring.impl.ring.producer import RingChannel
+    from shmring.impl.ring.reader import RingReader
 
     ran = 0
     outside = os.path.join("/dev/shm", f"shmring-outside-{uuid.uuid4().hex[:8]}")

@@ -38,8 +38,10 @@ from shmring.fault_injection.interleave import (
     install_words,
 )
 from shmring.impl import frame_io
-from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.frame_io import FrameHeader, SharedWords, compute_checksum
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.spec import invariants
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,

@@ -32,8 +32,9 @@ from shmring.fault_injection.interleave import (
 )
 from shmring.impl import arena as arena_module
 from shmring.impl import fallback as fallback_module
-from shmring.impl.channel import RingChannel, RingReader
 from shmring.impl.frame_io import SharedWords
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
 
 # -- mutants -------------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ import struct
 from dataclasses import dataclass
 
 from shmring.impl import discovery, fallback, naming
-from shmring.impl.channel import RingReader
 from shmring.impl.errors import ShmringError
 from shmring.impl.frame_io import read_ring_header
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
+from shmring.impl.ring.reader import RingReader
 from shmring.spec.layout import RING_HEADER_LENGTH, RING_MAGIC
 
 

@@ -4,7 +4,7 @@ Design rationale. `shmring.spec.connector` (routing), `spec.producers`
 (identity, exit vs close) and `spec.discovery` (markers, stamp, receiver
 caches) say what a connector does; this module wires the pieces that do it:
 
-* `channel.RingChannel`, one per edge this process publishes on, set up at
+* `ring.producer.RingChannel`, one per edge this process publishes on, set up at
   the first put on the edge. Setup is file creation, allocation, mapping
   *and* the discovery marker; any failure (ENOSPC, EPERM, a marker or stamp
   that cannot be written) closes what was made, disables the ring for that
@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from shmring.impl import codec
-from shmring.impl.channel import PublishHook, ReceiveStatus, RingChannel, RingReader
 from shmring.impl.discovery import (
     DiscoveryCache,
     Liveness,
@@ -105,6 +104,9 @@ from shmring.impl.naming import (
     validate_stage_name,
 )
 from shmring.impl.os_seam import DEFAULT_OS, FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from shmring.impl.ring.producer import PublishHook, RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.spec.connector import Route, is_valid_budget
 from shmring.spec.discovery import DeploymentGetStatus
 from shmring.spec.ring import PutStatus, compute_capacity_error

@@ -325,7 +325,7 @@ def load_frame_header_fields(
     For readers of frames below a head they loaded (acquire): such a frame was
     complete before head moved, so the order of loads inside one unpack does
     not matter. A frame being overwritten is caught by the caller re-reading
-    the tail afterwards (see `shmring.impl.channel`). Padding frames carry
+    the tail afterwards (see `shmring.impl.ring`). Padding frames carry
     only the first three fields; the rest is whatever the bytes hold.
     """
     fields: tuple[int, int, int, int, int, int, int] = _FRAME_HEADER.unpack_from(buf, offset)

@@ -37,13 +37,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.impl.channel import Lease, ReceiveStatus, RingChannel, RingReader
 from shmring.impl.naming import (
     current_producer_identity,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
     ring_path,
 )
+from shmring.impl.ring.borrow import Lease
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.model_tests.workers import payload_for
 from shmring.spec import ring as ring_spec
 from shmring.spec.invariants import check_ring

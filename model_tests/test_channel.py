@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -46,6 +45,9 @@ from shmring.impl.naming import (
     deployment_directory as deployment_directory_path,
 )
 from shmring.impl.os_seam import SITE_FALLOCATE, OsFacade
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.model_tests.workers import (
     CountingOs,
     deployment_directory,
@@ -587,7 +589,7 @@ def test_reader_exposes_the_producer_identity(ring_dir: str) -> None:
 
 _TRACKER_PROBE = """
 import sys
-from shmring.impl.channel import RingReader
+from shmring.impl.ring.reader import RingReader
 reader = RingReader.attach(sys.argv[1])
 got = reader.get("k")
 reader.close()

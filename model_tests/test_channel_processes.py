@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from shmring.impl.channel import (
+from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,
     HOOK_PAYLOAD_WRITTEN,
-    ReceiveStatus,
     RingChannel,
-    RingReader,
 )
-from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.model_tests.workers import (
     compete_for_keys,
     deployment_directory,

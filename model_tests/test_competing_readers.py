@@ -8,8 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 from shmring.model_tests.workers import deployment_directory
 
 

@@ -21,7 +21,6 @@ from msgspec.msgpack import Ext
 
 from shmring.impl import codec, views
 from shmring.impl.arena import ArenaReader, RegisteredArena
-from shmring.impl.channel import RingChannel
 from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.discovery import Liveness
 from shmring.impl.errors import (
@@ -33,6 +32,7 @@ from shmring.impl.errors import (
 from shmring.impl.naming import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.registration import Registry
+from shmring.impl.ring.producer import RingChannel
 from shmring.impl.transfer import CARRIER_SEGMENT, FieldDescriptor
 from shmring.spec import layout
 from shmring.spec.ring import PutStatus

@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
     current_producer_identity,
@@ -29,6 +28,9 @@ from shmring.impl.naming import (
     ring_path,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
 
 # -- seams -----------------------------------------------------------------------
 

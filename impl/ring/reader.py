@@ -1,0 +1,609 @@
+"""The host ring's reader, `RingReader` (see `shmring.impl.ring` for the rationale)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import sys
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from shmring.impl.errors import (
+    ClosedError,
+    CorruptFrameError,
+    ProducerGoneError,
+)
+from shmring.impl.frame_io import (
+    SharedWords,
+    compute_checksum,
+    load_frame_header_fields,
+    load_frame_prefix,
+    load_frame_state_acquire,
+    load_head_acquire,
+    load_ring_state_acquire,
+    load_tail_acquire,
+    load_wakeup_sequence_acquire,
+    read_ring_header,
+    store_frame_holder_pid,
+    store_frame_state_release,
+)
+from shmring.impl.naming import (
+    Directory,
+    check_private_file,
+)
+from shmring.impl.os_seam import (
+    DEFAULT_OS,
+    OPEN_FLAGS_EXISTING,
+    OsFacade,
+)
+from shmring.impl.ring.borrow import (
+    Lease,
+)
+from shmring.impl.ring.mapping import (
+    _KNOWN_STATES,
+    _MAX_RACE_RETRIES,
+    _PAGE_SIZE,
+    _TRY_LOCK,
+    _UNLOCK,
+    FrameFields,
+    _corrupt,
+    _data_offset,
+    _FrameShapes,
+    _IndexEntry,
+    _new_outcome,
+    _RingFile,
+)
+from shmring.impl.ring.results import (
+    _BUSY,
+    _DELIVERED,
+    _NOT_FOUND,
+    _STALE,
+    Received,
+    RingStatistics,
+)
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
+    FRAME_KEY_OFFSET,
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
+    PADDING_FRAME_TYPE,
+    RING_CAPACITY_DISABLED,
+    RING_HEADER_LENGTH,
+    RING_MAGIC,
+    RING_STATE_CLOSED,
+    RING_STATE_OPEN,
+    RING_VERSION,
+    compute_ring_file_length,
+)
+from shmring.spec.ring import (
+    ConsumeMode,
+    is_valid_capacity,
+)
+
+# -- reader --------------------------------------------------------------------
+
+
+class RingReader(_RingFile):
+    """The reader side of one ring: maps an existing ring file without owning it.
+
+    Attach with `RingReader.attach`. Never unlinks the file and never touches
+    Python's resource tracker (it uses plain open/mmap, not
+    `multiprocessing.shared_memory`). `get` follows `spec.ring.process_get`,
+    plus BUSY when another process holds the ring lock.
+    """
+
+    def __init__(self, path: str, os_facade: OsFacade, directory: Directory | None = None) -> None:
+        super().__init__(path, os_facade, directory)
+        self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
+        self.instance = 0  # the producer's connector instance, from the ring header
+        self._seen_head = 0  # head at the last scan
+        self._scanned_to = 0  # a frame boundary; frames below it are in the index (if published)
+        # key bytes -> the frame seen PUBLISHED at the last scan, its header
+        # already validated: (position, offset, payload start, payload end, checksum).
+        # Those fields never change while the frame is unreclaimed, so a claim
+        # re-reads only the state and the tail.
+        self._index: dict[bytes, _IndexEntry] = {}
+        # (position, key bytes) in scan order, to prune index entries the tail passed.
+        self._index_order: deque[tuple[int, bytes]] = deque()
+        self._gets = 0
+        self._busy = 0
+        self._skipped = 0
+
+    @classmethod
+    def attach(
+        cls, path: str, *, os_facade: OsFacade = DEFAULT_OS, directory: Directory | None = None
+    ) -> RingReader:
+        """Map the ring file at `path` read-write and validate its header.
+
+        CorruptFrameError: not a regular file of ours (a symlink included),
+        or the header is not a valid ring header. ProducerGoneError: the file
+        is gone, or its producer closed the ring.
+        """
+        reader = cls(path, os_facade, directory)
+        try:
+            reader._fd = reader._dir.open(path, OPEN_FLAGS_EXISTING)
+        except FileNotFoundError as error:
+            raise ProducerGoneError(f"ring file is gone: path={path!r}") from error
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise CorruptFrameError(f"ring path is a symlink: path={path!r}") from error
+            raise
+        try:
+            reader._map_and_validate()
+        except BaseException:
+            reader._release_mapping()
+            raise
+        return reader
+
+    def _map_and_validate(self) -> None:
+        path = self.path
+        info = self._os.fstat(self._fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptFrameError(f"ring path is not a regular file: path={path!r}")
+        untrusted = check_private_file(path, info)  # ours, 0600: before any byte is read
+        if untrusted is not None:
+            raise CorruptFrameError(f"ring file is not trusted: {untrusted}")
+        size = info.st_size
+        if size < RING_HEADER_LENGTH:
+            raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")
+        self._mapping = self._os.mmap(self._fd, size)
+        buf = self._buf = memoryview(self._mapping)
+        header = read_ring_header(buf)
+        if header.magic != RING_MAGIC:
+            raise CorruptFrameError(f"bad ring magic: magic={header.magic:#x} path={path!r}")
+        if header.version != RING_VERSION:
+            raise CorruptFrameError(
+                f"unsupported ring version: version={header.version} path={path!r}"
+            )
+        if header.header_length != RING_HEADER_LENGTH:
+            raise CorruptFrameError(
+                f"bad ring header length: header_length={header.header_length} path={path!r}"
+            )
+        capacity = header.capacity
+        if capacity == RING_CAPACITY_DISABLED or not is_valid_capacity(capacity):
+            raise CorruptFrameError(f"bad ring capacity: capacity={capacity} path={path!r}")
+        if size != compute_ring_file_length(capacity):
+            raise CorruptFrameError(
+                f"ring file size does not match its capacity: size={size} capacity={capacity} path={path!r}"
+            )
+        if header.state == RING_STATE_CLOSED:
+            raise ProducerGoneError(f"ring closed by its producer: path={path!r}")
+        if header.state != RING_STATE_OPEN:
+            raise CorruptFrameError(f"bad ring state: state={header.state} path={path!r}")
+        self._words = SharedWords(buf)  # the size is a header plus an aligned capacity
+        self._capacity = capacity
+        self._shapes = _FrameShapes(capacity)
+        self.producer = (header.producer_pid, header.producer_start_time)
+        self.instance = header.producer_instance
+        bytes(buf[::_PAGE_SIZE])  # fault every page in once, not on the receive path
+        tail, _head = self._load_positions()
+        self._scanned_to = tail
+        self._seen_head = tail  # forces a scan on the first get that sees a frame
+
+    # -- positions -------------------------------------------------------------
+
+    def _load_positions(self) -> tuple[int, int]:
+        """(tail, head), consistent with each other, validated."""
+        words = self._require_words()
+        capacity = self._capacity
+        for _ in range(_MAX_RACE_RETRIES):
+            tail = load_tail_acquire(words)
+            head = load_head_acquire(words)
+            if load_tail_acquire(words) != tail:
+                continue  # the producer reclaimed meanwhile; head may be past tail + capacity
+            if (
+                tail <= head <= tail + capacity
+                and tail % FRAME_ALIGNMENT == 0
+                and head % FRAME_ALIGNMENT == 0
+            ):
+                return tail, head
+            raise _corrupt(
+                f"ring positions corrupted: head={head} tail={tail} capacity={capacity} path={self.path!r}"
+            )
+        raise _corrupt(f"ring tail keeps moving while read: path={self.path!r}")  # pragma: no cover
+
+    # -- scan ------------------------------------------------------------------
+
+    def _load_fields(self, buf: memoryview, offset: int) -> FrameFields:
+        """The header fields at mapping `offset`, never reading past the data region.
+
+        Where fewer than FRAME_HEADER_LENGTH bytes remain only a padding frame
+        fits, so only its (length, type, state) are read; the rest read as 0.
+        """
+        if RING_HEADER_LENGTH + self._capacity - offset >= FRAME_HEADER_LENGTH:
+            return load_frame_header_fields(buf, offset)
+        length, frame_type, state = load_frame_prefix(buf, offset)
+        return (length, frame_type, state, 0, 0, 0, 0)
+
+    def _check_frame(self, position: int, head: int, fields: FrameFields) -> str | None:
+        """Why the header `fields` read at `position` are not a valid frame, or None."""
+        length, frame_type, state, key_length, payload_length, frame_position, _ = fields
+        capacity = self._capacity
+        offset = position % capacity
+        if (
+            length == 0
+            or length % FRAME_ALIGNMENT
+            or offset + length > capacity
+            or position + length > head
+        ):
+            return f"bad frame length={length}"
+        if frame_type == PADDING_FRAME_TYPE:
+            if offset + length != capacity or state != FRAME_STATE_DONE:
+                return f"bad padding frame: length={length} state={state}"
+            return None
+        if frame_type != DATA_FRAME_TYPE:
+            return f"bad frame type={frame_type}"
+        if state not in _KNOWN_STATES:
+            return f"bad frame state={state}"
+        if frame_position != position:
+            return f"frame position field={frame_position}"
+        if self._shapes[key_length, payload_length] != length:
+            return f"bad lengths: length={length} key_length={key_length} payload_length={payload_length}"
+        return None
+
+    def _scan(self) -> None:
+        """Index the frames published since the last scan, without the lock."""
+        buf = self._require_buf()
+        words = self._words
+        capacity = self._capacity
+        tail, head = self._load_positions()
+        index = self._index
+        order = self._index_order
+        while order and order[0][0] < tail:
+            old_position, old_key = order.popleft()
+            entry = index.get(old_key)
+            if entry is not None and entry[0] == old_position:
+                del index[old_key]
+        shapes = self._shapes
+        region_end = RING_HEADER_LENGTH + capacity
+        position = max(self._scanned_to, tail)
+        retries = 0
+        while position < head:
+            offset = RING_HEADER_LENGTH + position % capacity
+            fields = self._load_fields(buf, offset)
+            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
+            if (
+                frame_type == DATA_FRAME_TYPE
+                and length == shapes[key_length, payload_length]
+                and frame_position == position
+                and offset + length <= region_end
+                and position + length <= head
+                and state in _KNOWN_STATES
+            ):
+                problem = None  # the common case of _check_frame, without the call
+            else:
+                problem = self._check_frame(position, head, fields)
+            key = b""
+            if problem is None and frame_type == DATA_FRAME_TYPE:
+                key_start = offset + FRAME_KEY_OFFSET
+                key = bytes(buf[key_start : key_start + key_length])
+            if problem is not None or frame_type == DATA_FRAME_TYPE:
+                now_tail = load_tail_acquire(words)
+                if now_tail > position:  # reclaimed and possibly rewritten under us
+                    retries += 1
+                    if retries > _MAX_RACE_RETRIES:  # pragma: no cover - lapped endlessly
+                        self._scanned_to = now_tail
+                        return  # head not recorded as seen: the next get scans again
+                    position = now_tail
+                    continue
+            if problem is not None:
+                raise _corrupt(
+                    f"corrupted frame at position={position}: {problem}; path={self.path!r}"
+                )
+            if frame_type == DATA_FRAME_TYPE:
+                if state == FRAME_STATE_PUBLISHED:
+                    index.pop(key, None)  # keep dict order = position order
+                    payload_start = offset + FRAME_KEY_OFFSET + key_length
+                    index[key] = (
+                        position,
+                        offset,
+                        payload_start,
+                        payload_start + payload_length,
+                        checksum,
+                    )
+                    order.append((position, key))
+                else:
+                    entry = index.get(key)
+                    if entry is not None and entry[0] < position:
+                        del index[
+                            key
+                        ]  # an older entry cannot be deliverable once a newer frame exists
+            position += length
+        self._scanned_to = position
+        self._seen_head = head
+
+    # -- get -------------------------------------------------------------------
+
+    def get(
+        self,
+        key: str,
+        position: int | None = None,
+        *,
+        mode: ConsumeMode = ConsumeMode.COPY_OUT,
+        decode: Callable[[memoryview], Any] | None = None,
+    ) -> Received:
+        """Claim the key's deliverable frame (or the descriptor's exact frame), once.
+
+        COPY_OUT: the payload is copied before the frame is marked DONE; the
+        answer holds `bytes`, or what `decode(view)` returned. `decode` gets a
+        read-only memoryview *borrowed* from the mapping for the duration of
+        the call and must return independently owned memory. If anything made
+        from the view (a slice, `memoryview()`, numpy.frombuffer,
+        torch.frombuffer) outlives the call, the get raises BufferError and
+        the frame stays CLAIMED, so the ring never rewrites what it shows. If
+        `decode` raises, the frame stays deliverable.
+
+        LEASE: the answer's payload is a `Lease` borrowing the payload in
+        place; the frame is DONE when the lease is released.
+
+        With `position` (a descriptor) only that exact frame may be claimed;
+        anything else answers STALE. BUSY: another process holds the ring
+        lock; nothing changed. A get on an unchanged channel whose index has
+        nothing for the key makes no system call and takes no lock.
+        """
+        buf = self._buf
+        words = self._words
+        if buf is None:
+            raise ClosedError(f"ring reader is closed: path={self.path!r}")
+        if load_head_acquire(words) != self._seen_head:
+            self._scan()
+        key_bytes = key.encode("utf-8")
+        entry = self._index.get(key_bytes)
+        if position is None:
+            if entry is None:
+                return _NOT_FOUND
+            miss = _NOT_FOUND
+        else:
+            if entry is None or entry[0] != position:
+                return _STALE
+            miss = _STALE
+        ring_state = load_ring_state_acquire(words)
+        if ring_state != RING_STATE_OPEN:
+            if ring_state == RING_STATE_CLOSED:
+                return miss  # a closed ring delivers nothing; its producer retires the rest
+            raise _corrupt(f"bad ring state: state={ring_state} path={self.path!r}")
+        return self._claim(buf, key_bytes, entry, mode, decode, miss)
+
+    def _claim(
+        self,
+        buf: memoryview,
+        key_bytes: bytes,
+        entry: _IndexEntry,
+        mode: ConsumeMode,
+        decode: Callable[[memoryview], Any] | None,
+        miss: Received,
+    ) -> Received:
+        position, offset, payload_start, payload_end, checksum = entry
+        words = self._words
+        # A frame another reader claimed since our scan is skipped without the
+        # lock (issue 12: competing readers answered BUSY 249,570 times in a
+        # soak, mostly retrying frames the other one had already taken). Only
+        # a hint: the claim below re-reads the state under the lock, so
+        # "exactly once" rests on the lock as before.
+        if self._claimed_elsewhere(words, key_bytes, position, offset):
+            self._skipped += 1
+            return miss
+        try:
+            self._os.flock(self._fd, _TRY_LOCK)
+        except BlockingIOError:
+            if self._claimed_elsewhere(words, key_bytes, position, offset):
+                self._skipped += 1  # lost the race for this very frame: not BUSY, gone
+                return miss
+            self._busy += 1
+            return _BUSY
+        self._locks += 1
+        try:
+            # The scan validated this frame's header; while the frame is not
+            # reclaimed only its state can change, so the state is all there is
+            # to re-read, then the tail (a frame the tail passed may be rewritten).
+            state = load_frame_state_acquire(words, offset)
+            if load_tail_acquire(words) > position:
+                self._forget(key_bytes, position)  # reclaimed (and maybe rewritten) under us
+                return miss
+            if state != FRAME_STATE_PUBLISHED:
+                if state not in _KNOWN_STATES:
+                    raise _corrupt(
+                        f"corrupted frame at position={position}: bad frame state={state}; "
+                        f"path={self.path!r}"
+                    )
+                self._forget(key_bytes, position)
+                return miss
+            # From here the frame is ours to claim: PUBLISHED frames are not
+            # reclaimed, and only lock holders move a frame out of PUBLISHED.
+            if decode is None and mode is ConsumeMode.COPY_OUT:
+                # Copy first, then check the private copy: one pass over memory
+                # another core wrote instead of two. Same bytes: under the lock a
+                # PUBLISHED frame does not change (anything else is corruption,
+                # which the check then reports).
+                value: Any = buf[payload_start:payload_end].tobytes()
+                checked: bytes | memoryview = value
+            else:
+                checked = buf[payload_start:payload_end]
+            if compute_checksum(key_bytes, checked) != checksum:
+                store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+                self._forget(key_bytes, position)
+                raise _corrupt(
+                    f"frame checksum mismatch at position={position}: checksum={checksum:#010x}; "
+                    f"frame retired; path={self.path!r}"
+                )
+            if mode is ConsumeMode.LEASE:
+                exporter = (ctypes.c_char * (payload_end - payload_start)).from_buffer(
+                    self._mapping,  # type: ignore[arg-type]
+                    payload_start,
+                )
+                lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
+                # The holder first, then CLAIMED (release): a producer that loads
+                # CLAIMED reads this process as the holder (`_free_dead_holders`).
+                store_frame_holder_pid(words, offset, os.getpid())
+                store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
+                value = lease
+            elif decode is None:
+                store_frame_state_release(words, offset, FRAME_STATE_DONE)
+            else:
+                value = self._decode_in_place(
+                    buf, offset, payload_start, payload_end, decode, position
+                )
+                store_frame_state_release(words, offset, FRAME_STATE_DONE)
+        finally:
+            self._os.flock(self._fd, _UNLOCK)
+        del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
+        self._gets += 1
+        return _new_outcome(Received, (_DELIVERED, position, value))
+
+    def _claimed_elsewhere(
+        self, words: SharedWords | None, key_bytes: bytes, position: int, offset: int
+    ) -> bool:
+        """Whether the indexed frame is surely no longer ours to claim (lock-free look).
+
+        True only for a frame still in the lap (the tail has not passed it,
+        checked after the state: a reclaimed slot may hold a newer frame)
+        whose state is a known one past PUBLISHED; its index entry is dropped.
+        """
+        assert words is not None
+        state = load_frame_state_acquire(words, offset)
+        if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
+            return False  # claimable, or corrupt: the locked path decides and reports
+        if load_tail_acquire(words) > position:
+            return False  # reclaimed meanwhile: the locked path forgets it
+        self._forget(key_bytes, position)
+        return True
+
+    def _decode_in_place(
+        self,
+        buf: memoryview,
+        offset: int,
+        payload_start: int,
+        payload_end: int,
+        decode: Callable[[memoryview], Any],
+        position: int,
+    ) -> Any:
+        # A fresh export of the mapping, so that every view derived from what
+        # decode gets holds one more reference to the mapping while it lives.
+        mapping = self._mapping
+        baseline = sys.getrefcount(mapping)
+        whole = memoryview(mapping)  # type: ignore[arg-type]
+        view = whole.toreadonly()[payload_start:payload_end]
+        whole.release()
+        try:
+            value = decode(view)
+        finally:
+            try:
+                view.release()
+                kept = sys.getrefcount(mapping) > baseline
+            except BufferError:
+                kept = True
+            if kept:
+                # The decoder kept a view of ring storage: pin the frame (CLAIMED,
+                # never reclaimed) so the ring never rewrites what it shows.
+                store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
+        if kept:
+            raise BufferError(
+                f"decode kept a view of ring storage; frame pinned at position={position}"
+            )
+        return value
+
+    def _forget(self, key_bytes: bytes, position: int) -> None:
+        entry = self._index.get(key_bytes)
+        if entry is not None and entry[0] == position:
+            del self._index[key_bytes]
+
+    def release(self, position: int) -> None:
+        """Mark the CLAIMED frame at `position` DONE (for a lease object that was lost).
+
+        Prefer `Lease.release()`, which also drops the borrowed view.
+        """
+        buf = self._require_buf()
+        words = self._words
+        tail, head = self._load_positions()
+        offset = _data_offset(position, self._capacity)
+        fields = self._load_fields(buf, offset)
+        length, frame_type, state, key_length, payload_length, _, _ = fields
+        problem = self._check_frame(position, head, fields)
+        if not tail <= position < head or problem is not None or state != FRAME_STATE_CLAIMED:
+            raise CorruptFrameError(
+                f"no claimed frame to release at position={position}: state={state} "
+                f"problem={problem}; path={self.path!r}"
+            )
+        store_frame_state_release(words, offset, FRAME_STATE_DONE)
+
+    # -- inspection --------------------------------------------------------------
+
+    @property
+    def producer_closed(self) -> bool:
+        """The producer closed the ring: nothing on it will be delivered."""
+        return load_ring_state_acquire(self._require_words()) == RING_STATE_CLOSED
+
+    @property
+    def wakeup_sequence(self) -> int:
+        """Bumped by the producer after every publication (and at close)."""
+        return load_wakeup_sequence_acquire(self._require_words())
+
+    def statistics(self) -> RingStatistics:
+        """A lock-free walk of the ring; frames moving meanwhile may be counted in either state."""
+        buf = self._require_buf()
+        words = self._words
+        capacity = self._capacity
+        tail, head = self._load_positions()
+        published = claimed = 0
+        position = tail
+        while position < head:
+            offset = _data_offset(position, capacity)
+            fields = self._load_fields(buf, offset)
+            length, frame_type, state, key_length, payload_length, _, _ = fields
+            problem = self._check_frame(position, head, fields)
+            if load_tail_acquire(words) > position:
+                position = load_tail_acquire(words)
+                continue
+            if problem is not None:
+                raise _corrupt(
+                    f"corrupted frame at position={position}: {problem}; path={self.path!r}"
+                )
+            if frame_type == DATA_FRAME_TYPE:
+                published += state == FRAME_STATE_PUBLISHED
+                claimed += state == FRAME_STATE_CLAIMED
+            position += length
+        used = head - tail
+        return RingStatistics(
+            capacity=capacity,
+            head=head,
+            tail=tail,
+            used_bytes=used,
+            free_bytes=capacity - used,
+            published_frames=published,
+            claimed_frames=claimed,
+            closed=load_ring_state_acquire(words) == RING_STATE_CLOSED,
+            puts=0,
+            refused_not_admitted=0,
+            refused_full=0,
+            retired=0,
+            gets=self._gets,
+            busy=self._busy,
+            locks=self._locks,
+            skipped=self._skipped,
+        )
+
+    def close(self) -> None:
+        """Drop the mapping and descriptor; never unlinks. Idempotent.
+
+        Leases still held keep their frames CLAIMED and their views valid: the
+        mapping is unmapped when the last borrowed view dies.
+        """
+        self._release_mapping()
+
+    def __enter__(self) -> RingReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"RingReader(path={self.path!r}, capacity={self._capacity}, producer={self.producer})"
+        )
