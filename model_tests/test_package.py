@@ -90,11 +90,21 @@ def test_no_top_level_spec_or_impl_package_is_installed() -> None:
     assert all(name == "shmring" or name.startswith("shmring.") for name in config["packages"])
 
 
+def _package_folder(package: str, package_dir: dict[str, str]) -> str:
+    """The folder of `package` as setuptools finds it: its nearest mapped parent, then the rest."""
+    parts = package.split(".")
+    for cut in range(len(parts), 0, -1):
+        parent = ".".join(parts[:cut])
+        if parent in package_dir:
+            return "/".join([package_dir[parent], *parts[cut:]])
+    return "/".join(parts)
+
+
 def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     expected = set()
     for package in config["packages"]:
-        folder = ROOT / config["package-dir"][package]
+        folder = ROOT / _package_folder(package, config["package-dir"])
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{p.name}" for p in folder.glob("*.py")}
         expected |= {f"{prefix}/{name}" for name in config.get("package-data", {}).get(package, [])}
