@@ -238,3 +238,14 @@ def codec_dimensions_format(ndim: int) -> str:
     # Verify the rank is not negative
     assert ndim >= 0
     return CODEC_DESCRIPTOR_FORMAT[0] + CODEC_DIMENSION_FORMAT * ndim
+
+
+# -- integer words -------------------------------------------------------------
+#
+# Every integer in these files is little-endian. The struct format of one word
+# of each width, for code that reads or writes a single word outside
+# `shmring.impl.frame_io` (the fault plans, the tests, the benchmarks).
+
+U16_FORMAT: Final = "<H"
+U32_FORMAT: Final = "<I"
+U64_FORMAT: Final = "<Q"
