@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from shmring.impl import codec
+from shmring.spec.layout import U64_FORMAT
 
 TREE = "tree"  # payload kind: the small tensor tree
 BYTES = "bytes"  # payload kind: a bytes object of `size` bytes
 
 SHM_ROOT = "/dev/shm"
-_COMMIT = struct.Struct("<Q")  # per-key segment: payload length + 1, written last
+_COMMIT = struct.Struct(U64_FORMAT)  # per-key segment: payload length + 1, written last
 _PICKLE_PROTOCOL = 5
 
 

@@ -69,6 +69,7 @@ from shmring.spec.layout import (
     RING_STATE_OFFSET,
     RING_TAIL_OFFSET,
     RING_VERSION_OFFSET,
+    U32_FORMAT,
 )
 
 EDGE: Final = ("enc", "dec")
@@ -278,7 +279,7 @@ def make_ring_template(directory: str) -> RingTemplate:
         while position < channel.head:
             offset = RING_HEADER_LENGTH + position % CAPACITY
             frames.append(offset)
-            length = struct.unpack_from("<I", data, offset)[0]
+            length = struct.unpack_from(U32_FORMAT, data, offset + FRAME_LENGTH_OFFSET)[0]
             position += length
         return RingTemplate(data, payloads, frames, sorted(payloads))
 

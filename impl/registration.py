@@ -26,14 +26,20 @@ The rules that make it safe:
 
 Every OS call goes through the `OsFacade`, every CUDA call through the
 `CudaDriver` port, so fault plans reach both.
+
+Model steps (`shmring.spec.registration`) and where they are done here:
+`process_allocate` / `process_register` / `process_copy` / `process_unregister`
+/ `process_remove` / `process_publish` / `process_transfer` / `process_close`
+are the `Registry` methods of the same names (`_abort` is `Registry.abort`);
+`process_receive` is the receiver's (`shmring.impl.transfer_receiver`); the
+driver steps (`process_host_register` ...) are `shmring.impl.cuda_driver`'s.
+The copies are `shmring.impl.host_copy`'s, the files `shmring.impl.shm_file`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
-import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,8 +54,20 @@ from shmring.impl.errors import (
     NoSpaceError,
     RegistrationError,
     RegistryPoisonedError,
-    UnsupportedPayloadError,
     describe_errno,
+)
+
+# The copy helpers and ShmFile have their own modules; they are re-exported
+# here (see __all__) for the importers that still take them from registration.
+from shmring.impl.host_copy import (
+    WIRE_DTYPES,
+    copy_into_host,
+    copy_source,
+    copy_to_host_or_gather,
+    dtype_name,
+    gather_through_host,
+    host_view,
+    wire_dtype_of,
 )
 from shmring.impl.naming import (
     ARENA_FILE_PREFIX,
@@ -60,7 +78,8 @@ from shmring.impl.naming import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
+from shmring.impl.shm_file import ShmFile
 from shmring.spec.registration import (
     SEGMENT_ALLOCATED,
     SEGMENT_COPIED,
@@ -74,121 +93,6 @@ from shmring.spec.registration import (
 
 # Published names a producer remembers before it checks which receivers took.
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256
-
-# What travels for each torch dtype: the numpy dtype name of the bits. bfloat16
-# has no numpy dtype; its bits travel as uint16 and a dtype view restores it.
-WIRE_DTYPES: Final = {
-    torch.bool: "bool",
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.float16: "float16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.bfloat16: "uint16",
-}
-# The dtype the copy runs in: same bits, a dtype every torch copy kernel has.
-_COPY_DTYPES: Final = {torch.bfloat16: torch.int16}
-# Torch dtype for each wire dtype, to view the host bytes (uint16 bits copy as int16).
-_HOST_DTYPES: Final = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "uint16": torch.int16,
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.bfloat16` -> "bfloat16"."""
-    return str(dtype).removeprefix("torch.")
-
-
-def wire_dtype_of(dtype: torch.dtype) -> str:
-    """The numpy dtype name whose bits carry `dtype`; UnsupportedPayloadError if none."""
-    try:
-        return WIRE_DTYPES[dtype]
-    except KeyError:
-        raise UnsupportedPayloadError(f"tensor dtype has no wire form: dtype={dtype}") from None
-
-
-def copy_source(src: torch.Tensor) -> torch.Tensor:
-    """`src` reinterpreted in the dtype the copy runs in (bfloat16 bits as int16; nothing widened)."""
-    wire_dtype_of(src.dtype)
-    copy_dtype = _COPY_DTYPES.get(src.dtype)
-    return src if copy_dtype is None else src.view(copy_dtype)
-
-
-def host_view(buffer: torch.Tensor, offset: int, src: torch.Tensor) -> torch.Tensor:
-    """A tensor over `buffer[offset:]` shaped like `src` in its copy dtype (shares memory)."""
-    source = copy_source(src)
-    nbytes = source.numel() * source.element_size()
-    return buffer[offset : offset + nbytes].view(source.dtype).view(source.shape)
-
-
-def copy_to_host_or_gather(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy `src` into the host tensor `dst` (its `host_view`); synchronous.
-
-    torch copies a strided device source by making it contiguous *on the
-    device* first (an allocation the size of the payload). Only when that
-    allocation fails is the source gathered on the host instead
-    (`gather_through_host`): the gather copies the whole storage span the
-    view covers, which for a column of a large tensor is the large tensor,
-    so it is the way out of a full device, not the default.
-    """
-    source = copy_source(src)
-    try:
-        dst.copy_(source)
-    except torch.cuda.OutOfMemoryError:
-        if source.is_contiguous():
-            raise  # nothing to make contiguous: the allocation was not ours
-        gather_through_host(dst, source)
-
-
-def gather_through_host(dst: torch.Tensor, source: torch.Tensor) -> None:
-    """`dst.copy_(source)` through a host copy of the storage span `source` covers.
-
-    The span is contiguous in the source's storage, so copying it needs no
-    temporary on its device; the strided view is then taken of the host copy.
-    The span can be larger than the payload (a slice with a step): host
-    memory is spent, not device memory. Works for any device (tested on CPU).
-    """
-    if source.numel() == 0:
-        return
-    first = source.storage_offset()
-    last = first + sum(
-        (n - 1) * step for n, step in zip(source.shape, source.stride(), strict=True)
-    )
-    span = source.as_strided((last - first + 1,), (1,), first)  # no copy: the storage itself
-    staged = torch.empty(span.shape, dtype=span.dtype)  # pageable: the copy is synchronous
-    staged.copy_(span)
-    dst.copy_(staged.as_strided(source.shape, source.stride(), 0))
-
-
-def copy_into_host(driver: CudaDriver, dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy `src` into `dst` through the driver and wait for it; RegistrationError on failure.
-
-    The error is re-raised without the driver's frames so no traceback keeps a
-    view of the destination mapping alive.
-    """
-    failure: RegistrationError | None = None
-    try:
-        driver.copy_to_host(dst, copy_source(src))
-        driver.synchronize()
-    except RegistrationError as error:
-        failure = error
-    finally:
-        del dst
-    if failure is not None:
-        raise failure.with_traceback(None)
-
 
 # -- names -------------------------------------------------------------------------
 
@@ -232,89 +136,6 @@ def prune_taken_names(paths: list[str], os_facade: OsFacade = DEFAULT_OS) -> lis
             continue
         kept.append(path)
     return kept
-
-
-# -- one shared-memory file ------------------------------------------------------------
-
-
-class ShmFile:
-    """A shared-memory file this process created and maps read-write.
-
-    Owns the mapping and `tensor`, a torch uint8 tensor over all of it. The
-    mapping is closed by `unmap`; if some view of it is still alive (a
-    traceback, a caller's tensor), closing is left to the last view, so a
-    mapping is never closed under a live view.
-    """
-
-    _mapping: mmap.mmap | None = None
-    _tensor: torch.Tensor | None = None
-    _linked = False
-
-    def __init__(
-        self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS
-    ) -> None:
-        if length <= 0:
-            raise ValueError(f"shared-memory file length must be positive: length={length}")
-        self.name = name
-        self.path = os.path.join(directory, name)
-        self.length = length
-        self._os = os_facade
-        fd = os_facade.open(self.path, OPEN_FLAGS_CREATE)
-        self._linked = True
-        try:
-            os_facade.ftruncate(fd, length)
-            os_facade.fallocate(fd, length)
-            self._mapping = os_facade.mmap(fd, length)
-        except BaseException:
-            self._discard_name()
-            raise
-        finally:
-            os_facade.close(fd)
-        self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
-        self.address = self._tensor.data_ptr()
-
-    @property
-    def mapped(self) -> bool:
-        return self._mapping is not None
-
-    @property
-    def linked(self) -> bool:
-        """Whether this process has not unlinked the name (a receiver may have)."""
-        return self._linked
-
-    @property
-    def tensor(self) -> torch.Tensor:
-        if self._tensor is None:
-            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
-        return self._tensor
-
-    def memoryview(self) -> memoryview:
-        if self._mapping is None:
-            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
-        return memoryview(self._mapping)
-
-    def unmap(self) -> None:
-        """Close the mapping now, or when its last outside view dies. Idempotent."""
-        mapping, self._mapping, self._tensor = self._mapping, None, None
-        if mapping is not None:
-            # A view alive: the mapping closes when it dies.
-            with contextlib.suppress(BufferError):
-                mapping.close()
-
-    def unlink(self) -> None:
-        """Remove the name; a receiver that already unlinked it is fine. Idempotent.
-
-        If the unlink fails the name is still ours, so a later call retries it.
-        """
-        if self._linked:
-            with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(self.path)
-            self._linked = False
-
-    def _discard_name(self) -> None:
-        self._linked = False
-        with contextlib.suppress(OSError):
-            self._os.unlink(self.path)
 
 
 # -- registered ranges and segments ------------------------------------------------------
@@ -534,7 +355,10 @@ class Registry:
     # -- segment steps (the model's process_* one for one) -------------------------------
 
     def allocate(self, length: int) -> RegisteredSegment:
-        """Create, size and map a new segment. OSError (NoSpaceError for ENOSPC) on failure."""
+        """`process_allocate`: create, size and map a new segment.
+
+        OSError (NoSpaceError for ENOSPC) on failure.
+        """
         self._check_usable()
         try:
             file = ShmFile(self.directory, segment_file_name(self._os), length, self._os)
@@ -551,6 +375,7 @@ class Registry:
         return segment
 
     def register(self, segment: RegisteredSegment) -> None:
+        """`process_register`: the driver registers the segment's range; RegistrationError on failure."""
         if segment.state != SEGMENT_ALLOCATED:
             raise ValueError(f"register needs an allocated segment: state={segment.state}")
         self._check_usable()
@@ -560,7 +385,7 @@ class Registry:
         segment.state = SEGMENT_REGISTERED
 
     def copy(self, segment: RegisteredSegment, src: torch.Tensor) -> None:
-        """Copy `src` (its wire bits) to the start of the segment and synchronize."""
+        """`process_copy`: copy `src` (its wire bits) to the start of the segment and synchronize."""
         if segment.state != SEGMENT_REGISTERED:
             raise ValueError(f"copy needs a registered segment: state={segment.state}")
         # No local holds the destination view: a failure's traceback must not keep it alive.
@@ -569,7 +394,10 @@ class Registry:
         segment.copied = True
 
     def unregister(self, segment: RegisteredSegment) -> None:
-        """Retried once; on final failure the segment is retained and RegistryPoisonedError raised."""
+        """`process_unregister`: retried once; on final failure the segment is retained.
+
+        RegistryPoisonedError is raised then (the retry rule is `unregister_range`).
+        """
         if segment.state not in (SEGMENT_REGISTERED, SEGMENT_COPIED):
             raise ValueError(f"unregister needs a registered segment: state={segment.state}")
         try:
@@ -580,7 +408,7 @@ class Registry:
         segment.state = SEGMENT_UNREGISTERED
 
     def remove(self, segment: RegisteredSegment) -> None:
-        """Unmap and unlink a segment the driver does not hold (a failed transfer's)."""
+        """`process_remove`: unmap and unlink a segment the driver does not hold (a failed transfer's)."""
         if segment.registered or segment.state not in (SEGMENT_ALLOCATED, SEGMENT_UNREGISTERED):
             raise ValueError(
                 f"remove needs an unregistered, unpublished segment: state={segment.state} "
@@ -593,7 +421,7 @@ class Registry:
         self._removed += 1
 
     def publish(self, segments: Sequence[RegisteredSegment]) -> list[PublishedSegment]:
-        """Hand every segment to the receiver; the producer's mapping closes."""
+        """`process_publish`: hand every segment to the receiver; the producer's mapping closes."""
         bad = [
             (s.state, s.copied) for s in segments if s.state != SEGMENT_UNREGISTERED or not s.copied
         ]
@@ -617,7 +445,7 @@ class Registry:
     # -- a whole transfer ------------------------------------------------------------------
 
     def transfer(self, sources: Sequence[torch.Tensor]) -> list[PublishedSegment]:
-        """Every source through the lifecycle into its own segment; all published or none.
+        """`process_transfer`: every source through the lifecycle into its own segment; all or none.
 
         Raises the first failure's error: OSError (allocate) or
         RegistrationError (register, copy, synchronize, unregister), as
@@ -655,7 +483,7 @@ class Registry:
         raise failure
 
     def abort(self, segments: Sequence[RegisteredSegment]) -> None:
-        """Unregister what is registered (retry rule applies) and remove everything else."""
+        """The model's `_abort`: unregister what is registered (retry rule), remove the rest."""
         for segment in segments:
             if segment.registered and segment.state != SEGMENT_RETAINED:
                 # Retained on failure; the registry is poisoned then.

@@ -25,6 +25,14 @@ switched off for this sender, logged once), and a failed device allocation
 while a strided source is made contiguous on the device (this transfer only;
 the copying path then gathers on the host, `copy_to_host_or_gather`).
 Both are counted in `SenderStatistics`.
+
+The API in three modules: this one is the producer side (`TransferSender`)
+and the one import point of every public name; the options and the
+descriptors are `shmring.impl.transfer_descriptor`'s, the consumer side
+`shmring.impl.transfer_receiver`'s. A registered send is
+`shmring.spec.registration.process_transfer` (`Registry.transfer`) for the
+fields the arena does not take, and the arena's reserve / copy / commit
+(`shmring.impl.arena.RegisteredArena`) for the fields it does.
 """
 
 from __future__ import annotations
@@ -33,15 +41,11 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
 
-import numpy as np
 import torch
 
 from shmring.impl.arena import (
-    DEFAULT_ARENA_CAPACITY,
     ArenaFrameDescriptor,
-    ArenaReader,
     ArenaReservation,
     RegisteredArena,
 )
@@ -49,169 +53,31 @@ from shmring.impl.cuda_driver import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaDriver,
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
-    CorruptFrameError,
     RegistrationError,
     RegistryPoisonedError,
 )
+from shmring.impl.host_copy import copy_to_host_or_gather, dtype_name, host_view, wire_dtype_of
 from shmring.impl.naming import (
     DEFAULT_SHM_ROOT,
-    deployment_directory,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
     validate_scope,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registration import (
-    WIRE_DTYPES,
-    Registry,
-    ShmFile,
-    copy_to_host_or_gather,
-    dtype_name,
-    host_view,
-    prune_taken_names,
-    segment_file_name,
-    validate_transfer_file_name,
-    wire_dtype_of,
+from shmring.impl.registration import Registry, prune_taken_names, segment_file_name
+from shmring.impl.shm_file import ShmFile
+from shmring.impl.transfer_descriptor import (
+    CARRIER_ARENA,
+    CARRIER_SEGMENT,
+    CARRIERS,
+    FieldDescriptor,
+    TransferDescriptor,
+    TransferOptions,
 )
-from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+from shmring.impl.transfer_receiver import TransferReceiver, restore_tensor
 from shmring.spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
-from shmring.spec.ring import compute_capacity_error
 
 logger = logging.getLogger("shmring.transfer")
-
-CARRIER_ARENA: Final = "arena"  # a frame of the registered arena
-CARRIER_SEGMENT: Final = "segment"  # a per-transfer segment (registered or not)
-CARRIERS: Final = (CARRIER_ARENA, CARRIER_SEGMENT)
-
-_TORCH_DTYPES: Final = {dtype_name(dtype): dtype for dtype in WIRE_DTYPES}
-
-
-# -- options ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TransferOptions:
-    """Switches of the registered transfer path; both default off."""
-
-    enable_registered_shm: bool = False  # D2H straight into CUDA-registered shared memory
-    enable_borrowed_frames: bool = False  # receivers borrow views instead of copying out
-    # Bytes of the registered arena (a valid ring capacity); 0 disables it, and
-    # every registered transfer takes a per-transfer segment.
-    arena_capacity: int = DEFAULT_ARENA_CAPACITY
-
-    def __post_init__(self) -> None:
-        for name in ("enable_registered_shm", "enable_borrowed_frames"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ConfigurationError(
-                    f"{name} must be a bool: {name}={value!r} ({type(value).__name__})"
-                )
-        capacity = self.arena_capacity
-        if not isinstance(capacity, int) or isinstance(capacity, bool):
-            raise ConfigurationError(f"arena_capacity must be an int: arena_capacity={capacity!r}")
-        error = compute_capacity_error(capacity)
-        if error is not None:
-            raise ConfigurationError(f"arena_capacity: {error}")
-
-
-# -- descriptors ---------------------------------------------------------------------
-
-
-def _text(value: object, what: str) -> str:
-    """`value` if it is a str; TypeError (a malformed descriptor) otherwise."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str: {what}={value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class FieldDescriptor:
-    """Where one field's bytes are and how to read them."""
-
-    name: str  # the field's name in the transfer
-    carrier: str  # CARRIER_ARENA or CARRIER_SEGMENT
-    file: str  # arena or segment file name in the deployment directory
-    position: int  # arena frame position; 0 for a segment
-    key: str  # arena frame key; "" for a segment
-    nbytes: int  # payload bytes
-    dtype: str  # the sender's torch dtype name ("bfloat16", "float32", ...)
-    wire_dtype: str  # numpy dtype name of the bits that travel ("uint16" for bfloat16)
-    shape: tuple[int, ...]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "carrier": self.carrier,
-            "file": self.file,
-            "position": self.position,
-            "key": self.key,
-            "nbytes": self.nbytes,
-            "dtype": self.dtype,
-            "wire_dtype": self.wire_dtype,
-            "shape": list(self.shape),
-        }
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> FieldDescriptor:
-        try:
-            field = cls(
-                name=str(data["name"]),
-                carrier=_text(data["carrier"], "carrier"),
-                file=validate_transfer_file_name(data["file"]),
-                position=int(data["position"]),
-                key=str(data["key"]),
-                nbytes=int(data["nbytes"]),
-                dtype=_text(data["dtype"], "dtype"),
-                wire_dtype=_text(data["wire_dtype"], "wire_dtype"),
-                shape=tuple(int(d) for d in data["shape"]),
-            )
-        except (KeyError, TypeError, ValueError, OverflowError) as error:
-            raise CorruptFrameError(
-                f"malformed field descriptor: {error}: {dict(data)!r}"
-            ) from error
-        field.check()
-        return field
-
-    def check(self) -> None:
-        """CorruptFrameError unless the descriptor is self-consistent."""
-        if self.carrier not in CARRIERS or self.dtype not in _TORCH_DTYPES:
-            raise CorruptFrameError(f"unknown carrier or dtype: {self}")
-        if WIRE_DTYPES[_TORCH_DTYPES[self.dtype]] != self.wire_dtype:
-            raise CorruptFrameError(f"wire dtype does not match dtype: {self}")
-        if any(d < 0 for d in self.shape) or self.position < 0:
-            raise CorruptFrameError(f"negative shape or position: {self}")
-        expected = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.wire_dtype).itemsize
-        if self.nbytes != expected:
-            raise CorruptFrameError(
-                f"nbytes={self.nbytes} differs from shape and dtype ({expected}): {self}"
-            )
-
-
-@dataclass(frozen=True)
-class TransferDescriptor:
-    """One transfer: what the receiver needs, as plain data."""
-
-    scope: str  # deployment scope of the files
-    fields: tuple[FieldDescriptor, ...]
-    registered: bool  # whether the registered path carried it
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "registered": self.registered,
-            "fields": [f.to_wire() for f in self.fields],
-        }
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> TransferDescriptor:
-        try:
-            scope = validate_scope(data["scope"])
-            fields = tuple(FieldDescriptor.from_wire(f) for f in data["fields"])
-            registered = bool(data["registered"])
-        except (KeyError, TypeError) as error:
-            raise CorruptFrameError(f"malformed transfer descriptor: {error}") from error
-        return cls(scope=scope, fields=fields, registered=registered)
-
 
 # -- sender ---------------------------------------------------------------------------
 
@@ -506,126 +372,6 @@ class TransferSender:
             raise poisoned
 
     def __enter__(self) -> TransferSender:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# -- receiver --------------------------------------------------------------------------
-
-
-def restore_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
-    """The sender's tensor over `array`'s memory (no copy); bfloat16 by a dtype view of the uint16 bits."""
-    if dtype not in _TORCH_DTYPES:
-        raise CorruptFrameError(f"unknown dtype: dtype={dtype!r}")
-    tensor = torch.from_numpy(array)
-    target = _TORCH_DTYPES[dtype]
-    return tensor if tensor.dtype == target else tensor.view(target)
-
-
-class TransferReceiver:
-    """Consumer side: maps what a descriptor names; borrows or copies it out."""
-
-    _closed = False
-
-    def __init__(
-        self,
-        scope: str,
-        options: TransferOptions | None = None,
-        *,
-        os_facade: OsFacade = DEFAULT_OS,
-        shm_root: str = DEFAULT_SHM_ROOT,
-    ) -> None:
-        options = TransferOptions() if options is None else options
-        if not isinstance(options, TransferOptions):
-            raise ConfigurationError(f"options must be TransferOptions: options={options!r}")
-        self.scope = validate_scope(scope)
-        self.options = options
-        self._os = os_facade
-        self._directory = deployment_directory(scope, shm_root)
-        self._readers: dict[str, ArenaReader] = {}
-
-    def _reader(self, name: str) -> ArenaReader:
-        reader = self._readers.get(name)
-        if reader is None:
-            reader = ArenaReader(self._directory, name, self._os)
-            self._readers[name] = reader
-        return reader
-
-    def receive(self, descriptor: TransferDescriptor) -> dict[str, np.ndarray]:
-        """Every field as a numpy array of its wire dtype.
-
-        With `enable_borrowed_frames` the arrays are borrowed views: the
-        receiver owns the memory until the last object derived from an array
-        dies (see `views.LeaseOwner`); they may be written. Otherwise they are
-        independent copies and the shared memory is released before this
-        returns. When a system call fails (mapping a segment, opening the
-        arena) nothing is taken and the same descriptor may be received again.
-        """
-        if self._closed:
-            raise ClosedError(f"receiver is closed: scope={self.scope!r}")
-        if descriptor.scope != self.scope:
-            raise CorruptFrameError(
-                f"descriptor for scope={descriptor.scope!r}, receiver scope={self.scope!r}"
-            )
-        borrowed = self.options.enable_borrowed_frames
-        for field in descriptor.fields:
-            field.check()
-        # 1. Every system call first (arena readers, segment mappings), so an
-        #    OS failure here takes nothing: all fields stay for a retry.
-        mapped: dict[str, Any] = {}
-        received: dict[str, np.ndarray] = {}
-        try:
-            for field in descriptor.fields:
-                if field.carrier == CARRIER_ARENA:
-                    self._reader(field.file)
-                else:
-                    mapped[field.name] = map_segment(
-                        self._directory, field.file, self._os, unlink=False
-                    )
-            # 2. Take every field (no system call).
-            for field in descriptor.fields:
-                if field.carrier == CARRIER_ARENA:
-                    frame = ArenaFrameDescriptor(
-                        field.file, field.position, field.key, field.nbytes
-                    )
-                    reader = self._reader(field.file)
-                    take = reader.borrow if borrowed else reader.copy
-                    received[field.name] = take(frame, field.wire_dtype, field.shape)
-                else:
-                    take_mapped = borrow_mapped if borrowed else copy_mapped
-                    mapping = mapped.pop(field.name)
-                    received[field.name] = take_mapped(
-                        mapping, field.file, field.wire_dtype, field.shape
-                    )
-        except BaseException:
-            received.clear()  # release what was taken; the traceback must not hold leases
-            for mapping in mapped.values():
-                mapping.close()
-            raise
-        # 3. The commit: taken segments' names go. A name that cannot be
-        #    removed now is removed by the sender's close; what was taken stays taken.
-        for field in descriptor.fields:
-            if field.carrier != CARRIER_ARENA:
-                with contextlib.suppress(OSError):
-                    unlink_segment(self._directory, field.file, self._os)
-        return received
-
-    def receive_tensors(self, descriptor: TransferDescriptor) -> dict[str, torch.Tensor]:
-        """Like `receive`, with each field restored to its torch dtype (bfloat16 by dtype view)."""
-        arrays = self.receive(descriptor)
-        by_name = {f.name: f for f in descriptor.fields}
-        return {name: restore_tensor(array, by_name[name].dtype) for name, array in arrays.items()}
-
-    def close(self) -> None:
-        """Drop the arena mappings; live borrowed views keep theirs. Idempotent."""
-        self._closed = True
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
-
-    def __enter__(self) -> TransferReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from shmring.impl.os_seam import FILE_MODE, SITE_FLOCK, OsFacade
 from shmring.model_tests.workers import watchdog
+from shmring.spec.layout import U64_FORMAT
 
 # -- seams -----------------------------------------------------------------------
 
@@ -109,7 +110,7 @@ class CountingOs(OsFacade):
 
 # -- payloads ----------------------------------------------------------------------
 
-_TAG: struct.Struct = struct.Struct("<Q")
+_TAG: struct.Struct = struct.Struct(U64_FORMAT)
 
 
 def tagged_payload(tag: int, size: int) -> bytes:

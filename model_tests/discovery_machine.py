@@ -70,6 +70,7 @@ from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
 from shmring.spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
 from shmring.spec.discovery import DeploymentGetStatus, DirectoryState, PublishedDescriptor
+from shmring.spec.layout import U64_FORMAT
 
 RING_CAPACITY = 4096
 FALLBACK_BUDGET = 1 << 20
@@ -118,7 +119,7 @@ settings.register_profile(
 )
 settings.register_profile(RESTART_LONG_PROFILE, max_examples=150, stateful_step_count=60, **_COMMON)
 
-_U64 = struct.Struct("<Q")
+_U64 = struct.Struct(U64_FORMAT)
 
 
 def _label(name: str) -> None:

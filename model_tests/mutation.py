@@ -130,7 +130,8 @@ def sample(names: list[str], per_module: int, seed: int, modules: set[str]) -> l
     rng = random.Random(seed)
     chosen = []
     for module in sorted(by_module):
-        if modules and module.rpartition(".")[2] not in modules:
+        # A module or a package: `--modules codec` takes every module of impl/codec/.
+        if modules and not modules & set(module.split(".")):
             continue
         pool = by_module[module]
         chosen += pool if per_module <= 0 else rng.sample(pool, min(per_module, len(pool)))

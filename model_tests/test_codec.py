@@ -12,6 +12,7 @@ import datetime
 import enum
 import mmap
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -27,7 +28,25 @@ from hypothesis import strategies as st
 from msgspec.msgpack import Ext
 
 from shmring.impl import codec
+from shmring.impl.codec import wire
 from shmring.impl.errors import CorruptFrameError, UnsupportedPayloadError
+from shmring.spec.layout import (
+    CODEC_DESCRIPTOR_AREA_OFFSET,
+    CODEC_DESCRIPTOR_AREA_START_OFFSET,
+    CODEC_DESCRIPTOR_DIMENSIONS_OFFSET,
+    CODEC_DESCRIPTOR_DTYPE_OFFSET,
+    CODEC_DESCRIPTOR_FORMAT,
+    CODEC_DESCRIPTOR_LENGTH,
+    CODEC_DESCRIPTOR_NDIM_OFFSET,
+    CODEC_DIMENSION_LENGTH,
+    CODEC_HEADER_LENGTH_OFFSET,
+    CODEC_LEAF_CODE_OFFSET,
+    CODEC_PREFIX_FORMAT,
+    CODEC_PREFIX_LENGTH,
+    CODEC_SHARED_LENGTH_OFFSET,
+    codec_descriptor_format,
+    codec_dimensions_format,
+)
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -107,6 +126,27 @@ def round_trip(obj: Any) -> Any:
 def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
     storage = tensor.untyped_storage()
     return storage.data_ptr(), storage.nbytes()
+
+
+# -- layout ------------------------------------------------------------------------
+
+
+def test_layout_formats_agree_with_the_chained_offsets():
+    """spec.layout's struct formats cover exactly the fields its offsets name."""
+    assert struct.calcsize(CODEC_PREFIX_FORMAT) == CODEC_PREFIX_LENGTH
+    assert struct.calcsize(CODEC_DESCRIPTOR_FORMAT) == CODEC_DESCRIPTOR_LENGTH
+    for ndim in (0, 1, 5, codec.MAX_NDIM):
+        assert struct.calcsize(codec_dimensions_format(ndim)) == CODEC_DIMENSION_LENGTH * ndim
+        assert struct.calcsize(codec_descriptor_format(ndim)) == (
+            CODEC_DESCRIPTOR_DIMENSIONS_OFFSET + CODEC_DIMENSION_LENGTH * ndim
+        )
+    # A real descriptor, read field by field at the layout's offsets.
+    data = bytearray(codec.encode([torch.zeros(2, 3, dtype=torch.int32)]))
+    assert data[CODEC_LEAF_CODE_OFFSET] == codec.DEFAULT_LEAF_EXT_CODE
+    at = first_descriptor_at(data)
+    assert data[at + CODEC_DESCRIPTOR_NDIM_OFFSET] == 2
+    dims = at + CODEC_DESCRIPTOR_DIMENSIONS_OFFSET
+    assert struct.unpack_from(codec_dimensions_format(2), data, dims) == (2, 3)
 
 
 # -- round trips -------------------------------------------------------------------
@@ -269,7 +309,7 @@ def test_user_ext_values_keep_code_and_data(with_tensor):
 
 def test_user_ext_that_looks_like_a_descriptor_is_not_taken_for_a_leaf():
     forged = codec.encode([torch.arange(3)])  # take a real descriptor's bytes
-    descriptor = codec._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 3)
+    descriptor = wire._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 3)
     assert descriptor in forged
     tree = [Ext(codec.DEFAULT_LEAF_EXT_CODE, descriptor), torch.arange(3)]
     decoded = round_trip(tree)
@@ -330,9 +370,9 @@ def test_decode_and_write_into_keep_no_export_of_the_callers_mapping():
     # the codec's frames).
     good = codec.encode([torch.arange(4), torch.arange(codec.SHARED_LEAF_LIMIT)])
     forged = bytearray(good)
-    descriptor = codec._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 4)
+    descriptor = wire._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 4)
     at = forged.index(descriptor)
-    forged[at : at + len(descriptor)] = codec._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 5)
+    forged[at : at + len(descriptor)] = wire._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 5)
     kept: list[BaseException] = []
     for data in (good, bytes(forged), good[:-16], b"\x92\xa1"):
         mapping = mmap.mmap(-1, len(data))
@@ -579,11 +619,11 @@ def test_random_byte_corruption_only_raises_corrupt_frame_error_or_returns(index
 
 def first_descriptor_at(data: bytearray) -> int:
     """Offset of the first leaf descriptor's data (after its ext8 header) in a framed encoding."""
-    code = data[2]
+    code = data[CODEC_LEAF_CODE_OFFSET]
     starts = []
     for ndim in range(31):
-        marker = bytes([0xC7, codec.DESCRIPTOR_LENGTH + 8 * ndim, code])
-        found = data.find(marker, codec.PREFIX_LENGTH)
+        marker = bytes([0xC7, CODEC_DESCRIPTOR_LENGTH + CODEC_DIMENSION_LENGTH * ndim, code])
+        found = data.find(marker, CODEC_PREFIX_LENGTH)
         if found >= 0:
             starts.append(found + len(marker))
     return min(starts)
@@ -603,15 +643,24 @@ def test_forged_header_fields_raise_corrupt_frame_error_without_huge_allocations
     data = bytearray(ENCODINGS[index])
     if data[0] != codec.FRAMED_MARKER:
         return
-    if field == "header_length":
-        data[4:8] = (value & 0xFFFFFFFF).to_bytes(4, "little")
-    elif field == "shared_length":
-        data[8:12] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+    if field in ("header_length", "shared_length"):
+        where = {
+            "header_length": CODEC_HEADER_LENGTH_OFFSET,
+            "shared_length": CODEC_SHARED_LENGTH_OFFSET,
+        }[field]
+        data[where : where + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
     else:
         at = first_descriptor_at(data)
-        where = {"dtype": at, "area": at + 1, "ndim": at + 2, "offset": at + 4, "dims": at + 12}[
-            field
-        ]
+        where = (
+            at
+            + {
+                "dtype": CODEC_DESCRIPTOR_DTYPE_OFFSET,
+                "area": CODEC_DESCRIPTOR_AREA_OFFSET,
+                "ndim": CODEC_DESCRIPTOR_NDIM_OFFSET,
+                "offset": CODEC_DESCRIPTOR_AREA_START_OFFSET,
+                "dims": CODEC_DESCRIPTOR_DIMENSIONS_OFFSET,
+            }[field]
+        )
         width = 8 if field in ("offset", "dims") else 1
         data[where : where + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
     _decode_or_corrupt(data)
@@ -619,9 +668,9 @@ def test_forged_header_fields_raise_corrupt_frame_error_without_huge_allocations
 
 def test_forged_huge_shape_is_refused_before_any_allocation():
     encoded = bytearray(codec.encode([torch.arange(4)]))
-    descriptor = codec._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 4)
+    descriptor = wire._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 4)
     at = encoded.index(descriptor)
-    encoded[at : at + len(descriptor)] = codec._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 2**62)
+    encoded[at : at + len(descriptor)] = wire._DESCRIPTOR_BY_NDIM[1].pack(5, 0, 1, 0, 0, 2**62)
     with pytest.raises(CorruptFrameError, match="out of place"):
         codec.decode(encoded)
 

@@ -27,7 +27,7 @@ from shmring.impl.cuda_driver import (
     torch_cuda_error_name,
 )
 from shmring.impl.errors import RegistrationError
-from shmring.impl.registration import copy_to_host_or_gather, gather_through_host
+from shmring.impl.host_copy import copy_to_host_or_gather, gather_through_host
 from shmring.impl.transfer import (
     CARRIER_SEGMENT,
     TransferOptions,

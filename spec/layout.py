@@ -160,3 +160,92 @@ def compute_file_footprint(file_length: int) -> int:
     # Verify the length is not negative
     assert file_length >= 0
     return align(file_length, SHM_PAGE_SIZE)
+
+
+# -- codec: the prefix and leaf descriptors of a framed payload ----------------
+#
+# A payload (a ring frame's payload bytes, or a fallback segment's) is plain
+# msgpack or *framed*: it then starts with CODEC_FRAMED_MARKER, the one byte
+# msgpack never uses (`shmring.impl.codec` encodes and decodes it). A framed
+# payload, every integer little-endian::
+#
+#     0      1        2            3         4              8              12
+#     +------+--------+------------+---------+--------------+--------------+
+#     | 0xC1 | version| leaf ext   | flags=0 | header length| shared length|
+#     | u8   | u8 = 1 | code i8    | u8      | u32 (H)      | u32 (S)      |
+#     +------+--------+------------+---------+--------------+--------------+
+#     12: msgpack header (H bytes): the payload tree, each leaf replaced by
+#         Ext(leaf ext code, descriptor); zero fill to a multiple of 16 = D
+#     D: shared area, S bytes: small leaves back to back, each zero padded to 16
+#     D + S: own area, to the end: large leaves back to back, each padded to 16
+#
+# A leaf descriptor (the data of one Ext(leaf ext code)), 12 + 8 * ndim bytes::
+#
+#     0             1      2      3          4                12
+#     +-------------+------+------+----------+----------------+------------------+
+#     | dtype code  | area | ndim | reserved | offset in its  | ndim x dimension |
+#     | u8 (| 0x80  | u8   | u8   | u8 = 0   | area u64       | u64              |
+#     |  for numpy) |      |      |          |                |                  |
+#     +-------------+------+------+----------+----------------+------------------+
+#
+# An Ext(leaf ext code) whose first byte is CODEC_TYPE_TAG is no descriptor:
+# the rest is the UTF-8 name of a registered class (its state follows it).
+
+CODEC_FRAMED_MARKER: Final = 0xC1  # the byte msgpack never uses: no plain message starts with it
+CODEC_FORMAT_VERSION: Final = 1
+
+CODEC_MARKER_OFFSET: Final = 0
+CODEC_VERSION_OFFSET: Final = CODEC_MARKER_OFFSET + 1
+CODEC_LEAF_CODE_OFFSET: Final = CODEC_VERSION_OFFSET + 1
+CODEC_FLAGS_OFFSET: Final = CODEC_LEAF_CODE_OFFSET + 1
+CODEC_HEADER_LENGTH_OFFSET: Final = CODEC_FLAGS_OFFSET + 1
+CODEC_SHARED_LENGTH_OFFSET: Final = CODEC_HEADER_LENGTH_OFFSET + 4
+CODEC_PREFIX_LENGTH: Final = CODEC_SHARED_LENGTH_OFFSET + 4
+# The prefix's fields in order (marker .. shared length), one struct format.
+CODEC_PREFIX_FORMAT: Final = "<BBbBII"
+
+# Largest item size (complex128) and the SIMD width torch assumes: the header
+# is zero filled to it, and every leaf starts on it.
+CODEC_REGION_ALIGNMENT: Final = 16
+
+CODEC_DESCRIPTOR_DTYPE_OFFSET: Final = 0
+CODEC_DESCRIPTOR_AREA_OFFSET: Final = CODEC_DESCRIPTOR_DTYPE_OFFSET + 1
+CODEC_DESCRIPTOR_NDIM_OFFSET: Final = CODEC_DESCRIPTOR_AREA_OFFSET + 1
+CODEC_DESCRIPTOR_RESERVED_OFFSET: Final = CODEC_DESCRIPTOR_NDIM_OFFSET + 1
+CODEC_DESCRIPTOR_AREA_START_OFFSET: Final = CODEC_DESCRIPTOR_RESERVED_OFFSET + 1
+CODEC_DESCRIPTOR_DIMENSIONS_OFFSET: Final = CODEC_DESCRIPTOR_AREA_START_OFFSET + 8
+CODEC_DESCRIPTOR_LENGTH: Final = CODEC_DESCRIPTOR_DIMENSIONS_OFFSET  # without the dimensions
+CODEC_DIMENSION_LENGTH: Final = 8
+# The descriptor's fixed fields in order (dtype code .. offset), and one dimension.
+CODEC_DESCRIPTOR_FORMAT: Final = "<BBBBQ"
+CODEC_DIMENSION_FORMAT: Final = "Q"
+
+CODEC_SHARED_AREA: Final = 0  # area byte: the leaf lives in the shared area
+CODEC_OWN_AREA: Final = 1  # area byte: the leaf lives in the own area
+CODEC_NUMPY_FLAG: Final = 0x80  # or-ed into the dtype code: the leaf comes back as numpy
+CODEC_TYPE_TAG: Final = 0xFE  # first byte of a registered class's tag (no dtype code reaches it)
+
+
+def codec_descriptor_format(ndim: int) -> str:
+    """Struct format of a whole leaf descriptor of `ndim` dimensions (head and shape)."""
+    # Verify the rank is not negative
+    assert ndim >= 0
+    return CODEC_DESCRIPTOR_FORMAT + CODEC_DIMENSION_FORMAT * ndim
+
+
+def codec_dimensions_format(ndim: int) -> str:
+    """Struct format of a descriptor's `ndim` dimensions alone (read from CODEC_DESCRIPTOR_LENGTH)."""
+    # Verify the rank is not negative
+    assert ndim >= 0
+    return CODEC_DESCRIPTOR_FORMAT[0] + CODEC_DIMENSION_FORMAT * ndim
+
+
+# -- integer words -------------------------------------------------------------
+#
+# Every integer in these files is little-endian. The struct format of one word
+# of each width, for code that reads or writes a single word outside
+# `shmring.impl.frame_io` (the fault plans, the tests, the benchmarks).
+
+U16_FORMAT: Final = "<H"
+U32_FORMAT: Final = "<I"
+U64_FORMAT: Final = "<Q"

@@ -1,0 +1,97 @@
+"""One shared-memory file this process created and maps read-write (`ShmFile`).
+
+Per-transfer segments (`shmring.impl.registration`), the copying path's
+unregistered segments (`shmring.impl.transfer`) and the registered arena's
+file are each one of these. Every OS call goes through the `OsFacade`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+
+import torch
+
+from shmring.impl.errors import ClosedError
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
+
+
+class ShmFile:
+    """A shared-memory file this process created and maps read-write.
+
+    Owns the mapping and `tensor`, a torch uint8 tensor over all of it. The
+    mapping is closed by `unmap`; if some view of it is still alive (a
+    traceback, a caller's tensor), closing is left to the last view, so a
+    mapping is never closed under a live view.
+    """
+
+    _mapping: mmap.mmap | None = None
+    _tensor: torch.Tensor | None = None
+    _linked = False
+
+    def __init__(
+        self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS
+    ) -> None:
+        if length <= 0:
+            raise ValueError(f"shared-memory file length must be positive: length={length}")
+        self.name = name
+        self.path = os.path.join(directory, name)
+        self.length = length
+        self._os = os_facade
+        fd = os_facade.open(self.path, OPEN_FLAGS_CREATE)
+        self._linked = True
+        try:
+            os_facade.ftruncate(fd, length)
+            os_facade.fallocate(fd, length)
+            self._mapping = os_facade.mmap(fd, length)
+        except BaseException:
+            self._discard_name()
+            raise
+        finally:
+            os_facade.close(fd)
+        self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        self.address = self._tensor.data_ptr()
+
+    @property
+    def mapped(self) -> bool:
+        return self._mapping is not None
+
+    @property
+    def linked(self) -> bool:
+        """Whether this process has not unlinked the name (a receiver may have)."""
+        return self._linked
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
+        return self._tensor
+
+    def memoryview(self) -> memoryview:
+        if self._mapping is None:
+            raise ClosedError(f"shared-memory file is unmapped: path={self.path!r}")
+        return memoryview(self._mapping)
+
+    def unmap(self) -> None:
+        """Close the mapping now, or when its last outside view dies. Idempotent."""
+        mapping, self._mapping, self._tensor = self._mapping, None, None
+        if mapping is not None:
+            # A view alive: the mapping closes when it dies.
+            with contextlib.suppress(BufferError):
+                mapping.close()
+
+    def unlink(self) -> None:
+        """Remove the name; a receiver that already unlinked it is fine. Idempotent.
+
+        If the unlink fails the name is still ours, so a later call retries it.
+        """
+        if self._linked:
+            with contextlib.suppress(FileNotFoundError):
+                self._os.unlink(self.path)
+            self._linked = False
+
+    def _discard_name(self) -> None:
+        self._linked = False
+        with contextlib.suppress(OSError):
+            self._os.unlink(self.path)

@@ -1,0 +1,146 @@
+"""The transfer API's consumer side: `TransferReceiver` maps what a descriptor names.
+
+`receive` is `shmring.spec.registration.process_receive` for each segment
+field (map, then unlink the name) and the arena reader's claim for each arena
+field; it takes all of a descriptor's fields or none: every system call comes
+first, so an OS failure takes nothing and the same descriptor may be received
+again. With `enable_borrowed_frames` the arrays are borrowed views
+(`shmring.impl.views`), otherwise independent copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
+from shmring.impl.errors import ClosedError, ConfigurationError, CorruptFrameError
+from shmring.impl.naming import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
+from shmring.impl.transfer_descriptor import (
+    _TORCH_DTYPES,
+    CARRIER_ARENA,
+    TransferDescriptor,
+    TransferOptions,
+)
+from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+
+
+def restore_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """The sender's tensor over `array`'s memory (no copy); bfloat16 by a dtype view of the uint16 bits."""
+    if dtype not in _TORCH_DTYPES:
+        raise CorruptFrameError(f"unknown dtype: dtype={dtype!r}")
+    tensor = torch.from_numpy(array)
+    target = _TORCH_DTYPES[dtype]
+    return tensor if tensor.dtype == target else tensor.view(target)
+
+
+class TransferReceiver:
+    """Consumer side: maps what a descriptor names; borrows or copies it out."""
+
+    _closed = False
+
+    def __init__(
+        self,
+        scope: str,
+        options: TransferOptions | None = None,
+        *,
+        os_facade: OsFacade = DEFAULT_OS,
+        shm_root: str = DEFAULT_SHM_ROOT,
+    ) -> None:
+        options = TransferOptions() if options is None else options
+        if not isinstance(options, TransferOptions):
+            raise ConfigurationError(f"options must be TransferOptions: options={options!r}")
+        self.scope = validate_scope(scope)
+        self.options = options
+        self._os = os_facade
+        self._directory = deployment_directory(scope, shm_root)
+        self._readers: dict[str, ArenaReader] = {}
+
+    def _reader(self, name: str) -> ArenaReader:
+        reader = self._readers.get(name)
+        if reader is None:
+            reader = ArenaReader(self._directory, name, self._os)
+            self._readers[name] = reader
+        return reader
+
+    def receive(self, descriptor: TransferDescriptor) -> dict[str, np.ndarray]:
+        """Every field as a numpy array of its wire dtype.
+
+        With `enable_borrowed_frames` the arrays are borrowed views: the
+        receiver owns the memory until the last object derived from an array
+        dies (see `views.LeaseOwner`); they may be written. Otherwise they are
+        independent copies and the shared memory is released before this
+        returns. When a system call fails (mapping a segment, opening the
+        arena) nothing is taken and the same descriptor may be received again.
+        """
+        if self._closed:
+            raise ClosedError(f"receiver is closed: scope={self.scope!r}")
+        if descriptor.scope != self.scope:
+            raise CorruptFrameError(
+                f"descriptor for scope={descriptor.scope!r}, receiver scope={self.scope!r}"
+            )
+        borrowed = self.options.enable_borrowed_frames
+        for field in descriptor.fields:
+            field.check()
+        # 1. Every system call first (arena readers, segment mappings), so an
+        #    OS failure here takes nothing: all fields stay for a retry.
+        mapped: dict[str, Any] = {}
+        received: dict[str, np.ndarray] = {}
+        try:
+            for field in descriptor.fields:
+                if field.carrier == CARRIER_ARENA:
+                    self._reader(field.file)
+                else:
+                    mapped[field.name] = map_segment(
+                        self._directory, field.file, self._os, unlink=False
+                    )
+            # 2. Take every field (no system call).
+            for field in descriptor.fields:
+                if field.carrier == CARRIER_ARENA:
+                    frame = ArenaFrameDescriptor(
+                        field.file, field.position, field.key, field.nbytes
+                    )
+                    reader = self._reader(field.file)
+                    take = reader.borrow if borrowed else reader.copy
+                    received[field.name] = take(frame, field.wire_dtype, field.shape)
+                else:
+                    take_mapped = borrow_mapped if borrowed else copy_mapped
+                    mapping = mapped.pop(field.name)
+                    received[field.name] = take_mapped(
+                        mapping, field.file, field.wire_dtype, field.shape
+                    )
+        except BaseException:
+            received.clear()  # release what was taken; the traceback must not hold leases
+            for mapping in mapped.values():
+                mapping.close()
+            raise
+        # 3. The commit: taken segments' names go. A name that cannot be
+        #    removed now is removed by the sender's close; what was taken stays taken.
+        for field in descriptor.fields:
+            if field.carrier != CARRIER_ARENA:
+                with contextlib.suppress(OSError):
+                    unlink_segment(self._directory, field.file, self._os)
+        return received
+
+    def receive_tensors(self, descriptor: TransferDescriptor) -> dict[str, torch.Tensor]:
+        """Like `receive`, with each field restored to its torch dtype (bfloat16 by dtype view)."""
+        arrays = self.receive(descriptor)
+        by_name = {f.name: f for f in descriptor.fields}
+        return {name: restore_tensor(array, by_name[name].dtype) for name, array in arrays.items()}
+
+    def close(self) -> None:
+        """Drop the arena mappings; live borrowed views keep theirs. Idempotent."""
+        self._closed = True
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def __enter__(self) -> TransferReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
