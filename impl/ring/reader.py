@@ -6,7 +6,6 @@ import ctypes
 import errno
 import os
 import stat
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +37,7 @@ from shmring.impl.os_seam import (
 )
 from shmring.impl.ring.borrow import (
     Lease,
+    call_with_view,
 )
 from shmring.impl.ring.frames import (
     RING_FILE,
@@ -69,7 +69,6 @@ from shmring.impl.ring.results import (
 )
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
-    FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
@@ -175,12 +174,10 @@ class RingReader(_RingFile):
         """(tail, head), consistent with each other, validated."""
         return load_positions(self._require_words(), self._capacity, self.path)
 
-    def _scan(self) -> None:
+    def _scan(self, buf: memoryview, words: SharedWords) -> None:
         """Index the frames published since the last scan, without the lock (`frames.walk_frames`)."""
-        buf = self._require_buf()
-        words = self._words
-        assert words is not None
-        tail, head = self._load_positions()
+        capacity = self._capacity
+        tail, head = load_positions(words, capacity, self.path)
         index = self._index
         order = self._index_order
         while order and order[0][0] < tail:
@@ -189,7 +186,7 @@ class RingReader(_RingFile):
             if entry is not None and entry[0] == old_position:
                 del index[old_key]
         frames, end, complete = walk_frames(
-            buf, words, self._capacity, self._shapes, max(self._scanned_to, tail), head, self.path
+            buf, words, capacity, self._shapes, max(self._scanned_to, tail), head, self.path
         )
         for position, offset, fields, key in frames:
             _, frame_type, state, key_length, payload_length, _, checksum = fields
@@ -249,7 +246,7 @@ class RingReader(_RingFile):
         if buf is None:
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
         if load_head_acquire(words) != self._seen_head:
-            self._scan()
+            self._scan(buf, words)
         key_bytes = key.encode("utf-8")
         entry = self._index.get(key_bytes)
         if position is None:
@@ -283,13 +280,17 @@ class RingReader(_RingFile):
         # soak, mostly retrying frames the other one had already taken). Only
         # a hint: the claim below re-reads the state under the lock, so
         # "exactly once" rests on the lock as before.
-        if self._claimed_elsewhere(words, key_bytes, position, offset):
+        state = load_frame_state_acquire(words, offset)
+        if state != FRAME_STATE_PUBLISHED and self._claimed_elsewhere(
+            words, key_bytes, position, state
+        ):
             self._skipped += 1
             return miss
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
-            if self._claimed_elsewhere(words, key_bytes, position, offset):
+            state = load_frame_state_acquire(words, offset)
+            if self._claimed_elsewhere(words, key_bytes, position, state):
                 self._skipped += 1  # lost the race for this very frame: not BUSY, gone
                 return miss
             self._busy += 1
@@ -327,11 +328,13 @@ class RingReader(_RingFile):
                     f"frame retired; path={self.path!r}"
                 )
             if mode is ConsumeMode.LEASE:
-                exporter = (ctypes.c_char * (payload_end - payload_start)).from_buffer(
+                # The lease's export covers the whole frame: its release stores
+                # DONE in this header (`borrow.mark_frame_done`).
+                keep = (ctypes.c_char * (payload_end - offset)).from_buffer(
                     self._mapping,  # type: ignore[arg-type]
-                    payload_start,
+                    offset,
                 )
-                lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
+                lease = Lease(keep, payload_start - offset, position=position)
                 # The holder first, then CLAIMED (release): a producer that loads
                 # CLAIMED reads this process as the holder (`_free_dead_holders`).
                 store_frame_holder_pid(words, offset, os.getpid())
@@ -340,9 +343,20 @@ class RingReader(_RingFile):
             elif decode is None:
                 store_frame_state_release(words, offset, FRAME_STATE_DONE)
             else:
-                value = self._decode_in_place(
-                    buf, offset, payload_start, payload_end, decode, position
+                # decode reads in place; a view of ring storage it keeps pins the
+                # frame (CLAIMED, never reclaimed) so the ring never rewrites it.
+                value, kept = call_with_view(
+                    self._mapping,  # type: ignore[arg-type]
+                    payload_start,
+                    payload_end,
+                    decode,
+                    writable=False,
+                    on_kept=lambda: store_frame_state_release(words, offset, FRAME_STATE_CLAIMED),
                 )
+                if kept:
+                    raise BufferError(
+                        f"decode kept a view of ring storage; frame pinned at position={position}"
+                    )
                 store_frame_state_release(words, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)
@@ -351,56 +365,22 @@ class RingReader(_RingFile):
         return _new_outcome(Received, (_DELIVERED, position, value))
 
     def _claimed_elsewhere(
-        self, words: SharedWords | None, key_bytes: bytes, position: int, offset: int
+        self, words: SharedWords | None, key_bytes: bytes, position: int, state: int
     ) -> bool:
-        """Whether the indexed frame is surely no longer ours to claim (lock-free look).
+        """Whether the indexed frame, whose state was just loaded, is surely no longer ours.
 
-        True only for a frame still in the lap (the tail has not passed it,
-        checked after the state: a reclaimed slot may hold a newer frame)
-        whose state is a known one past PUBLISHED; its index entry is dropped.
+        A lock-free look. True only for a frame still in the lap (the tail has
+        not passed it, checked after the state: a reclaimed slot may hold a
+        newer frame) whose state is a known one past PUBLISHED; its index
+        entry is dropped.
         """
         assert words is not None
-        state = load_frame_state_acquire(words, offset)
         if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
             return False  # claimable, or corrupt: the locked path decides and reports
         if load_tail_acquire(words) > position:
             return False  # reclaimed meanwhile: the locked path forgets it
         self._forget(key_bytes, position)
         return True
-
-    def _decode_in_place(
-        self,
-        buf: memoryview,
-        offset: int,
-        payload_start: int,
-        payload_end: int,
-        decode: Callable[[memoryview], Any],
-        position: int,
-    ) -> Any:
-        # A fresh export of the mapping, so that every view derived from what
-        # decode gets holds one more reference to the mapping while it lives.
-        mapping = self._mapping
-        baseline = sys.getrefcount(mapping)
-        whole = memoryview(mapping)  # type: ignore[arg-type]
-        view = whole.toreadonly()[payload_start:payload_end]
-        whole.release()
-        try:
-            value = decode(view)
-        finally:
-            try:
-                view.release()
-                kept = sys.getrefcount(mapping) > baseline
-            except BufferError:
-                kept = True
-            if kept:
-                # The decoder kept a view of ring storage: pin the frame (CLAIMED,
-                # never reclaimed) so the ring never rewrites what it shows.
-                store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
-        if kept:
-            raise BufferError(
-                f"decode kept a view of ring storage; frame pinned at position={position}"
-            )
-        return value
 
     def _forget(self, key_bytes: bytes, position: int) -> None:
         entry = self._index.get(key_bytes)
