@@ -63,6 +63,7 @@ from shmring.impl.registration import (
     host_view,
     validate_transfer_file_name,
 )
+from shmring.impl.ring.borrow import mark_frame_done
 from shmring.impl.views import borrow
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
@@ -548,7 +549,7 @@ class ArenaReader:
             ARENA_PAYLOAD_OFFSET,
             dtype,
             shape,
-            release=_mark_frame_done,
+            release=mark_frame_done,
             label=f"arena {self.name} position {descriptor.position}",
         )
 
@@ -590,12 +591,6 @@ class ArenaReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _mark_frame_done(keep: np.ndarray) -> None:
-    """Lease release of an arena frame: DONE in its shared header (`keep` starts at the frame)."""
-    with keep.data as frame:
-        frame_io.store_frame_state_in_header(frame, FRAME_STATE_DONE)
 
 
 __all__ = [

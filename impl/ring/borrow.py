@@ -206,7 +206,8 @@ class Lease:
 
     def _end(self) -> None:
         """Run the release once, then close the mapping the lease owns; count it."""
-        keep, self._keep = self._keep, None
+        keep = getattr(self, "_keep", None)  # unset: a subclass refused it before __init__ ran
+        self._keep = None
         if keep is None:
             return
         release, self._release = self._release, None
