@@ -253,20 +253,18 @@ def walk_frames(
     return frames, position, True
 
 
-def published_keys(buf: memoryview, words: SharedWords, path: str) -> dict[str, list[int]]:
+def published_keys(
+    buf: memoryview, words: SharedWords, capacity: int, path: str
+) -> dict[str, list[int]]:
     """key -> positions of the PUBLISHED data frames between tail and head (an observer's look).
 
-    For a mapping of a whole ring file with a valid header (CorruptFrameError
-    otherwise); `stat`'s and the fault-injection observers' reading of a ring.
+    For a mapping of a whole ring file whose header the caller checked
+    (`read_checked_ring_header`); the fault-injection observers' reading of
+    a ring. CorruptFrameError for a frame that fails validation.
     """
-    header, problem = read_checked_ring_header(buf, len(buf))
-    if problem is not None:
-        raise CorruptFrameError(f"{problem}; path={path!r}")
-    capacity = header.capacity
-    shapes = _FrameShapes(capacity)
     tail, head = load_positions(words, capacity, path)
     found: dict[str, list[int]] = {}
-    frames, _, _ = walk_frames(buf, words, capacity, shapes, tail, head, path)
+    frames, _, _ = walk_frames(buf, words, capacity, _FrameShapes(capacity), tail, head, path)
     for position, _, fields, key in frames:
         if fields[1] == DATA_FRAME_TYPE and fields[2] == FRAME_STATE_PUBLISHED:
             found.setdefault(key.decode("utf-8"), []).append(position)
