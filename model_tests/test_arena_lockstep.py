@@ -32,6 +32,8 @@ from shmring.model_tests.arena_machine import (
 from shmring.model_tests.registration_machine import profile
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
+    FRAME_LENGTH_OFFSET,
+    FRAME_PAYLOAD_LENGTH_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
@@ -157,6 +159,27 @@ def test_corrupt_arena_frame_header_is_corrupt_not_stale(registry: Registry) -> 
             file.seek(field)
             file.write(DATA_FRAME_TYPE.to_bytes(2, "little"))
         assert bytes(borrow_in_reader(registry.directory, frame, (10,))) == bytes(10)
+
+
+def test_arena_frame_running_past_the_end_of_the_region_is_corrupt(registry: Registry) -> None:
+    # The header's lengths agree and the frame lies below head; only the region bound
+    # of ring.frames.frame_problem tells corruption from a stale descriptor here.
+    with RegisteredArena(registry, 4096) as arena:
+        frames = [arena.put(torch.full((16,), i, dtype=torch.uint8)) for i in range(64)]
+        assert [getattr(f, "position", None) for f in frames] == [64 * i for i in range(64)]
+        for frame in frames[:2]:
+            assert bytes(borrow_in_reader(registry.directory, frame, (16,)))  # then DONE
+        wrapped = arena.put(torch.zeros(16, dtype=torch.uint8))
+        assert getattr(wrapped, "position", None) == 4096
+        path = os.path.join(registry.directory, arena.name)
+        last = RING_HEADER_LENGTH + 4096 - 64
+        with open(path, "r+b") as file:
+            file.seek(last + FRAME_LENGTH_OFFSET)
+            file.write((128).to_bytes(4, "little"))
+            file.seek(last + FRAME_PAYLOAD_LENGTH_OFFSET)
+            file.write((80).to_bytes(4, "little"))
+        with pytest.raises(CorruptFrameError, match="bad frame length=128"):
+            borrow_in_reader(registry.directory, frames[-1], (16,))
 
 
 def test_copy_failure_publishes_nothing(registry: Registry) -> None:
