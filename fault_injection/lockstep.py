@@ -30,7 +30,6 @@ import contextlib
 import copy
 import mmap
 import os
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,15 +41,11 @@ from shmring.impl.connector import (
     GetStatus,
     RingDescriptor,
 )
-from shmring.impl.errors import BackPressureError, ShmringError
+from shmring.impl.errors import BackPressureError, CorruptFrameError, ShmringError
 from shmring.impl.fallback import segment_path
-from shmring.impl.frame_io import (
-    SharedWords,
-    load_frame_header_fields,
-    load_head_acquire,
-    load_tail_acquire,
-)
+from shmring.impl.frame_io import SharedWords, read_ring_header
 from shmring.impl.naming import ProducerIdentity, ring_path
+from shmring.impl.ring.frames import published_keys, read_checked_ring_header
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import producers as producers_spec
@@ -58,12 +53,7 @@ from shmring.spec import ring as ring_spec
 from shmring.spec.connector import ConnectorPutStatus
 from shmring.spec.discovery import DeploymentGetStatus, PublishedDescriptor
 from shmring.spec.layout import (
-    DATA_FRAME_TYPE,
-    FRAME_HEADER_LENGTH,
-    FRAME_KEY_OFFSET,
-    FRAME_STATE_PUBLISHED,
     RING_HEADER_LENGTH,
-    RING_MAGIC,
 )
 
 Edge = tuple[str, str]
@@ -82,8 +72,6 @@ def require(condition: bool, message: str | Callable[[], str]) -> None:
 
 
 # -- reading the files -----------------------------------------------------------------
-
-_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -107,41 +95,20 @@ def _read_ring_keys(path: str) -> dict[str, list[int]]:
         mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    found: dict[str, list[int]] = {}
     try:
         with memoryview(mapping) as buf:
-            if _U64.unpack_from(buf, 0)[0] != RING_MAGIC:
+            header, problem = read_checked_ring_header(buf, size)
+            if problem is not None:
                 return {}
-            capacity = size - RING_HEADER_LENGTH
             words = SharedWords(buf)
-            tail, head = load_tail_acquire(words), load_head_acquire(words)
-            words.release()
-            position = tail
-            while position < head:
-                offset = RING_HEADER_LENGTH + position % capacity
-                if RING_HEADER_LENGTH + capacity - offset >= FRAME_HEADER_LENGTH:
-                    length, frame_type, state, key_length, _, _, _ = load_frame_header_fields(
-                        buf, offset
-                    )
-                else:
-                    length, frame_type, state, key_length = (
-                        capacity - position % capacity,
-                        0,
-                        0,
-                        0,
-                    )
-                if length <= 0:
-                    raise ScenarioFailure(
-                        f"ring walk met length={length} at position={position}: {path}"
-                    )
-                if frame_type == DATA_FRAME_TYPE and state == FRAME_STATE_PUBLISHED:
-                    start = offset + FRAME_KEY_OFFSET
-                    key = bytes(buf[start : start + key_length]).decode("utf-8")
-                    found.setdefault(key, []).append(position)
-                position += length
+            try:
+                return published_keys(buf, words, header.capacity, path)
+            except CorruptFrameError as error:
+                raise ScenarioFailure(f"ring walk: {error}") from error
+            finally:
+                words.release()
     finally:
         mapping.close()
-    return found
 
 
 def _segment_owner(path: str) -> ProducerIdentity | None:
@@ -153,10 +120,10 @@ def _segment_owner(path: str) -> ProducerIdentity | None:
         header = os.read(fd, RING_HEADER_LENGTH)
     finally:
         os.close(fd)
-    if len(header) < 40:
+    if len(header) < RING_HEADER_LENGTH:
         return None
-    pid, start_time = struct.unpack_from("<QQ", header, 24)
-    return int(pid), int(start_time)
+    ring_header = read_ring_header(memoryview(header))
+    return ring_header.producer_pid, ring_header.producer_start_time
 
 
 def observe(directory: str, producer: tuple[int, ...], edge: Edge, key: str) -> Observed:

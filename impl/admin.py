@@ -4,21 +4,21 @@ Design rationale. Operators need two answers about a scope without running a
 connector: who is publishing and how full their rings and fallback are, and
 what a crashed process left behind. Both read the deployment directory
 through the OS seam with the same parsers and liveness check the transport
-uses (`discovery.file_owner`, `discovery.Liveness`), so `gc` removes exactly
-what `collect_orphans` would: files of producers that are not running, and
-the directory itself once nobody is a member. A dry run lists the same files
-and removes nothing.
+uses (`discovery.file_owner`, `discovery.Liveness`; a ring is read by a
+`RingReader`, whose header check and statistics walk are `ring.frames`),
+so `gc` removes exactly what `collect_orphans` would: files of producers
+that are not running, and the directory itself once nobody is a member. A
+dry run lists the same files and removes nothing.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 
 from shmring.impl import discovery, fallback, naming
 from shmring.impl.errors import ShmringError
-from shmring.impl.frame_io import read_ring_header
+from shmring.impl.frame_io import SharedWords, read_ring_header
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
 from shmring.impl.ring.reader import RingReader
 from shmring.spec.layout import RING_HEADER_LENGTH, RING_MAGIC
@@ -87,7 +87,11 @@ def _read_stamp(directory: naming.Directory, os_facade: OsFacade) -> int | None:
         os_facade.close(fd)
     if len(data) < discovery.STAMP_OFFSET + 8:
         return None
-    value: int = struct.unpack_from("<Q", data, discovery.STAMP_OFFSET)[0]
+    words = SharedWords(memoryview(data))  # the stamp is a u64 word, as discovery maps it
+    try:
+        value: int = words.u64[discovery.STAMP_OFFSET // 8]
+    finally:
+        words.release()
     return value
 
 

@@ -51,6 +51,7 @@ from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
     CorruptFrameError,
+    StaleDescriptorError,
 )
 from shmring.impl.naming import check_private_file, current_producer_identity
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
@@ -63,6 +64,15 @@ from shmring.impl.registration import (
     host_view,
     validate_transfer_file_name,
 )
+from shmring.impl.ring.borrow import mark_frame_done
+from shmring.impl.ring.frames import (
+    ARENA_FILE,
+    corrupt_frame,
+    frame_problem,
+    load_frame_fields,
+    read_checked_ring_header,
+)
+from shmring.impl.ring.mapping import _FrameShapes
 from shmring.impl.views import borrow
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
@@ -75,10 +85,8 @@ from shmring.spec.layout import (
     FRAME_STATE_RETIRED,
     PADDING_FRAME_TYPE,
     RING_HEADER_LENGTH,
-    RING_MAGIC,
     RING_STATE_CLOSED,
     RING_STATE_OPEN,
-    RING_VERSION,
     compute_frame_length,
     compute_ring_file_length,
 )
@@ -470,21 +478,12 @@ class ArenaReader:
         finally:
             os_facade.close(fd)
         self._buf = memoryview(self._mapping)
-        header = frame_io.read_ring_header(self._buf)
-        if (
-            header.magic != RING_MAGIC
-            or header.version != RING_VERSION
-            or header.header_length != RING_HEADER_LENGTH
-            or compute_capacity_error(header.capacity) is not None
-            or header.capacity == 0
-            or compute_ring_file_length(header.capacity) > info.st_size
-        ):
+        header, problem = read_checked_ring_header(self._buf, info.st_size, ARENA_FILE)
+        if problem is not None:
             self.close()
-            raise CorruptFrameError(
-                f"not a valid arena header: path={path!r} magic={header.magic:#x} "
-                f"version={header.version} capacity={header.capacity} size={info.st_size}"
-            )
+            raise CorruptFrameError(f"not a valid arena header: {problem}; path={path!r}")
         self.capacity = header.capacity
+        self._shapes = _FrameShapes(header.capacity)
         with self._buf[: compute_ring_file_length(header.capacity)] as arena:
             self._words = frame_io.SharedWords(arena)  # whole words: header + aligned capacity
         # Map every page into this process now (one read per page), so a
@@ -492,43 +491,58 @@ class ArenaReader:
         int(np.frombuffer(self._mapping, dtype=np.uint8)[:: mmap.PAGESIZE].sum())
 
     def _claim(self, descriptor: ArenaFrameDescriptor) -> int:
-        """Validate the descriptor's frame and mark it claimed; answer its file offset."""
-        if self._buf is None:
+        """Validate the descriptor's frame and mark it claimed; answer its file offset.
+
+        `spec.ring.process_get` with a descriptor, in lease mode. The frame
+        header is checked like the host ring's (`ring.frames.frame_problem`,
+        read below the head, then the tail re-loaded). StaleDescriptorError,
+        like the ring's STALE: the frame was reclaimed (the tail passed it),
+        or the valid frame at that position is not the descriptor's or not
+        PUBLISHED (received already). CorruptFrameError: the descriptor does
+        not fit this arena, or the header there fails validation.
+        """
+        buf = self._buf
+        words = self._words
+        if buf is None:
             raise ClosedError(f"arena reader is closed: name={self.name!r}")
         if descriptor.arena != self.name:
             raise CorruptFrameError(
                 f"descriptor names another arena: {descriptor.arena!r} != {self.name!r}"
             )
+        capacity = self.capacity
         frame_length = compute_arena_frame_length(descriptor.nbytes)
-        physical = descriptor.position % self.capacity
-        if (
-            descriptor.position < 0
-            or physical % FRAME_ALIGNMENT
-            or physical + frame_length > self.capacity
-        ):
+        position = descriptor.position
+        physical = position % capacity
+        if position < 0 or physical % FRAME_ALIGNMENT or physical + frame_length > capacity:
             raise CorruptFrameError(f"arena descriptor out of bounds: {descriptor}")
         offset = RING_HEADER_LENGTH + physical
-        header = frame_io.read_frame_header(self._buf, offset)
-        key = bytes(self._buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET])
+        head = frame_io.load_head_acquire(words)
+        fields = load_frame_fields(buf, offset, capacity)
+        key = bytes(buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET])
+        if frame_io.load_tail_acquire(words) > position:  # reclaimed, maybe rewritten under us
+            raise StaleDescriptorError(f"arena frame reclaimed: {descriptor}")
+        problem = frame_problem(position, head, fields, capacity, self._shapes)
+        if problem is not None:
+            raise corrupt_frame(position, problem, self.name)
+        length, frame_type, state, key_length, payload_length, _, _ = fields
         if (
-            header.length != frame_length
-            or header.frame_type != DATA_FRAME_TYPE
-            or header.position != descriptor.position
-            or header.key_length != ARENA_KEY_LENGTH
-            or header.payload_length != descriptor.nbytes
+            length != frame_length
+            or frame_type != DATA_FRAME_TYPE
+            or key_length != ARENA_KEY_LENGTH
+            or payload_length != descriptor.nbytes
             or key != descriptor.key.encode("ascii", "replace")
         ):
-            raise CorruptFrameError(
-                f"arena frame does not match its descriptor (stale or corrupt): {descriptor}"
+            raise StaleDescriptorError(
+                f"arena frame at the descriptor's position is another one: {descriptor}"
             )
-        if header.state != FRAME_STATE_PUBLISHED:
-            raise CorruptFrameError(
-                f"arena frame not published (already claimed?): state={header.state} {descriptor}"
+        if state != FRAME_STATE_PUBLISHED:
+            raise StaleDescriptorError(
+                f"arena frame not published (already claimed?): state={state} {descriptor}"
             )
         # The holder first, then CLAIMED (release): a producer that loads
         # CLAIMED reads this process as the holder (see `is_holder_alive`).
-        frame_io.store_frame_holder_pid(self._words, offset, os.getpid())
-        frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
+        frame_io.store_frame_holder_pid(words, offset, os.getpid())
+        frame_io.store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
         return offset
 
     def borrow(
@@ -548,7 +562,7 @@ class ArenaReader:
             ARENA_PAYLOAD_OFFSET,
             dtype,
             shape,
-            release=_mark_frame_done,
+            release=mark_frame_done,
             label=f"arena {self.name} position {descriptor.position}",
         )
 
@@ -590,12 +604,6 @@ class ArenaReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _mark_frame_done(keep: np.ndarray) -> None:
-    """Lease release of an arena frame: DONE in its shared header (`keep` starts at the frame)."""
-    with keep.data as frame:
-        frame_io.store_frame_state_in_header(frame, FRAME_STATE_DONE)
 
 
 __all__ = [

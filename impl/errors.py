@@ -38,6 +38,15 @@ class CorruptFrameError(BrokenError, ValueError):
     """A header, frame, descriptor or segment failed validation."""
 
 
+class StaleDescriptorError(ShmringError, LookupError):
+    """The descriptor's frame is no longer deliverable (received already, reclaimed, reused).
+
+    The ring's STALE (`spec.ring.GetStatus.STALE`) where the API answers
+    values, not statuses (the arena reader, the transfer receiver). Nothing
+    was taken; nothing is corrupt.
+    """
+
+
 class FrameTooLargeError(ShmringError, ValueError):
     """A frame is larger than anything that can carry it."""
 
@@ -127,6 +136,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RegistryPoisonedError",
     "ShmringError",
+    "StaleDescriptorError",
     "UnsupportedPayloadError",
     "describe_errno",
     "is_exhaustion",

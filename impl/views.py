@@ -17,7 +17,8 @@ lose the memory is to drop every object that can reach it. When the owner
 dies (CPython frees it right after the last reference goes) it releases the
 lease: an arena frame is marked done in its shared header (the producer may
 then reuse it), a per-transfer segment is unmapped. `shmring.spec.leases` is
-the model.
+the model; the lease itself (export, release once, counts) is the one of
+`shmring.impl.ring.borrow`, which the host ring's leases use too.
 
 The owner holds a numpy export of the mapping (`_keep`), so the mapping
 object cannot be closed under a live view: `mmap.close` raises BufferError
@@ -32,9 +33,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,33 +40,10 @@ import numpy as np
 from shmring.impl.errors import CorruptFrameError
 from shmring.impl.naming import check_private_file
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
-
-ReleaseHook = Callable[[np.ndarray], None]
-
-
-class _Counters:
-    lock = threading.Lock()
-    taken = 0
-    released = 0
+from shmring.impl.ring.borrow import Lease, LeaseStatistics, ReleaseHook, lease_statistics
 
 
-@dataclass(frozen=True)
-class LeaseStatistics:
-    """Leases of this process (all receivers together)."""
-
-    taken: int  # leases handed out, ever
-    released: int  # leases whose last view died, ever
-    live: int  # taken - released: leases some object still holds
-
-
-def lease_statistics() -> LeaseStatistics:
-    with _Counters.lock:
-        return LeaseStatistics(
-            _Counters.taken, _Counters.released, _Counters.taken - _Counters.released
-        )
-
-
-class LeaseOwner:
+class LeaseOwner(Lease):
     """Owns one borrowed payload's memory for as long as any view of it lives.
 
     Who owns the memory: this object, through `_keep` (an export of the
@@ -79,11 +54,11 @@ class LeaseOwner:
     the payload while the lease lives, and after release the bytes belong to
     the producer again (an arena frame is reused), so no view may be kept
     past its owner, which the reference chain guarantees.
-    """
 
-    _keep: np.ndarray | None = None
-    _release: ReleaseHook | None = None
-    _mapping: mmap.mmap | None = None
+    The numpy face of the one lease (`shmring.impl.ring.borrow.Lease`): the
+    same export, release-once and counting; it ends by collection instead of
+    by an explicit `release()`.
+    """
 
     def __init__(
         self,
@@ -102,10 +77,6 @@ class LeaseOwner:
                 f"payload outside its mapping: offset={payload_offset} nbytes={nbytes} "
                 f"mapped={keep.nbytes} ({label})"
             )
-        self._keep = keep
-        self._release = release
-        self._mapping = mapping_to_close
-        self.label = label
         self.__array_interface__ = {
             "version": 3,
             "shape": tuple(shape),
@@ -114,24 +85,13 @@ class LeaseOwner:
             "data": (int(keep.ctypes.data) + payload_offset, False),
             "strides": None,
         }
-        with _Counters.lock:
-            _Counters.taken += 1
+        super().__init__(keep, release=release, mapping_to_close=mapping_to_close, label=label)
+
+    def release(self) -> None:
+        raise TypeError("a LeaseOwner ends when the last view of it dies, not by release()")
 
     def __del__(self) -> None:
-        keep, self._keep = self._keep, None
-        if keep is None:
-            return
-        release, self._release = self._release, None
-        mapping, self._mapping = self._mapping, None
-        try:
-            if release is not None:
-                release(keep)
-        finally:
-            del keep
-            if mapping is not None:
-                mapping.close()
-            with _Counters.lock:
-                _Counters.released += 1
+        self._end()
 
     def __repr__(self) -> str:
         return f"<LeaseOwner {self.label} live={self._keep is not None}>"

@@ -16,7 +16,12 @@ import torch
 
 from shmring.impl.arena import RegisteredArena
 from shmring.impl.cuda_driver import SimulatedCudaDriver
-from shmring.impl.errors import ConfigurationError, CorruptFrameError, RegistryPoisonedError
+from shmring.impl.errors import (
+    ConfigurationError,
+    CorruptFrameError,
+    RegistryPoisonedError,
+    StaleDescriptorError,
+)
 from shmring.impl.registration import Registry
 from shmring.model_tests.arena_machine import (
     ArenaMachine,
@@ -25,7 +30,16 @@ from shmring.model_tests.arena_machine import (
     stop_remote_place,
 )
 from shmring.model_tests.registration_machine import profile
-from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_PUBLISHED
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_LENGTH_OFFSET,
+    FRAME_PAYLOAD_LENGTH_OFFSET,
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_TYPE_OFFSET,
+    RING_HEADER_LENGTH,
+)
 from shmring.spec.ring import PutStatus
 
 ArenaMachine.TestCase.settings = profile(max_examples=20, stateful_step_count=30)
@@ -102,21 +116,70 @@ def test_frame_borrowed_in_second_process_returns_when_its_views_die(
         place.reset()
 
 
-def test_stale_or_reused_descriptor_is_refused(registry: Registry) -> None:
+def test_stale_or_reused_descriptor_is_stale_like_the_rings(registry: Registry) -> None:
+    # The ring answers STALE for a descriptor whose frame is no longer deliverable;
+    # the arena reader (which answers arrays, not statuses) raises the typed
+    # StaleDescriptorError for the same cases, never CorruptFrameError.
+    assert not issubclass(StaleDescriptorError, CorruptFrameError)
     with RegisteredArena(registry, 4096) as arena:
         frame = arena.put(torch.zeros(10, dtype=torch.uint8))
         assert not isinstance(frame, PutStatus)
         view = borrow_in_reader(registry.directory, frame, (10,))
-        with pytest.raises(CorruptFrameError, match="not published"):
+        with pytest.raises(StaleDescriptorError, match="not published"):
             borrow_in_reader(registry.directory, frame, (10,))
         del view
         assert arena.frame_state(frame.position) == FRAME_STATE_DONE
-        with pytest.raises(CorruptFrameError):
+        with pytest.raises(StaleDescriptorError, match="not published"):
+            borrow_in_reader(registry.directory, frame, (10,))  # received already
+        with pytest.raises(StaleDescriptorError, match="another one"):
             borrow_in_reader(
                 registry.directory,
                 frame.__class__(frame.arena, frame.position, "f" * 16, 10),
                 (10,),
             )
+        later = arena.put(torch.ones(10, dtype=torch.uint8))  # reclaims the DONE frame
+        assert not isinstance(later, PutStatus) and arena.tail > frame.position
+        with pytest.raises(StaleDescriptorError, match="reclaimed"):
+            borrow_in_reader(registry.directory, frame, (10,))
+        assert bytes(borrow_in_reader(registry.directory, later, (10,))) == bytes([1] * 10)
+
+
+def test_corrupt_arena_frame_header_is_corrupt_not_stale(registry: Registry) -> None:
+    with RegisteredArena(registry, 4096) as arena:
+        frame = arena.put(torch.zeros(10, dtype=torch.uint8))
+        assert not isinstance(frame, PutStatus)
+        path = os.path.join(registry.directory, arena.name)
+        field = RING_HEADER_LENGTH + frame.position + FRAME_TYPE_OFFSET
+        with open(path, "r+b") as file:
+            file.seek(field)
+            file.write((77).to_bytes(2, "little"))
+        with pytest.raises(CorruptFrameError, match="bad frame type=77"):
+            borrow_in_reader(registry.directory, frame, (10,))
+        with open(path, "r+b") as file:
+            file.seek(field)
+            file.write(DATA_FRAME_TYPE.to_bytes(2, "little"))
+        assert bytes(borrow_in_reader(registry.directory, frame, (10,))) == bytes(10)
+
+
+def test_arena_frame_running_past_the_end_of_the_region_is_corrupt(registry: Registry) -> None:
+    # The header's lengths agree and the frame lies below head; only the region bound
+    # of ring.frames.frame_problem tells corruption from a stale descriptor here.
+    with RegisteredArena(registry, 4096) as arena:
+        frames = [arena.put(torch.full((16,), i, dtype=torch.uint8)) for i in range(64)]
+        assert [getattr(f, "position", None) for f in frames] == [64 * i for i in range(64)]
+        for frame in frames[:2]:
+            assert bytes(borrow_in_reader(registry.directory, frame, (16,)))  # then DONE
+        wrapped = arena.put(torch.zeros(16, dtype=torch.uint8))
+        assert getattr(wrapped, "position", None) == 4096
+        path = os.path.join(registry.directory, arena.name)
+        last = RING_HEADER_LENGTH + 4096 - 64
+        with open(path, "r+b") as file:
+            file.seek(last + FRAME_LENGTH_OFFSET)
+            file.write((128).to_bytes(4, "little"))
+            file.seek(last + FRAME_PAYLOAD_LENGTH_OFFSET)
+            file.write((80).to_bytes(4, "little"))
+        with pytest.raises(CorruptFrameError, match="bad frame length=128"):
+            borrow_in_reader(registry.directory, frames[-1], (16,))
 
 
 def test_copy_failure_publishes_nothing(registry: Registry) -> None:

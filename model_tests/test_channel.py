@@ -59,6 +59,8 @@ from shmring.model_tests.workers import (
 from shmring.spec import ring as ring_spec
 from shmring.spec.layout import (
     FRAME_HEADER_LENGTH,
+    FRAME_LENGTH_OFFSET,
+    FRAME_PAYLOAD_LENGTH_OFFSET,
     FRAME_STATE_DONE,
     MAX_KEY_LENGTH,
     PADDING_FRAME_TYPE,
@@ -495,6 +497,26 @@ def test_corrupted_frame_length_is_a_typed_error(ring_dir: str) -> None:
         _overwrite(channel.path, RING_HEADER_LENGTH + put.position, (8).to_bytes(4, "little"))
         with pytest.raises(CorruptFrameError, match="length=8"):
             reader.get("k")
+
+
+def test_frame_running_past_the_end_of_the_region_is_a_typed_error(ring_dir: str) -> None:
+    # Length, key and payload lengths agree and the frame lies below head: only the
+    # bound "offset + length <= capacity" of ring.frames.frame_problem refuses it.
+    with _ring(ring_dir) as (channel, reader):
+        puts = [channel.put(f"k{i:02}", bytes(16)) for i in range(SMALL // 64)]
+        assert [put.position for put in puts] == [64 * i for i in range(SMALL // 64)]
+        for i in (0, 1):
+            assert reader.get(f"k{i:02}").status is DELIVERED
+        assert channel.put("k64", bytes(16)).position == SMALL  # head is past the last slot
+        last = RING_HEADER_LENGTH + SMALL - 64
+        assert compute_frame_length(3, 93) == 128
+        _overwrite(channel.path, last + FRAME_LENGTH_OFFSET, (128).to_bytes(4, "little"))
+        _overwrite(channel.path, last + FRAME_PAYLOAD_LENGTH_OFFSET, (93).to_bytes(4, "little"))
+        with RingReader.attach(channel.path) as fresh:
+            with pytest.raises(CorruptFrameError, match="bad frame length=128"):
+                fresh.statistics()
+            with pytest.raises(CorruptFrameError, match="bad frame length=128"):
+                fresh.get("k63")
 
 
 def test_corrupted_head_is_a_typed_error_on_get(ring_dir: str) -> None:

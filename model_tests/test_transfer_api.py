@@ -14,6 +14,7 @@ from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
     RegistrationError,
+    StaleDescriptorError,
     UnsupportedPayloadError,
 )
 from shmring.impl.transfer import (
@@ -195,3 +196,16 @@ def test_unsupported_dtype_is_refused(pair: tuple[TransferSender, TransferReceiv
     sender, _ = pair
     with pytest.raises(UnsupportedPayloadError, match="complex64"):
         sender.send({"x": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_an_arena_descriptor_received_twice_is_stale_not_corrupt(
+    pair: tuple[TransferSender, TransferReceiver],
+) -> None:
+    # Like the ring's STALE: the frame was delivered once; the second receive takes nothing.
+    sender, receiver = pair
+    descriptor = sender.send({"x": torch.arange(4, dtype=torch.int16)})
+    assert [field.carrier for field in descriptor.fields] == [CARRIER_ARENA]
+    first = receiver.receive(descriptor)
+    assert first["x"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(StaleDescriptorError, match="not published"):
+        receiver.receive(descriptor)

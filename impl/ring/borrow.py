@@ -1,9 +1,35 @@
-"""A claimed frame handed out as a lease (see `shmring.impl.ring` for the rationale)."""
+"""Borrowing shared memory: ONE kept-view guard and ONE lease.
+
+Design rationale. Three paths hand a caller memory that lives in a shared
+mapping: a producer's writer fills a payload in place, a reader's decoder
+reads one in place, and a lease hands a payload out until it is given back.
+Each must know whether the caller kept something made from that memory (a
+slice, `memoryview()`, numpy.frombuffer, torch.frombuffer): a writer's kept
+view would see the ring rewrite it, a decoder's likewise, and a lease given
+back while a view lives would let the producer reuse bytes someone still
+reads. The one guard, `views_outlive`, answers that for all three: every
+view made from a lent memoryview holds a reference to the object that
+exported it, so releasing the lent view and counting the exporter's
+references tells whether any lives (CPython frees exports by reference
+count, so the answer is exact, not a heuristic).
+
+`Lease` is the one lease: a borrowed payload, the export that pins its
+memory, and the release that gives it back, run exactly once. It ends one of
+two ways, both the model's (`shmring.spec.leases`): the host ring hands the
+caller the lease itself, which ends when `release()` is called and no view
+of it lives (`spec.ring.process_release`); `views.LeaseOwner` (numpy arrays
+of arena frames and segments) ends when the last view of it dies
+(`spec.leases.process_drop`). `lease_statistics` counts both.
+"""
 
 from __future__ import annotations
 
-import ctypes
+import mmap
 import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 from shmring.impl.errors import (
     ClosedError,
@@ -15,34 +41,144 @@ from shmring.spec.layout import (
     FRAME_STATE_DONE,
 )
 
+_T = TypeVar("_T")
+ReleaseHook = Callable[[Any], None]  # gets the lease's export (`keep`), once
+
+# -- the kept-view guard --------------------------------------------------------
+
+
+def views_outlive(view: memoryview | None, exporter: object, expected: int) -> bool:
+    """Release the lent `view` (None: released before); whether anything made from it still lives.
+
+    `expected` is what `sys.getrefcount(exporter)` answered in the caller
+    while nothing was lent (so the caller's own references cancel out). A
+    view that refuses release (something exported it) counts as kept.
+    """
+    if view is not None:
+        try:
+            view.release()
+        except BufferError:
+            return True
+    # One more reference than the caller's count: our parameter.
+    return sys.getrefcount(exporter) > expected + 1
+
+
+def call_with_view(
+    mapping: mmap.mmap,
+    start: int,
+    end: int,
+    use: Callable[[memoryview], _T],
+    *,
+    writable: bool,
+    on_kept: Callable[[], object] | None = None,
+) -> tuple[_T, bool]:
+    """`use(mapping[start:end])` with a fresh export; answers (what it returned, kept).
+
+    `kept` is True when something made from the view outlives the call
+    (`views_outlive`); the caller decides what that costs (nothing published,
+    a frame pinned). `on_kept` runs when something was kept, also when `use`
+    raised (its error then propagates): so a frame can be pinned either way.
+    """
+    baseline = sys.getrefcount(mapping)
+    whole = memoryview(mapping)  # type: ignore[arg-type]
+    view = (whole if writable else whole.toreadonly())[start:end]
+    whole.release()
+    try:
+        value = use(view)
+    except BaseException:
+        if views_outlive(view, mapping, baseline) and on_kept is not None:
+            on_kept()
+        raise
+    kept = views_outlive(view, mapping, baseline)
+    if kept and on_kept is not None:
+        on_kept()
+    return value, kept
+
+
+# -- the lease ------------------------------------------------------------------
+
+
+class _Counters:
+    lock = threading.Lock()
+    taken = 0
+    released = 0
+
+
+@dataclass(frozen=True)
+class LeaseStatistics:
+    """Leases of this process (all receivers together)."""
+
+    taken: int  # leases handed out, ever
+    released: int  # leases given back (released, or their last view died), ever
+    live: int  # taken - released: leases some object still holds
+
+
+def lease_statistics() -> LeaseStatistics:
+    with _Counters.lock:
+        return LeaseStatistics(
+            _Counters.taken, _Counters.released, _Counters.taken - _Counters.released
+        )
+
+
+def mark_frame_done(keep: Any) -> None:
+    """The release of a ring or arena frame: DONE in its shared header (`keep` starts at the frame)."""
+    with memoryview(keep) as frame:
+        store_frame_state_in_header(frame, FRAME_STATE_DONE)
+
+
+# References to a ring lease's export inside `release` while nothing is lent:
+# the lease's slot, the local, getrefcount's argument.
+_OWN_REFERENCES: Final = 3
+
 
 class Lease:
-    """A claimed frame whose payload is read in place.
+    """One borrowed payload of a shared mapping, given back exactly once.
 
-    `view` is a read-only memoryview *borrowed* from the reader's mapping of
-    the ring file. The ring (not the caller) owns the memory; it stays valid
-    and unchanged until the lease is released, because a CLAIMED frame is
-    never reclaimed. `release()` marks the frame DONE so the producer may
-    reuse the space. Every view made from `view` (slices, `memoryview()`,
-    numpy.frombuffer, torch.frombuffer) keeps the lease's private exporter
-    alive; while one lives, `release()` raises BufferError and the frame stays
-    CLAIMED: call it again once they are gone. An unreleased lease pins the
-    ring at its position: release it, or use it as a context manager. The
-    views stay valid after the reader is closed (the mapping lives on until
-    the last of them dies).
+    Who owns the memory: the mapping's producer; the lease pins it through
+    `_keep`, an export of the mapping that starts at the frame (so `close`
+    of the mapping never unmaps it). For how long: until the lease ends;
+    then `release(keep)` runs once (a frame becomes DONE, so the producer
+    may reuse its bytes) and `mapping_to_close`, if any, is closed. Whether
+    it may be written: a host-ring lease's `view` is read-only; a
+    `views.LeaseOwner` array may be written by its holder. Nobody else
+    writes the payload while the lease lives.
+
+    A host-ring lease (this class) ends at `release()`: `view` is a
+    read-only memoryview *borrowed* from the reader's mapping; every view
+    made from it (slices, `memoryview()`, numpy.frombuffer,
+    torch.frombuffer) keeps the lease's export alive, and while one lives
+    `release()` raises BufferError and the frame stays CLAIMED: call it
+    again once they are gone. An unreleased lease pins the ring at its
+    position: release it, or use it as a context manager. The views stay
+    valid after the reader is closed (the mapping lives on until the last
+    of them dies).
     """
 
-    __slots__ = ("_exporter", "_header", "_view", "position")
+    __slots__ = ("_keep", "_mapping", "_release", "_view", "label", "position")
 
     def __init__(
-        self, header: memoryview, exporter: ctypes.Array[ctypes.c_char], position: int
+        self,
+        keep: Any,
+        payload_offset: int | None = None,
+        *,
+        release: ReleaseHook | None = mark_frame_done,
+        mapping_to_close: mmap.mmap | None = None,
+        label: str = "",
+        position: int | None = None,
     ) -> None:
-        self._header = header  # writable slice over the frame header (state field)
-        # A ctypes array over the payload bytes: the one exporter every view of
-        # the payload derives from, so its reference count tells whether any lives.
-        self._exporter: ctypes.Array[ctypes.c_char] | None = exporter
-        self._view: memoryview | None = memoryview(exporter).cast("B").toreadonly()
-        self.position = position  # the frame's position (its descriptor)
+        # The one export every view of the payload derives from.
+        self._keep: Any = keep
+        self._release = release
+        self._mapping = mapping_to_close
+        self.label = label
+        self.position = position  # a frame's position (its descriptor); None for a segment
+        self._view: memoryview | None = (
+            None
+            if payload_offset is None
+            else memoryview(keep).cast("B")[payload_offset:].toreadonly()
+        )
+        with _Counters.lock:
+            _Counters.taken += 1
 
     @property
     def view(self) -> memoryview:
@@ -53,25 +189,38 @@ class Lease:
 
     @property
     def released(self) -> bool:
-        return self._exporter is None
+        return self._keep is None
 
     def release(self) -> None:
         """Give the frame back (DONE). Idempotent; BufferError while views of it live."""
         view, self._view = self._view, None
-        if view is not None:
-            view.release()
-        exporter = self._exporter
-        if exporter is None:
+        keep = self._keep
+        if keep is None:
             return
-        # References: our slot, the local, getrefcount's argument; any more is a live view.
-        if sys.getrefcount(exporter) > 3:
+        if views_outlive(view, keep, _OWN_REFERENCES):
             raise BufferError(
                 f"views of the lease's payload still live; frame stays claimed: position={self.position}"
             )
-        self._exporter = None
-        del exporter
-        store_frame_state_in_header(self._header, FRAME_STATE_DONE)
-        self._header.release()
+        del keep
+        self._end()
+
+    def _end(self) -> None:
+        """Run the release once, then close the mapping the lease owns; count it."""
+        keep = getattr(self, "_keep", None)  # unset: a subclass refused it before __init__ ran
+        self._keep = None
+        if keep is None:
+            return
+        release, self._release = self._release, None
+        mapping, self._mapping = self._mapping, None
+        try:
+            if release is not None:
+                release(keep)
+        finally:
+            del keep
+            if mapping is not None:
+                mapping.close()
+            with _Counters.lock:
+                _Counters.released += 1
 
     def __enter__(self) -> Lease:
         return self
@@ -80,5 +229,17 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        state = "released" if self._exporter is None else f"{len(self._exporter)} bytes"
+        view = self._view
+        state = "released" if self._keep is None else f"{0 if view is None else len(view)} bytes"
         return f"Lease(position={self.position}, {state})"
+
+
+__all__ = [
+    "Lease",
+    "LeaseStatistics",
+    "ReleaseHook",
+    "call_with_view",
+    "lease_statistics",
+    "mark_frame_done",
+    "views_outlive",
+]

@@ -6,7 +6,6 @@ import ctypes
 import errno
 import os
 import stat
-import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -19,14 +18,11 @@ from shmring.impl.errors import (
 from shmring.impl.frame_io import (
     SharedWords,
     compute_checksum,
-    load_frame_header_fields,
-    load_frame_prefix,
     load_frame_state_acquire,
     load_head_acquire,
     load_ring_state_acquire,
     load_tail_acquire,
     load_wakeup_sequence_acquire,
-    read_ring_header,
     store_frame_holder_pid,
     store_frame_state_release,
 )
@@ -41,15 +37,22 @@ from shmring.impl.os_seam import (
 )
 from shmring.impl.ring.borrow import (
     Lease,
+    call_with_view,
+)
+from shmring.impl.ring.frames import (
+    RING_FILE,
+    corrupt_frame,
+    frame_problem,
+    load_frame_fields,
+    load_positions,
+    read_checked_ring_header,
+    walk_frames,
 )
 from shmring.impl.ring.mapping import (
     _KNOWN_STATES,
-    _MAX_RACE_RETRIES,
     _PAGE_SIZE,
     _TRY_LOCK,
     _UNLOCK,
-    FrameFields,
-    _corrupt,
     _data_offset,
     _FrameShapes,
     _IndexEntry,
@@ -66,25 +69,17 @@ from shmring.impl.ring.results import (
 )
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
-    FRAME_ALIGNMENT,
-    FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
     FRAME_STATE_RETIRED,
-    PADDING_FRAME_TYPE,
-    RING_CAPACITY_DISABLED,
     RING_HEADER_LENGTH,
-    RING_MAGIC,
     RING_STATE_CLOSED,
     RING_STATE_OPEN,
-    RING_VERSION,
-    compute_ring_file_length,
 )
 from shmring.spec.ring import (
     ConsumeMode,
-    is_valid_capacity,
 )
 
 # -- reader --------------------------------------------------------------------
@@ -155,24 +150,10 @@ class RingReader(_RingFile):
             raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")
         self._mapping = self._os.mmap(self._fd, size)
         buf = self._buf = memoryview(self._mapping)
-        header = read_ring_header(buf)
-        if header.magic != RING_MAGIC:
-            raise CorruptFrameError(f"bad ring magic: magic={header.magic:#x} path={path!r}")
-        if header.version != RING_VERSION:
-            raise CorruptFrameError(
-                f"unsupported ring version: version={header.version} path={path!r}"
-            )
-        if header.header_length != RING_HEADER_LENGTH:
-            raise CorruptFrameError(
-                f"bad ring header length: header_length={header.header_length} path={path!r}"
-            )
+        header, problem = read_checked_ring_header(buf, size, RING_FILE)
+        if problem is not None:
+            raise CorruptFrameError(f"{problem} path={path!r}")
         capacity = header.capacity
-        if capacity == RING_CAPACITY_DISABLED or not is_valid_capacity(capacity):
-            raise CorruptFrameError(f"bad ring capacity: capacity={capacity} path={path!r}")
-        if size != compute_ring_file_length(capacity):
-            raise CorruptFrameError(
-                f"ring file size does not match its capacity: size={size} capacity={capacity} path={path!r}"
-            )
         if header.state == RING_STATE_CLOSED:
             raise ProducerGoneError(f"ring closed by its producer: path={path!r}")
         if header.state != RING_STATE_OPEN:
@@ -187,73 +168,16 @@ class RingReader(_RingFile):
         self._scanned_to = tail
         self._seen_head = tail  # forces a scan on the first get that sees a frame
 
-    # -- positions -------------------------------------------------------------
+    # -- scan ------------------------------------------------------------------
 
     def _load_positions(self) -> tuple[int, int]:
         """(tail, head), consistent with each other, validated."""
-        words = self._require_words()
+        return load_positions(self._require_words(), self._capacity, self.path)
+
+    def _scan(self, buf: memoryview, words: SharedWords) -> None:
+        """Index the frames published since the last scan, without the lock (`frames.walk_frames`)."""
         capacity = self._capacity
-        for _ in range(_MAX_RACE_RETRIES):
-            tail = load_tail_acquire(words)
-            head = load_head_acquire(words)
-            if load_tail_acquire(words) != tail:
-                continue  # the producer reclaimed meanwhile; head may be past tail + capacity
-            if (
-                tail <= head <= tail + capacity
-                and tail % FRAME_ALIGNMENT == 0
-                and head % FRAME_ALIGNMENT == 0
-            ):
-                return tail, head
-            raise _corrupt(
-                f"ring positions corrupted: head={head} tail={tail} capacity={capacity} path={self.path!r}"
-            )
-        raise _corrupt(f"ring tail keeps moving while read: path={self.path!r}")  # pragma: no cover
-
-    # -- scan ------------------------------------------------------------------
-
-    def _load_fields(self, buf: memoryview, offset: int) -> FrameFields:
-        """The header fields at mapping `offset`, never reading past the data region.
-
-        Where fewer than FRAME_HEADER_LENGTH bytes remain only a padding frame
-        fits, so only its (length, type, state) are read; the rest read as 0.
-        """
-        if RING_HEADER_LENGTH + self._capacity - offset >= FRAME_HEADER_LENGTH:
-            return load_frame_header_fields(buf, offset)
-        length, frame_type, state = load_frame_prefix(buf, offset)
-        return (length, frame_type, state, 0, 0, 0, 0)
-
-    def _check_frame(self, position: int, head: int, fields: FrameFields) -> str | None:
-        """Why the header `fields` read at `position` are not a valid frame, or None."""
-        length, frame_type, state, key_length, payload_length, frame_position, _ = fields
-        capacity = self._capacity
-        offset = position % capacity
-        if (
-            length == 0
-            or length % FRAME_ALIGNMENT
-            or offset + length > capacity
-            or position + length > head
-        ):
-            return f"bad frame length={length}"
-        if frame_type == PADDING_FRAME_TYPE:
-            if offset + length != capacity or state != FRAME_STATE_DONE:
-                return f"bad padding frame: length={length} state={state}"
-            return None
-        if frame_type != DATA_FRAME_TYPE:
-            return f"bad frame type={frame_type}"
-        if state not in _KNOWN_STATES:
-            return f"bad frame state={state}"
-        if frame_position != position:
-            return f"frame position field={frame_position}"
-        if self._shapes[key_length, payload_length] != length:
-            return f"bad lengths: length={length} key_length={key_length} payload_length={payload_length}"
-        return None
-
-    def _scan(self) -> None:
-        """Index the frames published since the last scan, without the lock."""
-        buf = self._require_buf()
-        words = self._words
-        capacity = self._capacity
-        tail, head = self._load_positions()
+        tail, head = load_positions(words, capacity, self.path)
         index = self._index
         order = self._index_order
         while order and order[0][0] < tail:
@@ -261,42 +185,11 @@ class RingReader(_RingFile):
             entry = index.get(old_key)
             if entry is not None and entry[0] == old_position:
                 del index[old_key]
-        shapes = self._shapes
-        region_end = RING_HEADER_LENGTH + capacity
-        position = max(self._scanned_to, tail)
-        retries = 0
-        while position < head:
-            offset = RING_HEADER_LENGTH + position % capacity
-            fields = self._load_fields(buf, offset)
-            length, frame_type, state, key_length, payload_length, frame_position, checksum = fields
-            if (
-                frame_type == DATA_FRAME_TYPE
-                and length == shapes[key_length, payload_length]
-                and frame_position == position
-                and offset + length <= region_end
-                and position + length <= head
-                and state in _KNOWN_STATES
-            ):
-                problem = None  # the common case of _check_frame, without the call
-            else:
-                problem = self._check_frame(position, head, fields)
-            key = b""
-            if problem is None and frame_type == DATA_FRAME_TYPE:
-                key_start = offset + FRAME_KEY_OFFSET
-                key = bytes(buf[key_start : key_start + key_length])
-            if problem is not None or frame_type == DATA_FRAME_TYPE:
-                now_tail = load_tail_acquire(words)
-                if now_tail > position:  # reclaimed and possibly rewritten under us
-                    retries += 1
-                    if retries > _MAX_RACE_RETRIES:  # pragma: no cover - lapped endlessly
-                        self._scanned_to = now_tail
-                        return  # head not recorded as seen: the next get scans again
-                    position = now_tail
-                    continue
-            if problem is not None:
-                raise _corrupt(
-                    f"corrupted frame at position={position}: {problem}; path={self.path!r}"
-                )
+        frames, end, complete = walk_frames(
+            buf, words, capacity, self._shapes, max(self._scanned_to, tail), head, self.path
+        )
+        for position, offset, fields, key in frames:
+            _, frame_type, state, key_length, payload_length, _, checksum = fields
             if frame_type == DATA_FRAME_TYPE:
                 if state == FRAME_STATE_PUBLISHED:
                     index.pop(key, None)  # keep dict order = position order
@@ -315,9 +208,9 @@ class RingReader(_RingFile):
                         del index[
                             key
                         ]  # an older entry cannot be deliverable once a newer frame exists
-            position += length
-        self._scanned_to = position
-        self._seen_head = head
+        self._scanned_to = end
+        if complete:
+            self._seen_head = head  # else the next get scans again
 
     # -- get -------------------------------------------------------------------
 
@@ -353,7 +246,7 @@ class RingReader(_RingFile):
         if buf is None:
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
         if load_head_acquire(words) != self._seen_head:
-            self._scan()
+            self._scan(buf, words)
         key_bytes = key.encode("utf-8")
         entry = self._index.get(key_bytes)
         if position is None:
@@ -368,7 +261,7 @@ class RingReader(_RingFile):
         if ring_state != RING_STATE_OPEN:
             if ring_state == RING_STATE_CLOSED:
                 return miss  # a closed ring delivers nothing; its producer retires the rest
-            raise _corrupt(f"bad ring state: state={ring_state} path={self.path!r}")
+            raise CorruptFrameError(f"bad ring state: state={ring_state} path={self.path!r}")
         return self._claim(buf, key_bytes, entry, mode, decode, miss)
 
     def _claim(
@@ -387,13 +280,17 @@ class RingReader(_RingFile):
         # soak, mostly retrying frames the other one had already taken). Only
         # a hint: the claim below re-reads the state under the lock, so
         # "exactly once" rests on the lock as before.
-        if self._claimed_elsewhere(words, key_bytes, position, offset):
+        state = load_frame_state_acquire(words, offset)
+        if state != FRAME_STATE_PUBLISHED and self._claimed_elsewhere(
+            words, key_bytes, position, state
+        ):
             self._skipped += 1
             return miss
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
-            if self._claimed_elsewhere(words, key_bytes, position, offset):
+            state = load_frame_state_acquire(words, offset)
+            if self._claimed_elsewhere(words, key_bytes, position, state):
                 self._skipped += 1  # lost the race for this very frame: not BUSY, gone
                 return miss
             self._busy += 1
@@ -409,10 +306,7 @@ class RingReader(_RingFile):
                 return miss
             if state != FRAME_STATE_PUBLISHED:
                 if state not in _KNOWN_STATES:
-                    raise _corrupt(
-                        f"corrupted frame at position={position}: bad frame state={state}; "
-                        f"path={self.path!r}"
-                    )
+                    raise corrupt_frame(position, f"bad frame state={state}", self.path)
                 self._forget(key_bytes, position)
                 return miss
             # From here the frame is ours to claim: PUBLISHED frames are not
@@ -429,16 +323,18 @@ class RingReader(_RingFile):
             if compute_checksum(key_bytes, checked) != checksum:
                 store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
                 self._forget(key_bytes, position)
-                raise _corrupt(
+                raise CorruptFrameError(
                     f"frame checksum mismatch at position={position}: checksum={checksum:#010x}; "
                     f"frame retired; path={self.path!r}"
                 )
             if mode is ConsumeMode.LEASE:
-                exporter = (ctypes.c_char * (payload_end - payload_start)).from_buffer(
+                # The lease's export covers the whole frame: its release stores
+                # DONE in this header (`borrow.mark_frame_done`).
+                keep = (ctypes.c_char * (payload_end - offset)).from_buffer(
                     self._mapping,  # type: ignore[arg-type]
-                    payload_start,
+                    offset,
                 )
-                lease = Lease(buf[offset : offset + FRAME_HEADER_LENGTH], exporter, position)
+                lease = Lease(keep, payload_start - offset, position=position)
                 # The holder first, then CLAIMED (release): a producer that loads
                 # CLAIMED reads this process as the holder (`_free_dead_holders`).
                 store_frame_holder_pid(words, offset, os.getpid())
@@ -447,9 +343,20 @@ class RingReader(_RingFile):
             elif decode is None:
                 store_frame_state_release(words, offset, FRAME_STATE_DONE)
             else:
-                value = self._decode_in_place(
-                    buf, offset, payload_start, payload_end, decode, position
+                # decode reads in place; a view of ring storage it keeps pins the
+                # frame (CLAIMED, never reclaimed) so the ring never rewrites it.
+                value, kept = call_with_view(
+                    self._mapping,  # type: ignore[arg-type]
+                    payload_start,
+                    payload_end,
+                    decode,
+                    writable=False,
+                    on_kept=lambda: store_frame_state_release(words, offset, FRAME_STATE_CLAIMED),
                 )
+                if kept:
+                    raise BufferError(
+                        f"decode kept a view of ring storage; frame pinned at position={position}"
+                    )
                 store_frame_state_release(words, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)
@@ -458,56 +365,22 @@ class RingReader(_RingFile):
         return _new_outcome(Received, (_DELIVERED, position, value))
 
     def _claimed_elsewhere(
-        self, words: SharedWords | None, key_bytes: bytes, position: int, offset: int
+        self, words: SharedWords | None, key_bytes: bytes, position: int, state: int
     ) -> bool:
-        """Whether the indexed frame is surely no longer ours to claim (lock-free look).
+        """Whether the indexed frame, whose state was just loaded, is surely no longer ours.
 
-        True only for a frame still in the lap (the tail has not passed it,
-        checked after the state: a reclaimed slot may hold a newer frame)
-        whose state is a known one past PUBLISHED; its index entry is dropped.
+        A lock-free look. True only for a frame still in the lap (the tail has
+        not passed it, checked after the state: a reclaimed slot may hold a
+        newer frame) whose state is a known one past PUBLISHED; its index
+        entry is dropped.
         """
         assert words is not None
-        state = load_frame_state_acquire(words, offset)
         if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
             return False  # claimable, or corrupt: the locked path decides and reports
         if load_tail_acquire(words) > position:
             return False  # reclaimed meanwhile: the locked path forgets it
         self._forget(key_bytes, position)
         return True
-
-    def _decode_in_place(
-        self,
-        buf: memoryview,
-        offset: int,
-        payload_start: int,
-        payload_end: int,
-        decode: Callable[[memoryview], Any],
-        position: int,
-    ) -> Any:
-        # A fresh export of the mapping, so that every view derived from what
-        # decode gets holds one more reference to the mapping while it lives.
-        mapping = self._mapping
-        baseline = sys.getrefcount(mapping)
-        whole = memoryview(mapping)  # type: ignore[arg-type]
-        view = whole.toreadonly()[payload_start:payload_end]
-        whole.release()
-        try:
-            value = decode(view)
-        finally:
-            try:
-                view.release()
-                kept = sys.getrefcount(mapping) > baseline
-            except BufferError:
-                kept = True
-            if kept:
-                # The decoder kept a view of ring storage: pin the frame (CLAIMED,
-                # never reclaimed) so the ring never rewrites what it shows.
-                store_frame_state_release(self._words, offset, FRAME_STATE_CLAIMED)
-        if kept:
-            raise BufferError(
-                f"decode kept a view of ring storage; frame pinned at position={position}"
-            )
-        return value
 
     def _forget(self, key_bytes: bytes, position: int) -> None:
         entry = self._index.get(key_bytes)
@@ -521,11 +394,12 @@ class RingReader(_RingFile):
         """
         buf = self._require_buf()
         words = self._words
+        capacity = self._capacity
         tail, head = self._load_positions()
-        offset = _data_offset(position, self._capacity)
-        fields = self._load_fields(buf, offset)
-        length, frame_type, state, key_length, payload_length, _, _ = fields
-        problem = self._check_frame(position, head, fields)
+        offset = _data_offset(position, capacity)
+        fields = load_frame_fields(buf, offset, capacity)
+        state = fields[2]
+        problem = frame_problem(position, head, fields, capacity, self._shapes)
         if not tail <= position < head or problem is not None or state != FRAME_STATE_CLAIMED:
             raise CorruptFrameError(
                 f"no claimed frame to release at position={position}: state={state} "
@@ -546,29 +420,18 @@ class RingReader(_RingFile):
         return load_wakeup_sequence_acquire(self._require_words())
 
     def statistics(self) -> RingStatistics:
-        """A lock-free walk of the ring; frames moving meanwhile may be counted in either state."""
+        """A lock-free walk of the ring (`frames.walk_frames`); frames moving meanwhile may be counted in either state."""
         buf = self._require_buf()
         words = self._words
+        assert words is not None
         capacity = self._capacity
         tail, head = self._load_positions()
         published = claimed = 0
-        position = tail
-        while position < head:
-            offset = _data_offset(position, capacity)
-            fields = self._load_fields(buf, offset)
-            length, frame_type, state, key_length, payload_length, _, _ = fields
-            problem = self._check_frame(position, head, fields)
-            if load_tail_acquire(words) > position:
-                position = load_tail_acquire(words)
-                continue
-            if problem is not None:
-                raise _corrupt(
-                    f"corrupted frame at position={position}: {problem}; path={self.path!r}"
-                )
-            if frame_type == DATA_FRAME_TYPE:
-                published += state == FRAME_STATE_PUBLISHED
-                claimed += state == FRAME_STATE_CLAIMED
-            position += length
+        frames, _, _ = walk_frames(buf, words, capacity, self._shapes, tail, head, self.path)
+        for _, _, fields, _ in frames:
+            if fields[1] == DATA_FRAME_TYPE:
+                published += fields[2] == FRAME_STATE_PUBLISHED
+                claimed += fields[2] == FRAME_STATE_CLAIMED
         used = head - tail
         return RingStatistics(
             capacity=capacity,
