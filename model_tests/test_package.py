@@ -163,13 +163,6 @@ _STRUCT_CALLS = frozenset(
 # entry stays fails the guard, so the list cannot go stale). Keyed by path and
 # the finding without its line number.
 LAYOUT_ALLOWLIST_UNTIL_MERGE: dict[tuple[str, str], str] = {
-    ("impl/admin.py", "struct format literal '<Q'"): "reader: stat's stamp read",
-    ("impl/admin.py", "struct call unpack_from with a literal format"): "reader",
-    ("fault_injection/lockstep.py", "struct format literal '<Q'"): "reader: _U64 of the walker",
-    ("fault_injection/lockstep.py", "struct format literal '<QQ'"): "reader: segment owner",
-    ("fault_injection/lockstep.py", "struct call Struct with a literal format"): "reader",
-    ("fault_injection/lockstep.py", "struct call unpack_from with a literal format"): "reader",
-    ("fault_injection/lockstep.py", "struct call unpack_from at literal offset 24"): "reader",
     ("impl/discovery.py", "offset constant STAMP_OFFSET"): "discovery: stamp layout",
     ("impl/discovery.py", "offset constant DOORBELL_OFFSET"): "discovery: stamp layout",
     ("impl/discovery.py", "memoryview cast to 'Q'"): "discovery: the stamp's u64 words",
