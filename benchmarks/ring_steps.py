@@ -43,12 +43,11 @@ def measure(messages: int) -> dict[str, float]:
     from shmring.impl import codec
     from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
     from shmring.impl.connector import Connector
-    from shmring.impl.naming import (
-        current_producer_identity,
+    from shmring.impl.directory import (
         ensure_deployment_directory,
         remove_deployment_directory_if_empty,
-        ring_path,
     )
+    from shmring.impl.names import current_producer_identity, ring_path
 
     tree = {"codes": {"audio": torch.arange(28)}, "meta": {"finished": torch.tensor(False)}}
     small = os.urandom(64)

@@ -43,14 +43,13 @@ from shmring.impl.connector import (
     RingDescriptor,
 )
 from shmring.impl.errors import BackPressureError, ShmringError
-from shmring.impl.fallback import segment_path
 from shmring.impl.frame_io import (
     SharedWords,
     load_frame_header_fields,
     load_head_acquire,
     load_tail_acquire,
 )
-from shmring.impl.naming import ProducerIdentity, ring_path
+from shmring.impl.names import ProducerIdentity, fallback_segment_path, ring_path
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import producers as producers_spec
@@ -162,7 +161,7 @@ def _segment_owner(path: str) -> ProducerIdentity | None:
 def observe(directory: str, producer: tuple[int, ...], edge: Edge, key: str) -> Observed:
     """The key's files of `producer` (a connector's (pid, start time, instance))."""
     ring = _read_ring_keys(ring_path(directory, edge[0], edge[1], producer)).get(key, [])
-    owner = _segment_owner(segment_path(directory, edge, key))
+    owner = _segment_owner(fallback_segment_path(directory, edge, key))
     return Observed(tuple(ring), owner == producer[:2])
 
 

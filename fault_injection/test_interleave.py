@@ -31,8 +31,8 @@ from shmring.fault_injection.interleave import (
     run_schedule,
 )
 from shmring.impl import arena as arena_module
-from shmring.impl import fallback as fallback_module
 from shmring.impl.channel import RingChannel, RingReader
+from shmring.impl.fallback import claim as fallback_module
 from shmring.impl.frame_io import SharedWords
 
 # -- mutants -------------------------------------------------------------------------

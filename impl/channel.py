@@ -92,7 +92,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from shmring.impl.discovery import is_holder_alive
+from shmring.impl.directory import Directory, PathDirectory, check_private_file
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -125,13 +125,8 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import (
-    Directory,
-    PathDirectory,
-    check_private_file,
-    current_producer_identity,
-    instance_of,
-)
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.names import current_producer_identity, instance_of
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -481,7 +476,7 @@ class RingChannel(_RingFile):
         puts never page-fault. On any failure nothing is left behind.
 
         `producer` is the (pid, start time[, instance]) written into the
-        header; the default is this process (`naming.current_producer_identity`),
+        header; the default is this process (`names.current_producer_identity`),
         instance 0.
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
         production passes None. `directory` (a connector's verified deployment
@@ -687,7 +682,7 @@ class RingChannel(_RingFile):
         """Free the frames at the tail that lease holders claimed and then died with.
 
         A lease holder stores its pid before it stores CLAIMED; a holder that
-        is surely dead (`discovery.is_holder_alive`) had its views die with
+        is surely dead (`liveness.is_holder_alive`) had its views die with
         it, so its frame is marked DONE, as `spec.leases.process_holder_exit`
         releases a dead holder's leases. Only the frames blocking the tail are
         looked at, and only when a put found no space, so a live holder costs

@@ -20,9 +20,10 @@ The rules that make it safe:
 * A register, copy or synchronize failure unregisters what was registered
   and removes the segment: nothing is published and nothing leaks.
 * A transfer of several fields publishes all of them or none.
-* Only names built here are used (`segment_file_name`), in the deployment
-  directory of `shmring.impl.naming`; the receiver unlinks a segment's name as
-  soon as it has mapped it, and `close` unlinks the names no receiver took.
+* Only names built by `shmring.impl.names` are used
+  (`registered_segment_file_name`), in the deployment directory; the
+  receiver unlinks a segment's name as soon as it has mapped it, and `close`
+  unlinks the names no receiver took.
 
 Every OS call goes through the `OsFacade`, every CUDA call through the
 `CudaDriver` port, so fault plans reach both.
@@ -34,7 +35,6 @@ import contextlib
 import errno
 import mmap
 import os
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -42,24 +42,19 @@ from typing import Final
 import torch
 
 from shmring.impl.cuda_driver import CudaDriver
+from shmring.impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from shmring.impl.errors import (
     ClosedError,
-    InvalidKeyError,
     NoSpaceError,
     RegistrationError,
     RegistryPoisonedError,
     UnsupportedPayloadError,
     describe_errno,
 )
-from shmring.impl.naming import (
-    ARENA_FILE_PREFIX,
-    DEFAULT_SHM_ROOT,
-    SEGMENT_FILE_PREFIX,
-    TRANSFER_FILE_PATTERN,
-    current_producer_identity,
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
-)
+from shmring.impl.names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
 from shmring.spec.registration import (
     SEGMENT_ALLOCATED,
@@ -190,34 +185,7 @@ def copy_into_host(driver: CudaDriver, dst: torch.Tensor, src: torch.Tensor) -> 
         raise failure.with_traceback(None)
 
 
-# -- names -------------------------------------------------------------------------
-
-
-_counter = 0
-
-
-def _next_counter() -> int:
-    global _counter
-    _counter += 1
-    return _counter
-
-
-def segment_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
-    """A fresh per-transfer segment name: never reused, tells its producer."""
-    pid, start_time = current_producer_identity(os_facade)
-    return f"{SEGMENT_FILE_PREFIX}.{pid}.{start_time}.{_next_counter()}.{secrets.token_hex(4)}"
-
-
-def arena_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
-    pid, start_time = current_producer_identity(os_facade)
-    return f"{ARENA_FILE_PREFIX}.{pid}.{start_time}.{secrets.token_hex(4)}"
-
-
-def validate_transfer_file_name(name: object) -> str:
-    """A segment or arena name as built here; InvalidKeyError for anything else (no paths)."""
-    if not isinstance(name, str) or TRANSFER_FILE_PATTERN.fullmatch(name) is None:
-        raise InvalidKeyError(f"not a shmring segment or arena name: name={name!r}")
-    return name
+# -- published names -----------------------------------------------------------------
 
 
 def prune_taken_names(paths: list[str], os_facade: OsFacade = DEFAULT_OS) -> list[str]:
@@ -537,7 +505,7 @@ class Registry:
         """Create, size and map a new segment. OSError (NoSpaceError for ENOSPC) on failure."""
         self._check_usable()
         try:
-            file = ShmFile(self.directory, segment_file_name(self._os), length, self._os)
+            file = ShmFile(self.directory, registered_segment_file_name(self._os), length, self._os)
         except OSError as error:
             if error.errno == errno.ENOSPC and not isinstance(error, NoSpaceError):
                 raise NoSpaceError(
@@ -714,8 +682,6 @@ class Registry:
 
 
 __all__ = [
-    "ARENA_FILE_PREFIX",
-    "SEGMENT_FILE_PREFIX",
     "WIRE_DTYPES",
     "PublishedSegment",
     "RegisteredRange",
@@ -723,7 +689,6 @@ __all__ = [
     "Registry",
     "RegistryStatistics",
     "ShmFile",
-    "arena_file_name",
     "copy_into_host",
     "copy_source",
     "copy_to_host_or_gather",
@@ -731,7 +696,5 @@ __all__ = [
     "dtype_name",
     "host_view",
     "prune_taken_names",
-    "segment_file_name",
-    "validate_transfer_file_name",
     "wire_dtype_of",
 ]

@@ -46,6 +46,10 @@ from shmring.impl.arena import (
     RegisteredArena,
 )
 from shmring.impl.cuda_driver import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaDriver, default_driver
+from shmring.impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -53,12 +57,12 @@ from shmring.impl.errors import (
     RegistrationError,
     RegistryPoisonedError,
 )
-from shmring.impl.naming import (
+from shmring.impl.names import (
     DEFAULT_SHM_ROOT,
     deployment_directory,
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
+    registered_segment_file_name,
     validate_scope,
+    validate_transfer_file_name,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.registration import (
@@ -69,8 +73,6 @@ from shmring.impl.registration import (
     dtype_name,
     host_view,
     prune_taken_names,
-    segment_file_name,
-    validate_transfer_file_name,
     wire_dtype_of,
 )
 from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
@@ -445,7 +447,7 @@ class TransferSender:
             for tensor in tensors:
                 nbytes = tensor.numel() * tensor.element_size()
                 file = ShmFile(
-                    self.directory, segment_file_name(self._os), max(1, nbytes), self._os
+                    self.directory, registered_segment_file_name(self._os), max(1, nbytes), self._os
                 )
                 files.append(file)
                 copy_to_host_or_gather(host_view(file.tensor, 0, tensor), tensor)

@@ -38,12 +38,11 @@ from hypothesis.stateful import (
 )
 
 from shmring.impl.channel import Lease, ReceiveStatus, RingChannel, RingReader
-from shmring.impl.naming import (
-    current_producer_identity,
+from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
-    ring_path,
 )
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.model_tests.workers import payload_for
 from shmring.spec import ring as ring_spec
 from shmring.spec.invariants import check_ring

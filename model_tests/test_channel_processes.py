@@ -29,7 +29,7 @@ from shmring.impl.channel import (
     RingChannel,
     RingReader,
 )
-from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.model_tests.workers import (
     compete_for_keys,
     deployment_directory,

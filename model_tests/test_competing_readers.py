@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from shmring.impl.channel import ReceiveStatus, RingChannel, RingReader
-from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.model_tests.workers import deployment_directory
 
 
