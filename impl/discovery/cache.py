@@ -72,6 +72,10 @@ class DiscoveryCache:
     def refresh(self) -> bool:
         """Rescan if the stamp moved (or `rescan_seconds` passed); answer whether it scanned.
 
+        `spec.discovery.process_refresh`: a scan reclaims dead producers' files,
+        prunes stale markers (`spec.discovery.is_marker_stale`) and caches the
+        stamp read before it (or after its own pruning).
+
         A killed producer moves no stamp; the periodic rescan is what bounds
         how long its files stay when nothing else changes in the deployment
         (issue 12). It costs one directory scan per `rescan_seconds` of a

@@ -87,6 +87,8 @@ def reclaim_dead_files(
 ) -> int:
     """Remove the files among `names` of producers found dead, markers aside; answer how many.
 
+    `spec.discovery.process_reclaim` (`get_dead_with_files`), from a scan's listing.
+
     Markers are the scan's to prune (they move the stamp). Files named for
     their owner (rings, live files, temporaries, spares, transfer files) go
     when that owner is not running; fallback segments carry their owner in

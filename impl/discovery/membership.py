@@ -14,8 +14,9 @@ was torn down.
 A producer's `Registrar` keeps its markers: an empty file
 ``marker.<src>.<dst>.<pid>.<start time>.<instance>`` created (O_EXCL, 0600,
 O_NOFOLLOW) only after its ring on the edge is ready, then a stamp bump
-(`spec.discovery.process_register`); removed, then a bump, when it closes
-(`spec.discovery.process_unregister`).
+(the marker half of `spec.discovery.process_put` for a newly ready ring);
+removed, then a bump, when it closes (the marker half of
+`spec.discovery.process_close`).
 
 Every system call goes through the `OsFacade` the caller gives.
 """
@@ -198,7 +199,10 @@ class Registrar:
         self.edges: set[Edge] = set()  # edges with a marker of ours
 
     def register(self, edge: Edge) -> None:
-        """Create the edge's marker, then bump the stamp; on failure nothing is left."""
+        """Create the edge's marker, then bump the stamp; on failure nothing is left.
+
+        `spec.discovery.process_put` for a ring newly ready on `edge`.
+        """
         name = marker_file_name(edge, self.producer)
         fd = self.directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
         try:
@@ -211,7 +215,10 @@ class Registrar:
         self.edges.add(edge)
 
     def unregister(self, edges: Iterable[Edge]) -> int:
-        """Remove the markers of `edges` and bump once if any was removed; answer how many."""
+        """Remove the markers of `edges` and bump once if any was removed; answer how many.
+
+        The marker half of `spec.discovery.process_close`.
+        """
         removed = 0
         for edge in sorted(set(edges) & self.edges):
             with contextlib.suppress(FileNotFoundError):
