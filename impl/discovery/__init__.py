@@ -16,7 +16,9 @@ is that, over files in the deployment directory, one concept per module:
 
 File names are `shmring.impl.names`', liveness is `shmring.impl.liveness`'.
 The dependencies point one way: cache -> gc, stamp; membership -> gc, stamp;
-gc -> the fallback's lock rule (to remove a dead producer's segment).
+gc -> `fallback.claim.remove_if_orphaned` (a dead producer's segment goes
+only under the segment's lock rule); nothing in the fallback, in liveness
+or in names imports discovery.
 """
 
 from shmring.impl.discovery.cache import DiscoveryCache, DiscoveryStatistics
