@@ -143,11 +143,8 @@ class RingRaw(Transport):
     _directory: str | None = None
 
     def setup(self) -> dict[str, Any]:
-        from shmring.impl.naming import (
-            current_producer_identity,
-            ensure_deployment_directory,
-            ring_path,
-        )
+        from shmring.impl.directory import ensure_deployment_directory
+        from shmring.impl.names import current_producer_identity, ring_path
         from shmring.impl.ring.producer import RingChannel
 
         self._directory = ensure_deployment_directory(self.spec.case_id)
@@ -157,7 +154,7 @@ class RingRaw(Transport):
         return {"identity": list(identity)}
 
     def connect(self, peer_info: dict[str, Any]) -> None:
-        from shmring.impl.naming import ring_path
+        from shmring.impl.names import ring_path
         from shmring.impl.ring.reader import RingReader
 
         assert self._directory is not None
@@ -198,7 +195,7 @@ class RingRaw(Transport):
             _spin_deadline_check(count, deadline, f"ring recv seq={seq}")
 
     def close(self) -> None:
-        from shmring.impl.naming import remove_deployment_directory_if_empty
+        from shmring.impl.directory import remove_deployment_directory_if_empty
 
         reader, self._in = self._in, None
         if reader is not None:

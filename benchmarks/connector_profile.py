@@ -42,12 +42,11 @@ def build_paths() -> tuple[dict[str, Step], Callable[[], None]]:
     import torch
 
     from shmring.impl.connector import Connector
-    from shmring.impl.naming import (
-        current_producer_identity,
+    from shmring.impl.directory import (
         ensure_deployment_directory,
         remove_deployment_directory_if_empty,
-        ring_path,
     )
+    from shmring.impl.names import current_producer_identity, ring_path
     from shmring.impl.ring.producer import RingChannel
     from shmring.impl.ring.reader import RingReader
     from shmring.impl.ring.results import ReceiveStatus

@@ -52,7 +52,7 @@ from shmring.fault_injection.lockstep import ScenarioFailure
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
 from shmring.fault_injection.scenarios import SCENARIOS, Env, Outcome, Scenario
 from shmring.fault_injection.sites import MODES, FaultError, all_sites
-from shmring.impl.naming import DEFAULT_SHM_ROOT, current_producer_identity
+from shmring.impl.names import DEFAULT_SHM_ROOT, current_producer_identity
 
 Progress = Callable[[int, "int | None"], None]
 

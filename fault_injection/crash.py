@@ -62,7 +62,7 @@ from shmring.fault_injection.lockstep import tagged
 from shmring.impl.connector import Connector, GetStatus, Route
 from shmring.impl.errors import ProducerGoneError
 from shmring.impl.fallback import claim_segment
-from shmring.impl.naming import current_producer_identity, deployment_directory, ring_path
+from shmring.impl.names import current_producer_identity, deployment_directory, ring_path
 from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
 from shmring.impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,

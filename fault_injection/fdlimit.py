@@ -66,7 +66,7 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
 def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any]:
     """Start `producers` helper identities, publish, run the limited reader; answers its report."""
     from shmring.impl.connector import Connector
-    from shmring.impl.naming import read_start_time
+    from shmring.impl.names import read_start_time
 
     helpers = [
         subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL) for _ in range(producers)

@@ -227,7 +227,7 @@ def _write(path: str, data: bytes) -> None:
 @contextlib.contextmanager
 def _scratch(prefix: str) -> Iterator[str]:
     """A private deployment directory for one fuzz run, removed afterwards."""
-    from shmring.impl.naming import ensure_deployment_directory
+    from shmring.impl.directory import ensure_deployment_directory
 
     scope = f"{prefix}{uuid.uuid4().hex[:10]}"
     directory = ensure_deployment_directory(scope)
@@ -249,7 +249,7 @@ class RingTemplate:
 
 def make_ring_template(directory: str) -> RingTemplate:
     """A real ring: wrapped, with padding, done, retired and published frames."""
-    from shmring.impl.naming import current_producer_identity, ring_path
+    from shmring.impl.names import current_producer_identity, ring_path
     from shmring.impl.ring.producer import RingChannel
     from shmring.impl.ring.reader import RingReader
 
@@ -360,7 +360,7 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
     """One producer's ring corrupted: the receiver keeps serving the other producer of the edge."""
     from shmring.fault_injection.identities import borrowed_identities
     from shmring.impl.connector import Connector
-    from shmring.impl.naming import ring_path
+    from shmring.impl.names import ring_path
 
     identities = borrowed_identities()
     probe_scope = f"fp{uuid.uuid4().hex[:10]}"
@@ -488,13 +488,14 @@ def fuzz_fallback_segment(cases: int, seed: int, count: Callable[[], None]) -> N
     """Mutated fallback segments: the claim answers the original payload, nothing, or a typed error."""
     from shmring.impl import codec
     from shmring.impl.connector import Connector
-    from shmring.impl.fallback import ClaimStatus, claim_segment, segment_path
+    from shmring.impl.fallback import ClaimStatus, claim_segment
+    from shmring.impl.names import fallback_segment_path
 
     scope = f"ff{uuid.uuid4().hex[:10]}"
     original = bytes(range(256)) * 8
     with Connector(scope, ring_capacity=0) as producer:
         producer.put(EDGE, "seg", original)
-        path = segment_path(producer.directory, EDGE, "seg")
+        path = fallback_segment_path(producer.directory, EDGE, "seg")
         with open(path, "rb") as file:
             template = file.read()
         directory = producer.directory
@@ -502,7 +503,7 @@ def fuzz_fallback_segment(cases: int, seed: int, count: Callable[[], None]) -> N
     frame_fields = [(RING_HEADER_LENGTH + o, w) for o, w in _FRAME_FIELDS]
 
     with _scratch("fg") as scratch:
-        target = segment_path(scratch, EDGE, "seg")
+        target = fallback_segment_path(scratch, EDGE, "seg")
         del directory
 
         @_settings(cases)
@@ -683,8 +684,12 @@ def forged_battery(scope: str) -> int:
     Answers how many cases ran; FuzzFailure on the first that misbehaves.
     """
     from shmring.impl.connector import Connector, Route
-    from shmring.impl.fallback import segment_path
-    from shmring.impl.naming import current_producer_identity, deployment_directory, ring_path
+    from shmring.impl.names import (
+        current_producer_identity,
+        deployment_directory,
+        fallback_segment_path,
+        ring_path,
+    )
     from shmring.impl.ring.producer import RingChannel
     from shmring.impl.ring.reader import RingReader
 
@@ -731,7 +736,7 @@ def forged_battery(scope: str) -> int:
                     os.unlink(os.path.join(directory, "ring.x.y.1.1"))
             ran += 1
             # 3. A symlink planted at a fallback segment name: never followed.
-            seg = segment_path(directory, EDGE, "planted")
+            seg = fallback_segment_path(directory, EDGE, "planted")
             os.symlink(outside, seg)
             try:
                 try:

@@ -611,6 +611,7 @@ class FallbackWorld:
         self, scheduler: Scheduler, claim_segment: Callable[..., Any] | None = None
     ) -> None:
         from shmring.impl import fallback
+        from shmring.impl.names import fallback_segment_path
 
         self.fallback = fallback
         self.claim_segment = claim_segment or fallback.claim_segment
@@ -621,7 +622,7 @@ class FallbackWorld:
         self.writer = fallback.FallbackWriter(
             self.directory, (os.getpid(), 1), 1 << 20, self.os, spare_min=0
         )
-        self.path = fallback.segment_path(self.directory, self.EDGE, self.KEY)
+        self.path = fallback_segment_path(self.directory, self.EDGE, self.KEY)
         self._snapshot: bytes | None = None
         self.put(0, scheduled=False)
         self.actors: list[tuple[str, Callable[[], object]]] = []
@@ -666,7 +667,7 @@ class FallbackWorld:
             return  # unchanged since the last check
         self._snapshot = data
         problem, _owner, _generation, payload_length, checksum, _state = (
-            self.fallback._check_segment(memoryview(data), size, self.KEY.encode())
+            self.fallback.claim._check_segment(memoryview(data), size, self.KEY.encode())
         )
         _require(problem is None, f"the file at the segment name is not a segment: {problem}")
         start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(self.KEY)

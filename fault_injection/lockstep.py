@@ -42,9 +42,14 @@ from shmring.impl.connector import (
     RingDescriptor,
 )
 from shmring.impl.errors import BackPressureError, CorruptFrameError, ShmringError
-from shmring.impl.fallback import segment_path
-from shmring.impl.frame_io import SharedWords, read_ring_header
-from shmring.impl.naming import ProducerIdentity, ring_path
+from shmring.impl.frame_io import SharedWords
+from shmring.impl.names import (
+    ProducerIdentity,
+    fallback_segment_path,
+    read_segment_owner,
+    ring_path,
+)
+from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.ring.frames import published_keys, read_checked_ring_header
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
@@ -117,19 +122,15 @@ def _segment_owner(path: str) -> ProducerIdentity | None:
     except FileNotFoundError:
         return None
     try:
-        header = os.read(fd, RING_HEADER_LENGTH)
+        return read_segment_owner(fd, DEFAULT_OS)
     finally:
         os.close(fd)
-    if len(header) < RING_HEADER_LENGTH:
-        return None
-    ring_header = read_ring_header(memoryview(header))
-    return ring_header.producer_pid, ring_header.producer_start_time
 
 
 def observe(directory: str, producer: tuple[int, ...], edge: Edge, key: str) -> Observed:
     """The key's files of `producer` (a connector's (pid, start time, instance))."""
     ring = _read_ring_keys(ring_path(directory, edge[0], edge[1], producer)).get(key, [])
-    owner = _segment_owner(segment_path(directory, edge, key))
+    owner = _segment_owner(fallback_segment_path(directory, edge, key))
     return Observed(tuple(ring), owner == producer[:2])
 
 

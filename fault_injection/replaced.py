@@ -37,7 +37,7 @@ from shmring.fault_injection.plans import FaultPlan
 from shmring.fault_injection.sites import DIRECTORY_REPLACED, DIRECTORY_SITES, MODE_TRANSIENT
 from shmring.impl.connector import Connector
 from shmring.impl.errors import ShmringError
-from shmring.impl.naming import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
 
 EDGE: Final = ("enc", "dec")
 LATE_EDGE: Final = ("late", "dec")

@@ -49,7 +49,7 @@ from shmring.fault_injection.lockstep import (
 )
 from shmring.fault_injection.plans import FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT
-from shmring.impl.naming import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
 
 Edge = tuple[str, str]
 EDGE: Final = ("enc", "dec")

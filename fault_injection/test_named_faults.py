@@ -32,7 +32,7 @@ from shmring.fault_injection.sites import MODE_PERSISTENT, MODE_TRANSIENT
 from shmring.impl import codec
 from shmring.impl.connector import Connector, GetStatus, RingDescriptor, Route
 from shmring.impl.errors import NoSpaceError, RegistryPoisonedError
-from shmring.impl.fallback import segment_path
+from shmring.impl.names import fallback_segment_path
 from shmring.impl.registration import Registry
 from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
 from shmring.spec import connector as connector_spec
@@ -267,7 +267,7 @@ def test_another_process_holding_a_segment_lock_makes_receivers_busy_and_the_pro
 ) -> None:
     with Connector(scope, ring_capacity=0) as producer, Connector(scope) as receiver:
         producer.put(EDGE, "seg", b"old" * 100)
-        holder = LockHolder(segment_path(producer.directory, EDGE, "seg"))
+        holder = LockHolder(fallback_segment_path(producer.directory, EDGE, "seg"))
         replaced: list[object] = []
         try:
             assert receiver.get(EDGE, "seg").status is GetStatus.BUSY

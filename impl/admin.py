@@ -4,7 +4,7 @@ Design rationale. Operators need two answers about a scope without running a
 connector: who is publishing and how full their rings and fallback are, and
 what a crashed process left behind. Both read the deployment directory
 through the OS seam with the same parsers and liveness check the transport
-uses (`discovery.file_owner`, `discovery.Liveness`; a ring is read by a
+uses (`names.file_owner`, `liveness.Liveness`; a ring is read by a
 `RingReader`, whose header check and statistics walk are `ring.frames`),
 so `gc` removes exactly what `collect_orphans` would: files of producers
 that are not running, and the directory itself once nobody is a member. A
@@ -16,12 +16,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from shmring.impl import discovery, fallback, naming
+from shmring.impl import discovery
+from shmring.impl.directory import Directory, open_deployment_directory
 from shmring.impl.errors import ShmringError
-from shmring.impl.frame_io import SharedWords, read_ring_header
+from shmring.impl.frame_io import SharedWords
+from shmring.impl.liveness import Liveness
+from shmring.impl.names import (
+    STAMP_FILE_NAME,
+    deployment_directory,
+    file_owner,
+    is_fallback_segment_file_name,
+    parse_fallback_spare_file_name,
+    parse_ring_file_name,
+    read_segment_owner,
+)
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
 from shmring.impl.ring.reader import RingReader
-from shmring.spec.layout import RING_HEADER_LENGTH, RING_MAGIC
+from shmring.spec.layout import STAMP_OFFSET
 
 
 @dataclass(frozen=True)
@@ -57,39 +68,31 @@ class DeploymentStatus:
     spare_bytes: int = 0  # their total size on disk
 
 
-def _segment_owner(
-    directory: naming.Directory, name: str, os_facade: OsFacade
-) -> tuple[int, int] | None:
+def _segment_owner(directory: Directory, name: str, os_facade: OsFacade) -> tuple[int, int] | None:
     try:
         fd = directory.open(name, OPEN_FLAGS_READONLY)
     except OSError:
         return None
     try:
-        header = os_facade.read(fd, RING_HEADER_LENGTH)
+        return read_segment_owner(fd, os_facade)
     finally:
         os_facade.close(fd)
-    if len(header) < RING_HEADER_LENGTH:
-        return None
-    ring_header = read_ring_header(memoryview(header))
-    if ring_header.magic != RING_MAGIC:
-        return None
-    return (ring_header.producer_pid, ring_header.producer_start_time)
 
 
-def _read_stamp(directory: naming.Directory, os_facade: OsFacade) -> int | None:
+def _read_stamp(directory: Directory, os_facade: OsFacade) -> int | None:
     try:
-        fd = directory.open(discovery.STAMP_FILE_NAME, OPEN_FLAGS_READONLY)
+        fd = directory.open(STAMP_FILE_NAME, OPEN_FLAGS_READONLY)
     except OSError:
         return None
     try:
-        data = os_facade.read(fd, discovery.STAMP_OFFSET + 8)
+        data = os_facade.read(fd, STAMP_OFFSET + 8)
     finally:
         os_facade.close(fd)
-    if len(data) < discovery.STAMP_OFFSET + 8:
+    if len(data) < STAMP_OFFSET + 8:
         return None
     words = SharedWords(memoryview(data))  # the stamp is a u64 word, as discovery maps it
     try:
-        value: int = words.u64[discovery.STAMP_OFFSET // 8]
+        value: int = words.u64[STAMP_OFFSET // 8]
     finally:
         words.release()
     return value
@@ -103,9 +106,9 @@ def deployment_status(
     The directory is opened once and checked ours (ConfigurationError
     otherwise); every file is read relative to that descriptor.
     """
-    path = naming.deployment_directory(scope, shm_root=shm_root)
+    path = deployment_directory(scope, shm_root=shm_root)
     try:
-        where = naming.open_deployment_directory(scope, os_facade, shm_root, create=False)
+        where = open_deployment_directory(scope, os_facade, shm_root, create=False)
     except FileNotFoundError:
         return DeploymentStatus(path, False, None, (), (), (), 0, 0, ())
     try:
@@ -114,22 +117,22 @@ def deployment_status(
         where.close()
 
 
-def _status(where: naming.Directory, os_facade: OsFacade) -> DeploymentStatus:
+def _status(where: Directory, os_facade: OsFacade) -> DeploymentStatus:
     directory = where.path
     names = sorted(where.names())
-    liveness = discovery.Liveness(os_facade)
+    liveness = Liveness(os_facade)
     try:
         owners: dict[str, tuple[int, int] | None] = {}
         segments = segment_bytes = spares = spare_bytes = 0
         for name in names:
-            owner = discovery.file_owner(name)
+            owner = file_owner(name)
             try:
-                if owner is None and fallback.is_segment_file_name(name):
+                if owner is None and is_fallback_segment_file_name(name):
                     size = where.stat(name).st_size
                     owner = _segment_owner(where, name, os_facade)
                     segments += 1
                     segment_bytes += size
-                elif fallback.parse_spare_file_name(name) is not None:
+                elif parse_fallback_spare_file_name(name) is not None:
                     size = where.stat(name).st_size
                     spares += 1
                     spare_bytes += size
@@ -141,7 +144,7 @@ def _status(where: naming.Directory, os_facade: OsFacade) -> DeploymentStatus:
         rings = tuple(
             _ring_status(where, name, alive, os_facade)
             for name in owners
-            if naming.parse_ring_file_name(name) is not None
+            if parse_ring_file_name(name) is not None
         )
         orphans = tuple(
             name for name, owner in owners.items() if owner is not None and not alive[owner]
@@ -164,9 +167,9 @@ def _status(where: naming.Directory, os_facade: OsFacade) -> DeploymentStatus:
 
 
 def _ring_status(
-    directory: naming.Directory, name: str, alive: dict[tuple[int, int], bool], os_facade: OsFacade
+    directory: Directory, name: str, alive: dict[tuple[int, int], bool], os_facade: OsFacade
 ) -> RingStatus:
-    parsed = naming.parse_ring_file_name(name)
+    parsed = parse_ring_file_name(name)
     assert parsed is not None
     edge = (parsed.source, parsed.destination)
     producer = parsed.producer
@@ -196,7 +199,7 @@ def collect(
 ) -> list[str]:
     """Remove (or, dry, list) what dead producers of `scope` left; answers the file names."""
     try:
-        where = naming.open_deployment_directory(scope, os_facade, shm_root, create=False)
+        where = open_deployment_directory(scope, os_facade, shm_root, create=False)
     except FileNotFoundError:
         return []
     try:

@@ -46,24 +46,21 @@ import numpy as np
 import torch
 
 from shmring.impl import frame_io
-from shmring.impl.discovery import is_holder_alive
+from shmring.impl.directory import check_private_file
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
     CorruptFrameError,
     StaleDescriptorError,
 )
-from shmring.impl.naming import check_private_file, current_producer_identity
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
-from shmring.impl.registration import (
-    RegisteredRange,
-    Registry,
-    ShmFile,
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.names import (
     arena_file_name,
-    copy_into_host,
-    host_view,
+    current_producer_identity,
     validate_transfer_file_name,
 )
+from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.registration import RegisteredRange, Registry, ShmFile, copy_into_host, host_view
 from shmring.impl.ring.borrow import mark_frame_done
 from shmring.impl.ring.frames import (
     ARENA_FILE,

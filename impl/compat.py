@@ -58,7 +58,7 @@ from shmring.impl.errors import (
     InvalidKeyError,
     ShmringError,
 )
-from shmring.impl.naming import DEFAULT_SHM_ROOT
+from shmring.impl.names import DEFAULT_SHM_ROOT
 from shmring.impl.os_seam import OsFacade
 from shmring.spec.connector import Route
 

@@ -63,14 +63,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from shmring.impl import codec
-from shmring.impl.discovery import (
-    DiscoveryCache,
-    Liveness,
-    Membership,
-    Registrar,
-    Stamp,
-    live_file_name,
-)
+from shmring.impl.directory import DeploymentDirectory, open_deployment_directory
+from shmring.impl.discovery import DiscoveryCache, Membership, Registrar, Stamp
 from shmring.impl.errors import (
     BackPressureError,
     ClosedError,
@@ -89,16 +83,16 @@ from shmring.impl.fallback import (
     FallbackWriter,
     SegmentMappings,
     claim_segment,
-    segment_file_name,
 )
-from shmring.impl.naming import (
+from shmring.impl.liveness import Liveness
+from shmring.impl.names import (
     DEFAULT_SHM_ROOT,
     ConnectorIdentity,
-    DeploymentDirectory,
     current_producer_identity,
     deployment_directory,
+    fallback_segment_file_name,
+    live_file_name,
     next_instance,
-    open_deployment_directory,
     ring_path,
     validate_scope,
     validate_stage_name,
@@ -179,7 +173,7 @@ class FallbackDescriptor:
         return {
             **_common_fields(self.producer, self.edge, self.key, self.size),
             "generation": self.generation,
-            "name": segment_file_name(self.edge, self.key),
+            "name": fallback_segment_file_name(self.edge, self.key),
         }
 
 
@@ -1188,7 +1182,9 @@ class Connector:
         """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
         if isinstance(descriptor, RingDescriptor):
             return ring_path(self.directory, *descriptor.edge, descriptor.producer)
-        return os.path.join(self.directory, segment_file_name(descriptor.edge, descriptor.key))
+        return os.path.join(
+            self.directory, fallback_segment_file_name(descriptor.edge, descriptor.key)
+        )
 
     # -- cancellation ----------------------------------------------------------------------
 

@@ -71,6 +71,15 @@ assert FRAME_LENGTH_OFFSET % 4 == 0 and FRAME_STATE_OFFSET % 2 == 0
 assert FRAME_HOLDER_PID_OFFSET % 4 == 0
 
 
+def u64_words(buf: memoryview) -> memoryview:
+    """`buf` as u64 items: each item read or written is one aligned 8-byte load or store.
+
+    For a shared file whose words are all u64 (the discovery stamp); release
+    the view before the mapping closes. A ring's mapping uses `SharedWords`.
+    """
+    return buf.cast("Q")
+
+
 class SharedWords:
     """One-instruction loads and stores of the u16/u32/u64 fields processes share.
 

@@ -20,9 +20,10 @@ The rules that make it safe:
 * A register, copy or synchronize failure unregisters what was registered
   and removes the segment: nothing is published and nothing leaks.
 * A transfer of several fields publishes all of them or none.
-* Only names built here are used (`segment_file_name`), in the deployment
-  directory of `shmring.impl.naming`; the receiver unlinks a segment's name as
-  soon as it has mapped it, and `close` unlinks the names no receiver took.
+* Only names built by `shmring.impl.names` are used
+  (`registered_segment_file_name`), in the deployment directory; the
+  receiver unlinks a segment's name as soon as it has mapped it, and `close`
+  unlinks the names no receiver took.
 
 Every OS call goes through the `OsFacade`, every CUDA call through the
 `CudaDriver` port, so fault plans reach both.
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -48,9 +48,12 @@ from typing import Final
 import torch
 
 from shmring.impl.cuda_driver import CudaDriver
+from shmring.impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from shmring.impl.errors import (
     ClosedError,
-    InvalidKeyError,
     NoSpaceError,
     RegistrationError,
     RegistryPoisonedError,
@@ -69,15 +72,7 @@ from shmring.impl.host_copy import (
     host_view,
     wire_dtype_of,
 )
-from shmring.impl.naming import (
-    ARENA_FILE_PREFIX,
-    DEFAULT_SHM_ROOT,
-    SEGMENT_FILE_PREFIX,
-    TRANSFER_FILE_PATTERN,
-    current_producer_identity,
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
-)
+from shmring.impl.names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.shm_file import ShmFile
 from shmring.spec.registration import (
@@ -93,35 +88,6 @@ from shmring.spec.registration import (
 
 # Published names a producer remembers before it checks which receivers took.
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256
-
-# -- names -------------------------------------------------------------------------
-
-
-_counter = 0
-
-
-def _next_counter() -> int:
-    global _counter
-    _counter += 1
-    return _counter
-
-
-def segment_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
-    """A fresh per-transfer segment name: never reused, tells its producer."""
-    pid, start_time = current_producer_identity(os_facade)
-    return f"{SEGMENT_FILE_PREFIX}.{pid}.{start_time}.{_next_counter()}.{secrets.token_hex(4)}"
-
-
-def arena_file_name(os_facade: OsFacade = DEFAULT_OS) -> str:
-    pid, start_time = current_producer_identity(os_facade)
-    return f"{ARENA_FILE_PREFIX}.{pid}.{start_time}.{secrets.token_hex(4)}"
-
-
-def validate_transfer_file_name(name: object) -> str:
-    """A segment or arena name as built here; InvalidKeyError for anything else (no paths)."""
-    if not isinstance(name, str) or TRANSFER_FILE_PATTERN.fullmatch(name) is None:
-        raise InvalidKeyError(f"not a shmring segment or arena name: name={name!r}")
-    return name
 
 
 def prune_taken_names(paths: list[str], os_facade: OsFacade = DEFAULT_OS) -> list[str]:
@@ -361,7 +327,7 @@ class Registry:
         """
         self._check_usable()
         try:
-            file = ShmFile(self.directory, segment_file_name(self._os), length, self._os)
+            file = ShmFile(self.directory, registered_segment_file_name(self._os), length, self._os)
         except OSError as error:
             if error.errno == errno.ENOSPC and not isinstance(error, NoSpaceError):
                 raise NoSpaceError(
@@ -542,8 +508,6 @@ class Registry:
 
 
 __all__ = [
-    "ARENA_FILE_PREFIX",
-    "SEGMENT_FILE_PREFIX",
     "WIRE_DTYPES",
     "PublishedSegment",
     "RegisteredRange",
@@ -551,7 +515,6 @@ __all__ = [
     "Registry",
     "RegistryStatistics",
     "ShmFile",
-    "arena_file_name",
     "copy_into_host",
     "copy_source",
     "copy_to_host_or_gather",
@@ -559,7 +522,5 @@ __all__ = [
     "dtype_name",
     "host_view",
     "prune_taken_names",
-    "segment_file_name",
-    "validate_transfer_file_name",
     "wire_dtype_of",
 ]

@@ -50,6 +50,10 @@ from shmring.impl.arena import (
     RegisteredArena,
 )
 from shmring.impl.cuda_driver import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaDriver, default_driver
+from shmring.impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -57,14 +61,13 @@ from shmring.impl.errors import (
     RegistryPoisonedError,
 )
 from shmring.impl.host_copy import copy_to_host_or_gather, dtype_name, host_view, wire_dtype_of
-from shmring.impl.naming import (
+from shmring.impl.names import (
     DEFAULT_SHM_ROOT,
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
+    registered_segment_file_name,
     validate_scope,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registration import Registry, prune_taken_names, segment_file_name
+from shmring.impl.registration import Registry, prune_taken_names
 from shmring.impl.shm_file import ShmFile
 from shmring.impl.transfer_descriptor import (
     CARRIER_ARENA,
@@ -311,7 +314,7 @@ class TransferSender:
             for tensor in tensors:
                 nbytes = tensor.numel() * tensor.element_size()
                 file = ShmFile(
-                    self.directory, segment_file_name(self._os), max(1, nbytes), self._os
+                    self.directory, registered_segment_file_name(self._os), max(1, nbytes), self._os
                 )
                 files.append(file)
                 copy_to_host_or_gather(host_view(file.tensor, 0, tensor), tensor)

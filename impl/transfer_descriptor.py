@@ -19,8 +19,7 @@ import numpy as np
 from shmring.impl.arena import DEFAULT_ARENA_CAPACITY
 from shmring.impl.errors import ConfigurationError, CorruptFrameError
 from shmring.impl.host_copy import WIRE_DTYPES, dtype_name
-from shmring.impl.naming import validate_scope
-from shmring.impl.registration import validate_transfer_file_name
+from shmring.impl.names import validate_scope, validate_transfer_file_name
 from shmring.spec.ring import compute_capacity_error
 
 CARRIER_ARENA: Final = "arena"  # a frame of the registered arena

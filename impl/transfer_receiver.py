@@ -18,7 +18,7 @@ import torch
 
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.impl.errors import ClosedError, ConfigurationError, CorruptFrameError
-from shmring.impl.naming import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.transfer_descriptor import (
     _TORCH_DTYPES,

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from shmring.impl.directory import check_private_file
 from shmring.impl.errors import CorruptFrameError
-from shmring.impl.naming import check_private_file
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 from shmring.impl.ring.borrow import Lease, LeaseStatistics, ReleaseHook, lease_statistics
 

@@ -146,7 +146,7 @@ def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> N
     """
     from shmring.impl.connector import Connector, descriptor_from_dict
     from shmring.impl.errors import BackPressureError
-    from shmring.impl.naming import current_producer_identity
+    from shmring.impl.names import current_producer_identity
     from shmring.spec.connector import Route
 
     connectors = [Connector(scope, **options)]

@@ -53,11 +53,8 @@ from hypothesis.stateful import (
 
 from shmring.impl import codec
 from shmring.impl.connector import Connector, descriptor_from_dict
-from shmring.impl.discovery import (
-    STAMP_FILE_NAME,
-    collect_orphans,
-    parse_marker_file_name,
-)
+from shmring.impl.discovery import collect_orphans
+from shmring.impl.names import STAMP_FILE_NAME, parse_marker_file_name
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.model_tests.connector_support import (
     CountingOs,

@@ -91,7 +91,7 @@ def history_producer(
     """Run `plan`; say "half" halfway through; report the history at the end."""
     from shmring.impl.connector import Connector
     from shmring.impl.errors import BackPressureError
-    from shmring.impl.naming import current_producer_identity
+    from shmring.impl.names import current_producer_identity
 
     puts: list[PutRecord] = []
     cleanups: list[CleanupRecord] = []

@@ -37,12 +37,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.impl.naming import (
-    current_producer_identity,
+from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
-    ring_path,
 )
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.impl.ring.borrow import Lease
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from shmring import cli
-from shmring.impl import admin, naming
+from shmring.impl import admin, names
 
 PRODUCER = textwrap.dedent(
     """
@@ -80,7 +80,7 @@ def test_stat_shows_the_dead_producer_its_ring_and_its_segment(
 def test_gc_dry_run_lists_and_removes_nothing(
     scope: str, killed_producer: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    directory = naming.deployment_directory(scope)
+    directory = names.deployment_directory(scope)
     before = sorted(os.listdir(directory))
     assert cli.main(["gc", "--scope", scope, "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -97,7 +97,7 @@ def test_gc_removes_everything_a_dead_producer_left(
     out = capsys.readouterr().out
     assert out.startswith("removed ")
     assert all(name in out for name in orphans)
-    assert not os.path.exists(naming.deployment_directory(scope))
+    assert not os.path.exists(names.deployment_directory(scope))
 
 
 def test_gc_leaves_a_live_producers_files(scope: str) -> None:
@@ -118,12 +118,10 @@ def test_bad_scope_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_gc_knows_the_owner_of_every_kind_of_file() -> None:
     """Registered-transfer segments and arenas carry their producer in the name, like rings."""
-    from shmring.impl import discovery, registration
-
-    me = naming.current_producer_identity()
-    assert discovery.file_owner(registration.segment_file_name()) == me
-    assert discovery.file_owner(registration.arena_file_name()) == me
-    assert discovery.file_owner(naming.ring_file_name("a", "b", me)) == me
-    assert discovery.file_owner(discovery.marker_file_name(("a", "b"), me)) == me
-    assert discovery.file_owner("stamp") is None
-    assert discovery.file_owner("seg.12.34.5.nothex!") is None
+    me = names.current_producer_identity()
+    assert names.file_owner(names.registered_segment_file_name()) == me
+    assert names.file_owner(names.arena_file_name()) == me
+    assert names.file_owner(names.ring_file_name("a", "b", me)) == me
+    assert names.file_owner(names.marker_file_name(("a", "b"), me)) == me
+    assert names.file_owner("stamp") is None
+    assert names.file_owner("seg.12.34.5.nothex!") is None

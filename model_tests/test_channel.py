@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from shmring.impl.directory import ensure_deployment_directory
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -30,9 +31,8 @@ from shmring.impl.errors import (
     ProducerGoneError,
 )
 from shmring.impl.frame_io import read_frame_header
-from shmring.impl.naming import (
+from shmring.impl.names import (
     current_producer_identity,
-    ensure_deployment_directory,
     parse_ring_file_name,
     parse_start_time,
     read_start_time,
@@ -41,9 +41,7 @@ from shmring.impl.naming import (
     validate_scope,
     validate_stage_name,
 )
-from shmring.impl.naming import (
-    deployment_directory as deployment_directory_path,
-)
+from shmring.impl.names import deployment_directory as deployment_directory_path
 from shmring.impl.os_seam import SITE_FALLOCATE, OsFacade
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,

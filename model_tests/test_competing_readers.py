@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shmring.impl.naming import current_producer_identity, ring_path
+from shmring.impl.names import current_producer_identity, ring_path
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus

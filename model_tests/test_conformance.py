@@ -37,7 +37,7 @@ from shmring import (
     unregister_type,
 )
 from shmring.impl import codec, extensions
-from shmring.impl.naming import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
 from shmring.model_tests.connector_support import lock_holder
 from shmring.model_tests.workers import watchdog
 

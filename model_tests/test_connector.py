@@ -24,11 +24,7 @@ from shmring.impl.connector import (
     RingDescriptor,
     Route,
 )
-from shmring.impl.discovery import (
-    STAMP_FILE_NAME,
-    collect_orphans,
-    parse_marker_file_name,
-)
+from shmring.impl.discovery import collect_orphans
 from shmring.impl.errors import (
     BackPressureError,
     ClosedError,
@@ -36,8 +32,13 @@ from shmring.impl.errors import (
     InvalidKeyError,
     NoSpaceError,
 )
-from shmring.impl.fallback import segment_path
-from shmring.impl.naming import parse_ring_file_name, ring_path
+from shmring.impl.names import (
+    STAMP_FILE_NAME,
+    fallback_segment_path,
+    parse_marker_file_name,
+    parse_ring_file_name,
+    ring_path,
+)
 from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_SCANDIR
 from shmring.model_tests.connector_support import (
     CountingOs,
@@ -447,7 +448,7 @@ def test_a_reader_whose_lock_is_held_by_another_process_returns_within_its_deadl
     producer.put(EDGE, "segment", tagged_payload(2, 5000))
     assert producer.identity is not None
     ring_file = ring_path(producer.directory, *EDGE, producer.identity)
-    segment_file = segment_path(producer.directory, EDGE, "segment")
+    segment_file = fallback_segment_path(producer.directory, EDGE, "segment")
     with watchdog(60):
         for path, key in ((ring_file, "ring"), (segment_file, "segment")):
             with lock_holder(path):
@@ -612,7 +613,7 @@ def test_a_corrupted_segment_gives_a_typed_error_and_the_reader_keeps_working(
     producer, receiver = pair
     producer.put(EDGE, "bad", tagged_payload(1, 5000))
     producer.put(EDGE, "good", tagged_payload(2, 5000))
-    path = segment_path(producer.directory, EDGE, "bad")
+    path = fallback_segment_path(producer.directory, EDGE, "bad")
     with open(path, "r+b") as handle:  # flip a payload byte behind the checksum's back
         handle.seek(os.path.getsize(path) - 100)
         byte = handle.read(1)
@@ -738,7 +739,7 @@ def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
 
 def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope: str) -> None:
     """Spinning on a key with nothing published costs no failing openat per poll."""
-    from shmring.impl.fallback import segment_file_name
+    from shmring.impl.names import fallback_segment_file_name
     from shmring.impl.os_seam import OsFacade
 
     class OpenAttempts(OsFacade):
@@ -761,7 +762,7 @@ def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope:
         Connector(scope, os_facade=seam, spin_seconds=0.05) as receiver,
     ):
         producer.put(EDGE, "other", tagged_payload(1, 100))  # the deployment has a doorbell
-        name = segment_file_name(EDGE, "waited")
+        name = fallback_segment_file_name(EDGE, "waited")
         started = time.monotonic()
         got = receiver.get_with_deadline(EDGE, "waited", timeout=0.05)
         spun = time.monotonic() - started

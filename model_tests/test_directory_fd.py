@@ -7,14 +7,14 @@ import os
 import pytest
 
 from shmring.impl.connector import Connector, GetStatus
+from shmring.impl.directory import DeploymentDirectory, open_deployment_directory
 from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
     DirectoryReplacedError,
     ShmringError,
 )
-from shmring.impl.fallback import segment_path
-from shmring.impl.naming import DeploymentDirectory, deployment_directory, open_deployment_directory
+from shmring.impl.names import deployment_directory, fallback_segment_path
 from shmring.impl.os_seam import OsFacade
 
 EDGE = ("src", "dst")
@@ -85,7 +85,7 @@ def test_a_segment_not_mode_0600_is_never_delivered_and_is_removed(scope: str) -
         Connector(scope, ring_capacity=4096) as receiver,
     ):
         producer.put(EDGE, "big", {"v": b"x" * 3000})  # > capacity / 4: a fallback segment
-        path = segment_path(producer.directory, EDGE, "big")
+        path = fallback_segment_path(producer.directory, EDGE, "big")
         os.chmod(path, 0o644)  # changed by someone: its bytes are not ours to trust
         with pytest.raises(CorruptFrameError, match="not trusted"):
             receiver.get(EDGE, "big")
@@ -101,7 +101,7 @@ def test_a_segment_owned_by_another_uid_is_never_delivered(scope: str) -> None:
         Connector(scope, ring_capacity=4096) as receiver,
     ):
         producer.put(EDGE, "big", {"v": b"x" * 3000})
-        path = segment_path(producer.directory, EDGE, "big")
+        path = fallback_segment_path(producer.directory, EDGE, "big")
         os.chown(path, 4242, 4242)
         with pytest.raises(CorruptFrameError, match="not ours: uid=4242"):
             receiver.get(EDGE, "big")
@@ -150,9 +150,9 @@ def test_connector_file_operations_all_go_through_the_directory_descriptor(scope
 
 def _untrusted_transfer_files(directory: str) -> list[str]:
     """An arena and a segment, each in a 0644 file (a mode we never create)."""
-    from shmring.impl.registration import arena_file_name, segment_file_name
+    from shmring.impl.names import arena_file_name, registered_segment_file_name
 
-    names = [arena_file_name(), segment_file_name()]
+    names = [arena_file_name(), registered_segment_file_name()]
     for name in names:
         fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         os.ftruncate(fd, 1 << 16)
@@ -166,7 +166,7 @@ def test_registered_transfer_readers_refuse_files_that_are_not_ours_issue_12(
 ) -> None:
     """Arena and segment readers check owner and mode before trusting the bytes."""
     from shmring.impl.arena import ArenaReader
-    from shmring.impl.naming import ensure_deployment_directory
+    from shmring.impl.directory import ensure_deployment_directory
     from shmring.impl.views import map_segment
 
     directory = ensure_deployment_directory(scope)

@@ -16,8 +16,8 @@ import pytest
 
 from shmring.impl import futex
 from shmring.impl.connector import Connector, GetStatus
+from shmring.impl.directory import ensure_deployment_directory
 from shmring.impl.discovery import Stamp
-from shmring.impl.naming import ensure_deployment_directory
 from shmring.impl.os_seam import DEFAULT_OS
 
 pytestmark = pytest.mark.skipif(not futex.AVAILABLE, reason="no futex syscall on this platform")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from shmring.impl.discovery import collect_orphans
-from shmring.impl.naming import deployment_directory
+from shmring.impl.names import deployment_directory
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.model_tests.connector_support import watchdog, worker_context
 from shmring.model_tests.history_workers import (

@@ -22,14 +22,14 @@ from msgspec.msgpack import Ext
 from shmring.impl import codec, views
 from shmring.impl.arena import ArenaReader, RegisteredArena
 from shmring.impl.cuda_driver import SimulatedCudaDriver
-from shmring.impl.discovery import Liveness
 from shmring.impl.errors import (
     CorruptFrameError,
     NoSpaceError,
     UnsupportedPayloadError,
     describe_errno,
 )
-from shmring.impl.naming import read_start_time
+from shmring.impl.liveness import Liveness
+from shmring.impl.names import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.registration import Registry
 from shmring.impl.ring.producer import RingChannel

@@ -20,13 +20,11 @@ from collections import Counter
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from shmring.impl.naming import (
-    DEFAULT_SHM_ROOT,
-    current_producer_identity,
+from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
-    ring_path,
 )
+from shmring.impl.names import DEFAULT_SHM_ROOT, current_producer_identity, ring_path
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader

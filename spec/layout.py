@@ -249,3 +249,21 @@ def codec_dimensions_format(ndim: int) -> str:
 U16_FORMAT: Final = "<H"
 U32_FORMAT: Final = "<I"
 U64_FORMAT: Final = "<Q"
+
+# -- discovery stamp file ---------------------------------------------------
+#
+# The deployment's ``stamp`` file (shmring.impl.discovery.stamp), one cache
+# line long, every field little-endian::
+#
+#     0               8               12                              64
+#     +---------------+---------------+------------ zero fill ---------+
+#     | stamp u64     | doorbell u32  |                                |
+#     +---------------+---------------+--------------------------------+
+#
+# `stamp` is `spec.discovery`'s DirectoryState.stamp: it strictly increases
+# with every change of the marker set, under the file's exclusive flock. The
+# doorbell is a futex word every connector bumps after it publishes.
+
+STAMP_OFFSET: Final = 0
+DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
+STAMP_FILE_LENGTH: Final = 64

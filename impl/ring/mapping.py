@@ -7,6 +7,7 @@ import mmap
 import os
 from typing import Final
 
+from shmring.impl.directory import Directory, PathDirectory
 from shmring.impl.errors import (
     ClosedError,
     CorruptFrameError,
@@ -14,10 +15,6 @@ from shmring.impl.errors import (
 from shmring.impl.frame_io import (
     SharedWords,
     release_mapping,
-)
-from shmring.impl.naming import (
-    Directory,
-    PathDirectory,
 )
 from shmring.impl.os_seam import (
     OsFacade,

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from shmring.impl.discovery import is_holder_alive
+from shmring.impl.directory import Directory
 from shmring.impl.errors import (
     ConfigurationError,
     NoSpaceError,
@@ -29,11 +29,8 @@ from shmring.impl.frame_io import (
     write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.naming import (
-    Directory,
-    current_producer_identity,
-    instance_of,
-)
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.names import current_producer_identity, instance_of
 from shmring.impl.os_seam import (
     DEFAULT_OS,
     FILE_MODE,
@@ -147,7 +144,7 @@ class RingChannel(_RingFile):
         puts never page-fault. On any failure nothing is left behind.
 
         `producer` is the (pid, start time[, instance]) written into the
-        header; the default is this process (`naming.current_producer_identity`),
+        header; the default is this process (`names.current_producer_identity`),
         instance 0.
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
         production passes None. `directory` (a connector's verified deployment

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shmring.impl.directory import Directory, check_private_file
 from shmring.impl.errors import (
     ClosedError,
     CorruptFrameError,
@@ -25,10 +26,6 @@ from shmring.impl.frame_io import (
     load_wakeup_sequence_acquire,
     store_frame_holder_pid,
     store_frame_state_release,
-)
-from shmring.impl.naming import (
-    Directory,
-    check_private_file,
 )
 from shmring.impl.os_seam import (
     DEFAULT_OS,

@@ -1,27 +1,13 @@
-"""Where shmring files live, what they are called, and who made them.
+"""Where a deployment's files live: the private directory and every operation on it.
 
 Design rationale. Everything a deployment puts in shared memory sits in one
 private directory, ``<shm_root>/shmring-<uid>-<scope>/`` (mode 0700, owned by
-us, never a symlink), so two users or two deployments cannot see, clobber or
-redirect each other's files, and a garbage collector can find everything a
-deployment left behind with one directory scan. Names are built only from
-validated parts: a scope or stage name can never smuggle in a path separator,
-``..``, a NUL byte, or a dot that would make a ring name ambiguous.
-
-A ring file is named for its edge and its producer's identity::
-
-    ring.<source stage>.<destination stage>.<pid>.<start time>.<instance>
-
-Stage names may not contain ``.``, so the name parses back unambiguously
-(`parse_ring_file_name`). A producer is one connector instance; its identity
-(`ConnectorIdentity`) is (pid, start time, instance). The process part
-(`ProducerIdentity`, (pid, start time)) owns files and answers liveness: the
-start time (field 22 of ``/proc/<pid>/stat``, clock ticks since boot) tells a
-reused pid from the process that first had it, and every instance of a
-process dies with it. The instance numbers the connectors a process made
-(`next_instance`), so one process may hold any number of producers on one
-edge. A name without the instance (a ring made by a bare `RingChannel`)
-reads as instance 0.
+us, never a symlink; its name is `shmring.impl.names.deployment_directory`),
+so two users or two deployments cannot see, clobber or redirect each other's
+files, and a garbage collector finds everything a deployment left behind with
+one directory scan. This module opens and checks that directory and is the
+one way every component reaches a file in it (`Directory`); what the files
+are called, and who made each, is `shmring.impl.names`.
 
 Every system call goes through the `OsFacade` given by the caller.
 """
@@ -30,171 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
-import re
 import stat
-from dataclasses import dataclass
-from typing import Final
 
-from shmring.impl.errors import ConfigurationError, DirectoryReplacedError, InvalidKeyError
-from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_READONLY, OsFacade
-
-DEFAULT_SHM_ROOT: Final = "/dev/shm"
-DIRECTORY_PREFIX: Final = "shmring-"
-RING_FILE_PREFIX: Final = "ring"
-NAME_SEPARATOR: Final = "."
-
-MAX_SCOPE_LENGTH: Final = 64
-MAX_STAGE_NAME_LENGTH: Final = 64
-
-# A scope is the last part of the directory name, so "-" is harmless there.
-_SCOPE_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-# Stage names sit between dots in a ring file name: no dot allowed.
-_STAGE_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]+")
-_RING_NAME_PATTERN: Final = re.compile(
-    r"ring\.([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]+)\.([0-9]+)\.([0-9]+)(?:\.([0-9]+))?"
-)
-
-# Field 22 of /proc/<pid>/stat (1-based) is the start time; fields after the
-# command name (which may hold spaces and parentheses) start at field 3.
-_STAT_START_TIME_FIELD: Final = 22
-
-# Registered-transfer files: seg.<pid>.<start time>.<counter>.<token> and
-# arena.<pid>.<start time>.<token> (see impl/registration.py).
-SEGMENT_FILE_PREFIX: Final = "seg"
-ARENA_FILE_PREFIX: Final = "arena"
-TRANSFER_FILE_PATTERN: Final = re.compile(
-    r"(seg|arena)\.([0-9]+)\.([0-9]+)(\.[0-9]+)?\.[0-9a-f]{8}"
-)
-
-
-def parse_transfer_file_owner(name: str) -> tuple[int, int] | None:
-    """The producer identity in a segment or arena file name, or None."""
-    match = TRANSFER_FILE_PATTERN.fullmatch(name)
-    if match is None:
-        return None
-    return (int(match.group(2)), int(match.group(3)))
-
-
-_STAT_FIELDS_BEFORE_STATE: Final = 2
-_PROC_STAT_READ_LENGTH: Final = 4096
-
-ProducerIdentity = tuple[int, int]  # (pid, start time in clock ticks since boot): a process
-ConnectorIdentity = tuple[int, int, int]  # (pid, start time, instance): one producer
-
-_instances: Final = itertools.count()
-
-
-def next_instance() -> int:
-    """A number no other connector of this process has (0, 1, 2, ...)."""
-    return next(_instances)
-
-
-def process_of(producer: tuple[int, ...]) -> ProducerIdentity:
-    """The process part (pid, start time) of a producer or process identity."""
-    return (producer[0], producer[1])
-
-
-def instance_of(producer: tuple[int, ...]) -> int:
-    """The instance part of a producer identity; 0 for a bare process identity."""
-    return producer[2] if len(producer) > 2 else 0
-
-
-# -- validation ----------------------------------------------------------------
-
-
-def validate_scope(scope: object) -> str:
-    """Answer `scope` if it can name a deployment directory; ConfigurationError otherwise."""
-    if not isinstance(scope, str):
-        raise ConfigurationError(f"scope must be a str: scope={scope!r}")
-    if not scope or len(scope) > MAX_SCOPE_LENGTH:
-        raise ConfigurationError(f"scope must be 1..{MAX_SCOPE_LENGTH} characters: scope={scope!r}")
-    if ".." in scope or _SCOPE_PATTERN.fullmatch(scope) is None:
-        raise ConfigurationError(
-            "scope may hold only ASCII letters, digits, '_', '-' and single '.', "
-            f"and may not start with '.' or '-': scope={scope!r}"
-        )
-    return scope
-
-
-def validate_stage_name(name: object) -> str:
-    """Answer `name` if it can name a stage in a ring file name; InvalidKeyError otherwise."""
-    if not isinstance(name, str):
-        raise InvalidKeyError(f"stage name must be a str: name={name!r}")
-    if not name or len(name) > MAX_STAGE_NAME_LENGTH:
-        raise InvalidKeyError(
-            f"stage name must be 1..{MAX_STAGE_NAME_LENGTH} characters: name={name!r}"
-        )
-    if _STAGE_PATTERN.fullmatch(name) is None:
-        raise InvalidKeyError(
-            f"stage name may hold only ASCII letters, digits, '_' and '-': name={name!r}"
-        )
-    return name
-
-
-# -- names ---------------------------------------------------------------------
-
-
-def deployment_directory(
-    scope: str, shm_root: str = DEFAULT_SHM_ROOT, uid: int | None = None
-) -> str:
-    """``<shm_root>/shmring-<uid>-<scope>`` for a validated scope."""
-    validate_scope(scope)
-    owner = os.getuid() if uid is None else uid
-    return os.path.join(shm_root, f"{DIRECTORY_PREFIX}{owner}-{scope}")
-
-
-def ring_file_name(source: str, destination: str, producer: tuple[int, ...]) -> str:
-    """The ring file's name (no directory) for an edge and a producer identity.
-
-    `producer` is (pid, start time, instance), or (pid, start time) for a
-    ring outside any connector (its name carries no instance).
-    """
-    validate_stage_name(source)
-    validate_stage_name(destination)
-    if len(producer) not in (2, 3) or not all(
-        isinstance(part, int) and part >= 0 for part in producer
-    ):
-        raise ConfigurationError(
-            f"producer identity must be (pid > 0, start time >= 0[, instance >= 0]): producer={producer!r}"
-        )
-    if producer[0] <= 0:
-        raise ConfigurationError(f"producer pid must be > 0: producer={producer!r}")
-    return NAME_SEPARATOR.join((RING_FILE_PREFIX, source, destination, *map(str, producer)))
-
-
-@dataclass(frozen=True)
-class RingFileName:
-    """The parts of a ring file name."""
-
-    source: str  # source stage
-    destination: str  # destination stage
-    producer: ProducerIdentity  # (pid, start time) of the process that created the ring
-    instance: int = 0  # which of that process's connectors (0 when the name has none)
-
-    @property
-    def identity(self) -> ConnectorIdentity:
-        """(pid, start time, instance) of the producer."""
-        return (*self.producer, self.instance)
-
-
-def parse_ring_file_name(name: str) -> RingFileName | None:
-    """The parts of a ring file name, or None when `name` is not one."""
-    match = _RING_NAME_PATTERN.fullmatch(name)
-    if match is None:
-        return None
-    source, destination, pid, start_time, instance = match.groups()
-    if len(source) > MAX_STAGE_NAME_LENGTH or len(destination) > MAX_STAGE_NAME_LENGTH:
-        return None
-    return RingFileName(
-        source, destination, (int(pid), int(start_time)), int(instance) if instance else 0
-    )
-
-
-def ring_path(directory: str, source: str, destination: str, producer: tuple[int, ...]) -> str:
-    return os.path.join(directory, ring_file_name(source, destination, producer))
-
+from shmring.impl.errors import ConfigurationError, DirectoryReplacedError
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OsFacade
 
 # -- the deployment directory ----------------------------------------------------
 #
@@ -491,60 +318,7 @@ def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAUL
     return True
 
 
-# -- producer identity ---------------------------------------------------------
-
-
-def parse_start_time(stat_line: bytes) -> int:
-    """Field 22 of a ``/proc/<pid>/stat`` line; the command name may hold anything."""
-    close = stat_line.rfind(b")")
-    if close < 0:
-        raise ValueError(f"not a /proc stat line: {stat_line[:80]!r}")
-    fields = stat_line[close + 1 :].split()
-    index = _STAT_START_TIME_FIELD - 1 - _STAT_FIELDS_BEFORE_STATE
-    if len(fields) <= index:
-        raise ValueError(f"/proc stat line too short: {stat_line[:80]!r}")
-    return int(fields[index])
-
-
-def read_start_time(pid: int, os_facade: OsFacade = DEFAULT_OS) -> int | None:
-    """The start time of process `pid`, or None when there is no such process."""
-    try:
-        fd = os_facade.open(f"/proc/{pid}/stat", OPEN_FLAGS_READONLY)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    try:
-        line = os_facade.read(fd, _PROC_STAT_READ_LENGTH)
-    except ProcessLookupError:  # the process exited between open and read
-        return None
-    finally:
-        os_facade.close(fd)
-    return parse_start_time(line)
-
-
-_identity_cache: tuple[int, int] | None = None
-
-
-def current_producer_identity(os_facade: OsFacade = DEFAULT_OS) -> ProducerIdentity:
-    """(pid, start time) of this process; recomputed after a fork changes the pid."""
-    global _identity_cache
-    pid = os.getpid()
-    cached = _identity_cache
-    if cached is not None and cached[0] == pid:
-        return cached
-    start_time = read_start_time(pid, os_facade)
-    if start_time is None:  # pragma: no cover - our own /proc entry always exists
-        raise RuntimeError(f"cannot read our own start time: pid={pid}")
-    _identity_cache = (pid, start_time)
-    return _identity_cache
-
-
 __all__ = [
-    "ConnectorIdentity",
-    "DEFAULT_SHM_ROOT",
-    "MAX_SCOPE_LENGTH",
-    "MAX_STAGE_NAME_LENGTH",
-    "ProducerIdentity",
-    "RingFileName",
     "DeploymentDirectory",
     "Directory",
     "PathDirectory",
@@ -552,19 +326,7 @@ __all__ = [
     "check_private_directory",
     "check_private_directory_info",
     "check_private_file",
-    "open_deployment_directory",
-    "current_producer_identity",
-    "deployment_directory",
     "ensure_deployment_directory",
-    "instance_of",
-    "next_instance",
-    "parse_ring_file_name",
-    "parse_start_time",
-    "process_of",
-    "read_start_time",
+    "open_deployment_directory",
     "remove_deployment_directory_if_empty",
-    "ring_file_name",
-    "ring_path",
-    "validate_scope",
-    "validate_stage_name",
 ]

@@ -1,0 +1,184 @@
+"""The deployment's stamp and doorbell: `spec.discovery`'s DirectoryState.stamp, mapped.
+
+Design rationale. The stamp is a u64 counter in the small file ``stamp``
+(layout: `spec.layout`, discovery stamp file). Writers (a producer
+registering or leaving, a receiver pruning) change it under an exclusive
+`flock` of that file with read, add one, store. Readers map the file and
+load the counter with one aligned 8-byte load: an unchanged poll costs no
+system call, no lock and no directory scan. A counter, unlike a directory
+mtime, moves even when the clock does not. Every change of the markers is
+followed by a bump, so a receiver that read stamp s before its scan and sees
+s again afterwards knows the marker set it scanned is still current.
+
+Every system call goes through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from shmring.impl import futex
+from shmring.impl.directory import Directory, as_directory, check_private_file
+from shmring.impl.errors import BrokenError, ClosedError
+from shmring.impl.frame_io import u64_words
+from shmring.impl.futex import FutexWord
+from shmring.impl.names import STAMP_FILE_NAME
+from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+
+_STAMP_WORD: Final = STAMP_OFFSET // 8  # the stamp's index in the file's u64 words
+
+
+class Stamp:
+    """The deployment's strictly increasing directory stamp, mapped.
+
+    `load` is one shared-memory load. `bump` and `prune_and_bump` take the
+    stamp file's exclusive lock; `bump` waits for it (producers), the
+    receiver's `prune_and_bump` does not.
+
+    The same file holds the deployment's *doorbell*: a futex word every
+    connector rings after it publishes (ring frame, fallback segment, retire,
+    new producer), so a blocked receive sleeps in the kernel instead of
+    polling and wakes as soon as anything may have arrived (`doorbell`,
+    `wait`, `ring`).
+    """
+
+    _fd: int = -1
+    _mapping: mmap.mmap | None = None
+    _buf: memoryview | None = None
+    _doorbell: FutexWord | None = None
+
+    def __init__(self, path: str, os_facade: OsFacade) -> None:
+        self.path = path
+        self._os = os_facade
+
+    @classmethod
+    def open(cls, directory: str | Directory, os_facade: OsFacade) -> Stamp:
+        """Open (creating if needed) the stamp file of `directory` and map it."""
+        directory = as_directory(directory, os_facade)
+        stamp = cls(directory.join(STAMP_FILE_NAME), os_facade)
+        try:
+            stamp._fd = directory.open(STAMP_FILE_NAME, OPEN_FLAGS_EXISTING | os.O_CREAT, FILE_MODE)
+            info = os_facade.fstat(stamp._fd)
+            problem = check_private_file(stamp.path, info)
+            if problem is not None:
+                raise BrokenError(f"stamp file is not trusted: {problem}")
+            if info.st_size < STAMP_FILE_LENGTH:
+                # Whoever creates it sizes it; a concurrent opener doing the
+                # same extends with zeros too, so the counter starts at 0.
+                os_facade.ftruncate(stamp._fd, STAMP_FILE_LENGTH)
+            stamp._mapping = os_facade.mmap(stamp._fd, STAMP_FILE_LENGTH)
+            with memoryview(stamp._mapping) as raw:
+                # u64 items: one load or store each (struct would zero-fill, then write bytes)
+                stamp._buf = u64_words(raw)
+            if futex.AVAILABLE:
+                stamp._doorbell = FutexWord(stamp._mapping, DOORBELL_OFFSET)
+        except BaseException:
+            stamp.close()
+            raise
+        return stamp
+
+    def load(self) -> int:
+        """The current stamp (acquire); no system call."""
+        buf = self._buf
+        if buf is None:
+            raise ClosedError(f"stamp is closed: path={self.path!r}")
+        value: int = buf[_STAMP_WORD]
+        return value
+
+    def bump(self) -> int:
+        """Advance the stamp by one under its lock; answer the new value."""
+        buf = self._buf
+        if buf is None:
+            raise ClosedError(f"stamp is closed: path={self.path!r}")
+        self._os.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            value: int = buf[_STAMP_WORD] + 1
+            buf[_STAMP_WORD] = value
+        finally:
+            self._os.flock(self._fd, fcntl.LOCK_UN)
+        self.ring()
+        return value
+
+    def doorbell(self) -> int | None:
+        """The doorbell's value (None without futexes); read it *before* looking for work."""
+        doorbell = self._doorbell
+        return doorbell.load() if doorbell is not None else None
+
+    def ring(self) -> None:
+        """Wake every receiver blocked in `wait` on this deployment."""
+        doorbell = self._doorbell
+        if doorbell is not None:
+            doorbell.bump_and_wake()
+
+    def waker(self) -> Callable[[], None] | None:
+        """`ring` as one bound call for a hot path (None without futexes); a no-op once closed."""
+        doorbell = self._doorbell
+        return doorbell.bump_and_wake if doorbell is not None else None
+
+    def wait(self, seen: int | None, timeout: float) -> None:
+        """Sleep until the doorbell moves past `seen`, or `timeout` seconds.
+
+        Without futexes (`seen` is None), sleeps `timeout`; callers keep the
+        timeout short then.
+        """
+        doorbell = self._doorbell
+        if doorbell is None or seen is None:
+            time.sleep(max(timeout, 0.0))
+            return
+        doorbell.wait(seen, timeout)
+
+    def prune_and_bump(
+        self, directory: str | Directory, names: Iterable[str], scanned_at: int
+    ) -> int | None:
+        """Unlink stale marker `names` and bump once, without waiting for the lock.
+
+        Answers the stamp a receiver may cache afterwards: the new value when
+        nothing else changed since `scanned_at` (the stamp it read before
+        scanning), otherwise `scanned_at` itself, so that the next refresh
+        rescans. None when the lock was busy (nothing pruned; retried at a
+        later scan).
+        """
+        buf = self._buf
+        if buf is None:
+            raise ClosedError(f"stamp is closed: path={self.path!r}")
+        try:
+            self._os.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        where = as_directory(directory, self._os)
+        try:
+            before: int = buf[_STAMP_WORD]
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    where.unlink(name)
+            value = before + 1
+            buf[_STAMP_WORD] = value
+        finally:
+            self._os.flock(self._fd, fcntl.LOCK_UN)
+        self.ring()
+        return value if before == scanned_at else scanned_at
+
+    def close(self) -> None:
+        """Unmap and close. Idempotent; never unlinks (see `Membership.leave`)."""
+        doorbell, self._doorbell = self._doorbell, None
+        if doorbell is not None:
+            doorbell.close()
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            buf.release()
+        mapping, self._mapping = self._mapping, None
+        if mapping is not None:
+            mapping.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            self._os.close(fd)
+
+
+__all__ = ["Stamp"]

@@ -1,0 +1,350 @@
+"""The readers' side of the fallback: claiming a segment exactly once, and the gc's removal.
+
+Design rationale (the package docstring has the whole story). A reader opens
+the segment name, takes the lock *without waiting* (held: BUSY, a receive
+never waits for another process), validates the frame, checks the owner is
+alive and the generation (for a descriptor), decodes the payload into owned
+memory, and only then takes the name away (`_commit`): that one step is the
+commit, so a reader killed mid-claim leaves the segment claimable by the
+next one. `claim_segment` is the fallback half of `spec.connector.process_get`
+(and of a descriptor's get in `spec.discovery`); `remove_if_orphaned` is the
+segment half of `spec.discovery.process_reclaim`. A reader keeps the
+mappings of files handed back for reuse (`SegmentMappings`).
+
+Readers never register anything with Python's resource tracker: plain
+open/mmap, never `multiprocessing.shared_memory`. Every system call goes
+through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import mmap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shmring.impl.directory import Directory, as_directory, check_private_file
+from shmring.impl.errors import CorruptFrameError
+from shmring.impl.fallback.segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
+from shmring.impl.frame_io import compute_checksum, read_frame_header, read_ring_header
+from shmring.impl.names import (
+    Edge,
+    fallback_segment_path,
+    fallback_spare_file_name,
+    parse_segment_owner,
+)
+from shmring.impl.os_seam import OsFacade
+from shmring.spec.layout import (
+    DATA_FRAME_TYPE,
+    FRAME_HEADER_LENGTH,
+    FRAME_KEY_OFFSET,
+    FRAME_STATE_PUBLISHED,
+    RING_HEADER_LENGTH,
+    RING_MAGIC,
+    RING_STATE_SPARE_WANTED,
+    RING_VERSION,
+    compute_frame_length,
+    compute_ring_file_length,
+)
+
+_SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
+
+
+class ClaimStatus(enum.Enum):
+    DELIVERED = "delivered"  # claimed by this reader; the segment is gone
+    NOT_FOUND = "not found"  # no segment for the key
+    STALE = "stale"  # a segment is there, but not the descriptor's (owner or generation)
+    BUSY = "busy"  # another process holds its lock; nothing changed, retry later
+    OWNER_GONE = "owner gone"  # its producer is not running; the segment was removed
+
+
+@dataclass(frozen=True)
+class Claim:
+    status: ClaimStatus
+    value: Any = None  # the decoded, independently owned payload (DELIVERED)
+    payload_length: int = 0  # encoded payload bytes (DELIVERED)
+    owner: tuple[int, ...] | None = None  # producer identity recorded in the segment
+    generation: int = 0  # the segment's generation
+
+
+_NOT_FOUND: Final = Claim(ClaimStatus.NOT_FOUND)
+_BUSY_CLAIM: Final = Claim(ClaimStatus.BUSY)
+
+MappingKey = tuple[int, int, int]  # (st_dev, st_ino, st_size) of a segment file
+
+
+class SegmentMappings:
+    """A reader's mappings of handed-back segment files, kept between its claims.
+
+    A file its producer reuses comes back under another segment name with
+    new contents; mapping it afresh would fault every page in again (about
+    1 ms per 16 MiB here) and unmapping it costs half that. While this
+    object holds a mapping its inode cannot be freed, so (st_dev, st_ino,
+    size) names the same file for as long as the entry lives; contents are
+    validated under the lock at every claim as usual. Bounded like a
+    producer's spares (16 mappings, 256 MiB by default), least recently used
+    evicted: they map the same pages as the producer's kept files, but pin
+    those of files the producer has since dropped until evicted or
+    `close()` (the connector's close). Not thread-safe.
+    """
+
+    def __init__(self, limit: int = MAX_SPARES, limit_bytes: int = DEFAULT_SPARE_BYTES) -> None:
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self._entries: dict[MappingKey, mmap.mmap] = {}  # in use order, oldest first
+        self._bytes = 0
+        self.hits = 0
+
+    def take(self, key: MappingKey) -> mmap.mmap | None:
+        """The mapping of `key`, removed from the cache (give it back with `keep`)."""
+        mapping = self._entries.pop(key, None)
+        if mapping is not None:
+            self._bytes -= key[2]
+            self.hits += 1
+        return mapping
+
+    def keep(self, key: MappingKey, mapping: mmap.mmap) -> None:
+        """Hold `mapping` for the next claim of the same file (or close it: too big)."""
+        if key[2] > self.limit_bytes or self.limit <= 0:
+            mapping.close()
+            return
+        while self._entries and (
+            len(self._entries) >= self.limit or self._bytes + key[2] > self.limit_bytes
+        ):
+            oldest = next(iter(self._entries))
+            self._bytes -= oldest[2]
+            self._entries.pop(oldest).close()
+        self._entries[key] = mapping
+        self._bytes += key[2]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def close(self) -> None:
+        """Unmap everything. Idempotent."""
+        while self._entries:
+            _, mapping = self._entries.popitem()
+            mapping.close()
+        self._bytes = 0
+
+
+def claim_segment(
+    directory: str | Directory,
+    edge: Edge,
+    key: str,
+    *,
+    os_facade: OsFacade,
+    is_alive: Callable[[tuple[int, ...]], bool],
+    decode: Callable[[memoryview], Any],
+    owner: tuple[int, ...] | None = None,
+    generation: int | None = None,
+    mappings: SegmentMappings | None = None,
+) -> Claim:
+    """Claim the key's segment on `edge`, exactly once among all readers.
+
+    `mappings` (optional) keeps this reader's mappings of files their
+    producer reuses, so a claim of a handed-back file maps nothing.
+
+    With `owner` and `generation` (a descriptor) only that exact segment is
+    claimed; another one there answers STALE and is left alone. A segment
+    whose producer is not running is removed and never delivered
+    (OWNER_GONE). `decode` gets a read-only view *borrowed* from the mapping
+    for the duration of the call and must return independently owned
+    memory. A corrupt segment is removed and reported (CorruptFrameError).
+    """
+    where = as_directory(directory, os_facade)
+    path = fallback_segment_path(where, edge, key)
+    held = open_locked(where, path, os_facade, wait=False)
+    if held is None:
+        return _NOT_FOUND
+    if isinstance(held, Busy):
+        return _BUSY_CLAIM
+    try:
+        return _claim_locked(
+            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings
+        )
+    finally:
+        if mappings is not None:
+            # A kept mapping holds a duplicate of this open file description,
+            # which would keep the lock held after the close below.
+            os_facade.flock(held, fcntl.LOCK_UN)
+        os_facade.close(held)  # drops the lock
+
+
+def _claim_locked(
+    where: Directory,
+    path: str,
+    fd: int,
+    key: str,
+    os_facade: OsFacade,
+    is_alive: Callable[[tuple[int, ...]], bool],
+    decode: Callable[[memoryview], Any],
+    owner: tuple[int, ...] | None,
+    generation: int | None,
+    mappings: SegmentMappings | None,
+) -> Claim:
+    info = os_facade.fstat(fd)
+    untrusted = check_private_file(path, info)
+    if untrusted is not None:
+        # Not made by us (another uid planted it, or its mode was changed):
+        # its bytes are never read. Removed if we may; never delivered.
+        with contextlib.suppress(OSError):
+            where.unlink(path)
+        raise CorruptFrameError(f"fallback segment is not trusted: {untrusted}")
+    size = info.st_size
+    if size < _SEGMENT_HEADER_LENGTH:
+        where.unlink(path)
+        raise CorruptFrameError(
+            f"fallback segment shorter than its headers: size={size} path={path!r}"
+        )
+    mapping_key = (info.st_dev, info.st_ino, size)
+    mapping = mappings.take(mapping_key) if mappings is not None else None
+    if mapping is None:
+        mapping = os_facade.mmap(fd, size, writable=False)
+    handed_back = False
+    try:
+        with memoryview(mapping) as buf:
+            key_bytes = key.encode("utf-8")
+            problem, producer, frame_generation, payload_length, checksum, state = _check_segment(
+                buf, size, key_bytes
+            )
+            if problem is not None:
+                where.unlink(path)
+                raise CorruptFrameError(
+                    f"corrupted fallback segment: {problem}; removed; path={path!r}"
+                )
+            if (owner is not None and producer != owner) or (
+                generation is not None and frame_generation != generation
+            ):
+                return Claim(ClaimStatus.STALE, owner=producer, generation=frame_generation)
+            if not is_alive(producer):
+                where.unlink(path)
+                return Claim(ClaimStatus.OWNER_GONE, owner=producer, generation=frame_generation)
+            payload_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(key_bytes)
+            with buf[payload_start : payload_start + payload_length] as payload:
+                if compute_checksum(key_bytes, payload) != checksum:
+                    where.unlink(path)
+                    raise CorruptFrameError(
+                        f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
+                        f"removed; path={path!r}"
+                    )
+                try:
+                    value = decode(payload)
+                except CorruptFrameError:
+                    where.unlink(path)
+                    raise
+            handed_back = _commit(where, path, state, producer, frame_generation)
+    finally:
+        if handed_back and mappings is not None:
+            mappings.keep(mapping_key, mapping)  # its producer will send it again
+        else:
+            mapping.close()
+    return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+def _commit(
+    where: Directory, path: str, state: int, producer: tuple[int, ...], generation: int
+) -> bool:
+    """Take the segment name away: from here the claimed segment is this reader's alone.
+
+    A segment whose producer keeps it (RING_STATE_SPARE_WANTED) is handed
+    back by renaming it to the producer's spare name; any other, or one
+    whose rename fails, is unlinked. Either is one atomic step, done after
+    the payload was copied out, so a reader killed before it leaves the
+    segment claimable by the next one. Answers whether it was handed back.
+    """
+    if state == RING_STATE_SPARE_WANTED:
+        try:
+            where.rename(path, fallback_spare_file_name(producer, generation))
+            return True
+        except OSError:
+            pass  # unlinked below instead; the producer forgets the file
+    where.unlink(path)
+    return False
+
+
+def _check_segment(
+    buf: memoryview, size: int, key_bytes: bytes
+) -> tuple[str | None, tuple[int, ...], int, int, int, int]:
+    """(problem or None, owner, generation, payload length, checksum, ring state) of a segment."""
+    header = read_ring_header(buf)
+    owner = (header.producer_pid, header.producer_start_time, header.producer_instance)
+    if header.magic != RING_MAGIC:
+        return f"bad magic={header.magic:#x}", owner, 0, 0, 0, 0
+    if header.version != RING_VERSION or header.header_length != RING_HEADER_LENGTH:
+        return (
+            f"bad version={header.version} header_length={header.header_length}",
+            owner,
+            0,
+            0,
+            0,
+            0,
+        )
+    if compute_ring_file_length(header.capacity) != size:
+        return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0, 0
+    frame = read_frame_header(buf, RING_HEADER_LENGTH)
+    if frame.length != header.capacity:
+        return (
+            f"frame length={frame.length} differs from capacity={header.capacity}",
+            owner,
+            0,
+            0,
+            0,
+            0,
+        )
+    if frame.frame_type != DATA_FRAME_TYPE or frame.state != FRAME_STATE_PUBLISHED:
+        return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0, 0
+    if compute_frame_length(frame.key_length, frame.payload_length) != frame.length:
+        return (
+            f"lengths disagree: length={frame.length} key_length={frame.key_length} "
+            f"payload_length={frame.payload_length}",
+            owner,
+            0,
+            0,
+            0,
+            0,
+        )
+    key_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET
+    if (
+        frame.key_length != len(key_bytes)
+        or buf[key_start : key_start + frame.key_length] != key_bytes
+    ):
+        return "the segment holds another key", owner, 0, 0, 0, 0
+    return None, owner, frame.position, frame.payload_length, frame.checksum, header.state
+
+
+def remove_if_orphaned(
+    directory: str | Directory,
+    path: str,
+    os_facade: OsFacade,
+    is_alive: Callable[[tuple[int, ...]], bool],
+) -> int:
+    """Remove the segment `path` (a name in `directory`) if its owner is not running; 0 or 1."""
+    where = as_directory(directory, os_facade)
+    held = open_locked(where, path, os_facade, wait=False)
+    if not isinstance(held, int):
+        return 0
+    try:
+        header = os_facade.read(held, RING_HEADER_LENGTH)
+        if len(header) < RING_HEADER_LENGTH:
+            return 0
+        owner = parse_segment_owner(header)  # None: not a ring's magic, nobody's
+        if owner is not None and is_alive(owner):
+            return 0
+        where.unlink(path)
+        return 1
+    finally:
+        os_facade.close(held)
+
+
+__all__ = [
+    "Claim",
+    "ClaimStatus",
+    "MappingKey",
+    "SegmentMappings",
+    "claim_segment",
+    "remove_if_orphaned",
+]

@@ -1,0 +1,123 @@
+"""The fallback segment file's lock rule, shared by its writer, its readers and the gc.
+
+Design rationale. Exactly one reader must claim a segment, a stale
+descriptor must be able to look at a segment *without* taking it, and a
+producer must be able to retire or replace its own unclaimed version
+exactly once. The rule that gives all three (the package docstring says
+why flock and not rename):
+
+    The segment name is changed (unlinked, renamed away, or replaced by a
+    rename) only by a process that holds the exclusive `flock` of the file
+    the name currently points at, and has checked under that lock that the
+    file is still *at the name* (`stat` of the name shows the inode that
+    `fstat` of its descriptor shows).
+
+`open_locked` is that rule, once. The reuse limits shared by a writer's
+spares and a reader's kept mappings are here too.
+
+Every system call goes through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from typing import Final
+
+from shmring.impl.directory import Directory
+from shmring.impl.errors import BrokenError, CorruptFrameError
+from shmring.impl.os_seam import OPEN_FLAGS_READONLY, OsFacade
+
+# Segments of at least this many bytes are kept for reuse (below it a fresh
+# file costs less than the bookkeeping), up to the writer's spare budget.
+SPARE_MIN_FILE_LENGTH: Final = 1024 * 1024
+DEFAULT_SPARE_BYTES: Final = 256 * 1024 * 1024
+# The most files kept for reuse at once (each holds a descriptor and a mapping).
+MAX_SPARES: Final = 16
+# Bounded retries of an open+lock that found the file replaced under it.
+_MAX_REOPENS: Final = 16
+# The producer waits for a reader's lock (one copy) in short sleeps.
+_LOCK_RETRY_SLEEP: Final = 0.0002
+_LOCK_WAIT_LIMIT: Final = 30.0
+
+
+class Busy:
+    """Another process holds the segment's lock (a reader answers BUSY)."""
+
+
+BUSY: Final = Busy()
+
+
+def open_locked(
+    where: Directory, path: str, os_facade: OsFacade, *, wait: bool
+) -> int | None | Busy:
+    """Open the file at `path` and hold its exclusive lock, checked still linked.
+
+    None: no file at `path`. `BUSY`: locked by someone else and `wait` is
+    False. Otherwise the descriptor; closing it drops the lock.
+    """
+    deadline = 0.0
+    for _ in range(_MAX_REOPENS):
+        try:
+            fd = where.open(path, OPEN_FLAGS_READONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            # Someone planted a symlink at the segment name; it is never followed.
+            with contextlib.suppress(FileNotFoundError):
+                where.unlink(path)
+            raise CorruptFrameError(
+                f"fallback segment path is a symlink; removed: path={path!r}"
+            ) from error
+        try:
+            while True:
+                try:
+                    os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait:
+                        os_facade.close(fd)
+                        return BUSY
+                    now = time.monotonic()
+                    if not deadline:
+                        deadline = now + _LOCK_WAIT_LIMIT
+                    elif now > deadline:
+                        raise BrokenError(
+                            f"fallback segment stays locked: path={path!r} "
+                            f"waited={_LOCK_WAIT_LIMIT}s"
+                        ) from None
+                    time.sleep(_LOCK_RETRY_SLEEP)
+            if is_at(where, path, os_facade.fstat(fd)):
+                return fd
+        except BaseException:
+            os_facade.close(fd)
+            raise
+        os_facade.close(fd)  # unlinked or replaced under us: look again
+    return BUSY
+
+
+def is_at(where: Directory, path: str, info: os.stat_result) -> bool:
+    """Whether the file `info` describes is the one linked at `path` now."""
+    if info.st_nlink == 0:
+        return False
+    try:
+        here = where.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (info.st_dev, info.st_ino)
+
+
+__all__ = [
+    "BUSY",
+    "DEFAULT_SPARE_BYTES",
+    "MAX_SPARES",
+    "SPARE_MIN_FILE_LENGTH",
+    "Busy",
+    "is_at",
+    "open_locked",
+]

@@ -1,0 +1,558 @@
+"""The producer's side of the fallback: writing segments, and keeping files for reuse.
+
+Design rationale (the package docstring has the whole story). A put writes
+a private temporary file (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), reserves its
+space with fallocate (ENOSPC surfaces here as `NoSpaceError`, never later as
+SIGBUS), fills it through a mapping, and only then renames it onto the
+segment name under the lock of whatever file is there
+(`shmring.impl.fallback.segment.open_locked`): a reader sees either no
+file or a complete one. The budget is `spec.connector`'s
+(`compute_fallback_charge`, `compute_budget_allows`): the put is
+`spec.connector.process_put` taking the fallback route, `retire*` its
+retire of a key's fallback version. A file of at least `spare_min` bytes
+stays mapped after its publication (a spare): the reader that claims it
+hands it back by renaming it to the spare name, and a later put of the same
+size writes into it again without a fresh page.
+
+Every system call goes through the `OsFacade` the caller gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import mmap
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from shmring.impl.directory import Directory, as_directory
+from shmring.impl.errors import BackPressureError, BrokenError, ClosedError, NoSpaceError
+from shmring.impl.fallback.segment import (
+    DEFAULT_SPARE_BYTES,
+    MAX_SPARES,
+    SPARE_MIN_FILE_LENGTH,
+    Busy,
+    open_locked,
+)
+from shmring.impl.frame_io import (
+    SharedWords,
+    compute_checksum,
+    store_frame_length_release,
+    write_data_frame_fields,
+    write_ring_header,
+)
+from shmring.impl.names import (
+    Edge,
+    fallback_segment_path,
+    fallback_spare_file_name,
+    fallback_temp_file_name,
+)
+from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from shmring.spec.connector import (
+    compute_budget_allows,
+    compute_fallback_charge,
+    compute_fallback_length,
+)
+from shmring.spec.layout import (
+    FRAME_KEY_OFFSET,
+    FRAME_STATE_PUBLISHED,
+    RING_HEADER_LENGTH,
+    RING_STATE_OPEN,
+    RING_STATE_SPARE_WANTED,
+    compute_ring_file_length,
+)
+from shmring.spec.ring import is_prefix_match
+
+_NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
+
+# Generations are unique within a process, so a descriptor of one connector
+# can never name another connector's segment of the same process.
+_generations: Final = itertools.count(1)
+
+
+class PayloadPlan(Protocol):
+    """What the fallback copies from: an encoding of known size (`codec.EncodePlan`)."""
+
+    nbytes: int
+
+    def write_into(self, buf: Any) -> int: ...
+
+
+def _no_space(error: OSError, what: str) -> NoSpaceError:
+    return NoSpaceError(
+        f"no space for {what}: {os.strerror(error.errno or 0)}", error.errno or errno.ENOSPC
+    )
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    """The producer's record of one live segment."""
+
+    edge: Edge
+    key: str
+    generation: int  # the descriptor's generation, unique in this process
+    length: int  # bytes charged to the budget: compute_fallback_charge(key, payload_length)
+    payload_length: int  # encoded payload bytes
+    path: str  # the segment name
+    inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
+
+
+class _Spare:
+    """A segment file the producer keeps mapped for reuse once a reader hands it back."""
+
+    __slots__ = ("fd", "file_length", "generation", "inode", "mapping", "path", "segment_path")
+
+    def __init__(
+        self, fd: int, mapping: mmap.mmap, file_length: int, inode: tuple[int, int]
+    ) -> None:
+        self.fd = fd
+        self.mapping = mapping
+        self.file_length = file_length
+        self.inode = inode
+        self.generation = 0  # of the segment it carries now
+        self.path = ""  # its spare name for that generation
+        self.segment_path = ""  # the segment name it was published under
+
+
+@dataclass(frozen=True)
+class FallbackStatistics:
+    """One producer's fallback, as of its last look."""
+
+    segments: int  # live segments as far as the producer knows (claimed ones drop at refresh)
+    used_bytes: int  # bytes charged for them; never above `budget`
+    budget: int  # the most live bytes; never changes
+    puts: int  # segments published
+    refusals: int  # puts refused with BackPressureError
+    no_space: int  # puts refused with NoSpaceError
+    retired: int  # unclaimed segments this producer removed (re-put, cleanup, close)
+    claimed: int  # segments found claimed by readers at refresh or retire
+    spares: int = 0  # files kept for reuse (published, or handed back by a reader)
+    spare_bytes: int = 0  # their file bytes; never above the writer's spare budget
+    reused: int = 0  # puts that wrote into a handed-back file instead of a new one
+
+
+class FallbackWriter:
+    """A producer's fallback segments in one deployment directory.
+
+    Not thread-safe; the owning connector serializes calls. Only this object
+    (or a reader's claim) unlinks the segments it published.
+    """
+
+    _closed: bool = False
+
+    def __init__(
+        self,
+        directory: str | Directory,
+        producer: tuple[int, ...],
+        budget: int,
+        os_facade: OsFacade,
+        spare_bytes: int = DEFAULT_SPARE_BYTES,
+        spare_min: int = SPARE_MIN_FILE_LENGTH,
+    ) -> None:
+        self._dir = as_directory(directory, os_facade)
+        self.directory = self._dir.path
+        self.producer = producer
+        self.budget = budget
+        self.spare_budget = spare_bytes  # the most file bytes kept for reuse
+        self.spare_min = spare_min  # smaller files are not kept
+        self._os = os_facade
+        self._spares: dict[int, _Spare] = {}  # generation -> file kept for reuse
+        self._spare_bytes = 0  # == sum of their file lengths
+        self._reused = 0
+        self._segments: dict[tuple[Edge, str], SegmentRecord] = {}
+        self._used = 0  # == sum of record lengths; may include segments readers already claimed
+        self._leftovers: set[str] = set()  # temporaries whose unlink failed; retried at close
+        self._puts = 0
+        self._refusals = 0
+        self._no_space = 0
+        self._retired = 0
+        self._claimed = 0
+
+    # -- budget ------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """Forget segments readers claimed; answer the bytes that freed."""
+        freed = 0
+        for slot, record in list(self._segments.items()):
+            try:
+                info = self._dir.stat(record.path)
+            except FileNotFoundError:
+                info = None
+            if info is None or (info.st_dev, info.st_ino) != record.inode:
+                del self._segments[slot]
+                self._used -= record.length
+                self._claimed += 1
+                freed += record.length
+        return freed
+
+    def used_bytes(self) -> int:
+        """Live fallback bytes, after a refresh (what the model calls `fallback_bytes`)."""
+        self.refresh()
+        return self._used
+
+    def admits(self, edge: Edge, key: str, payload_length: int) -> bool:
+        """Whether a put of this size would pass the budget now (refreshing if needed)."""
+        charge = compute_fallback_charge(key, payload_length)
+        if self._budget_allows(edge, key, charge):
+            return True
+        self.refresh()
+        return self._budget_allows(edge, key, charge)
+
+    def _budget_allows(self, edge: Edge, key: str, length: int) -> bool:
+        old = self._segments.get((edge, key))
+        replaced = old.length if old is not None else 0
+        return compute_budget_allows(self._used, replaced, length, self.budget)
+
+    # -- put -------------------------------------------------------------------
+
+    def put(
+        self,
+        edge: Edge,
+        key: str,
+        plan: PayloadPlan,
+        before_publish: Callable[[], object] | None = None,
+    ) -> SegmentRecord:
+        """Publish `plan` as the key's segment, replacing our older one atomically.
+
+        BackPressureError: the budget would be exceeded; nothing changed.
+        NoSpaceError: the OS has no room; nothing changed, nothing left.
+        `before_publish` runs after the file is complete and before it
+        becomes visible (the connector retires the key's ring version there).
+        """
+        if self._closed:
+            raise ClosedError(f"fallback writer is closed: directory={self.directory!r}")
+        path = fallback_segment_path(self.directory, edge, key)
+        payload_length = plan.nbytes
+        length = compute_fallback_length(key, payload_length)  # the frame
+        charge = compute_fallback_charge(key, payload_length)  # the file's pages
+        if not self.admits(edge, key, payload_length):
+            self._refusals += 1
+            raise BackPressureError(
+                f"fallback budget spent: used={self._used} charge={charge} "
+                f"budget={self.budget} key={key!r}"
+            )
+        generation = next(_generations)
+        temp = os.path.join(self.directory, fallback_temp_file_name(self.producer, generation))
+        file_length = compute_ring_file_length(length)
+        spare = self._take_spare(file_length, temp)
+        keep = spare is not None
+        if spare is None:
+            spare = self._create_temp(temp, key, file_length)
+            keep = self._may_keep(file_length)
+        try:
+            self._fill(spare.mapping, key, plan, length, generation, keep)
+            if not keep:
+                self._discard(spare)
+        except BaseException:
+            self._discard(spare)
+            self._remove_temp(temp)
+            raise
+        try:
+            if before_publish is not None:
+                before_publish()
+            replaced = self._publish(temp, path)
+        except BaseException:
+            if keep:
+                self._discard(spare)
+            self._remove_temp(temp)
+            raise
+        if keep:
+            spare.generation = generation
+            spare.path = os.path.join(
+                self.directory, fallback_spare_file_name(self.producer, generation)
+            )
+            spare.segment_path = path
+            self._spares[generation] = spare
+            self._spare_bytes += spare.file_length
+        record = SegmentRecord(edge, key, generation, charge, payload_length, path, spare.inode)
+        old = self._segments.pop((edge, key), None)
+        if old is not None:
+            self._used -= old.length
+            self._retired += 1
+            if replaced == old.inode:  # our rename unlinked it: nobody hands it back
+                self._forget_spare(old.generation)
+        self._segments[(edge, key)] = record
+        self._used += charge
+        self._puts += 1
+        return record
+
+    # -- files ---------------------------------------------------------------------
+
+    def _may_keep(self, file_length: int) -> bool:
+        """Whether a new file of `file_length` bytes is kept for reuse (within the spare budget)."""
+        return (
+            file_length >= self.spare_min
+            and len(self._spares) < MAX_SPARES
+            and self._spare_bytes + file_length <= self.spare_budget
+        )
+
+    def _take_spare(self, file_length: int, temp: str) -> _Spare | None:
+        """A kept file of `file_length` bytes that a reader handed back, now linked at `temp`.
+
+        A reader hands a claimed segment back by renaming it to its spare
+        name; renaming it from there to `temp` takes it back (one process
+        wins). Not handed back yet: skipped. Claimed and unlinked instead (a
+        reader that could not rename): forgotten.
+        """
+        for generation, spare in list(self._spares.items()):
+            if spare.file_length != file_length:
+                continue
+            try:
+                self._take_back(spare, temp)
+            except FileNotFoundError:
+                continue  # still published, or claimed and unlinked (then forgotten)
+            except OSError:
+                continue  # try again at a later put
+            del self._spares[generation]
+            self._spare_bytes -= spare.file_length
+            try:
+                here = self._dir.stat(temp)
+                ours = (here.st_dev, here.st_ino) == spare.inode
+            except OSError:
+                ours = False
+            if not ours:  # something else was at the spare name: never write into it
+                self._discard(spare)
+                self._remove_temp(temp)
+                continue
+            self._reused += 1
+            return spare
+        return None
+
+    def _take_back(self, spare: _Spare, temp: str) -> None:
+        """Rename the spare's handed-back file to `temp`; FileNotFoundError when it is not there.
+
+        A reader's commit is one rename or one unlink, so once the segment
+        name is gone the spare name either exists already or never will: one
+        more try after seeing the segment gone settles it, and a file
+        claimed and unlinked is forgotten.
+        """
+        try:
+            self._dir.rename(spare.path, temp)
+            return
+        except FileNotFoundError:
+            if self._still_out(spare):
+                raise
+        try:
+            self._dir.rename(spare.path, temp)
+        except FileNotFoundError:
+            self._forget_spare(spare.generation)
+            raise
+
+    def _still_out(self, spare: _Spare) -> bool:
+        """Whether the spare's file is still published under its segment name (not yet claimed)."""
+        try:
+            info = self._dir.stat(spare.segment_path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # cannot tell: keep it rather than orphan a handed-back file
+        return (info.st_dev, info.st_ino) == spare.inode
+
+    def _forget_spare(self, generation: int) -> None:
+        """Stop keeping the file of `generation` (its segment is gone for good)."""
+        spare = self._spares.pop(generation, None)
+        if spare is not None:
+            self._spare_bytes -= spare.file_length
+            self._discard(spare)
+
+    def _discard(self, spare: _Spare) -> None:
+        """Unmap and close a file we stop keeping (its names are the caller's business)."""
+        mapping, fd = spare.mapping, spare.fd
+        spare.fd = -1
+        if not mapping.closed:
+            mapping.close()
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                self._os.close(fd)
+
+    def _create_temp(self, temp: str, key: str, file_length: int) -> _Spare:
+        """Create, size and map the temporary file; on failure remove it and raise."""
+        os_facade = self._os
+        try:
+            fd = self._dir.open(temp, OPEN_FLAGS_CREATE, FILE_MODE)
+        except OSError as error:
+            if error.errno in _NO_SPACE_ERRNOS:
+                self._no_space += 1
+                raise _no_space(error, f"a fallback segment: path={temp!r}") from error
+            raise
+        try:
+            try:
+                os_facade.fallocate(fd, file_length)
+            except OSError as error:
+                if error.errno in _NO_SPACE_ERRNOS:
+                    self._no_space += 1
+                    raise _no_space(
+                        error, f"a fallback segment of {file_length} bytes: key={key!r}"
+                    ) from error
+                raise
+            mapping = os_facade.mmap(fd, file_length)
+            try:
+                info = os_facade.fstat(fd)
+            except BaseException:
+                mapping.close()
+                raise
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os_facade.close(fd)
+            self._remove_temp(temp)
+            raise
+        return _Spare(fd, mapping, file_length, (info.st_dev, info.st_ino))
+
+    def _fill(
+        self,
+        mapping: mmap.mmap,
+        key: str,
+        plan: PayloadPlan,
+        length: int,
+        generation: int,
+        keep: bool,
+    ) -> None:
+        """Write the segment: header, key, payload, frame fields, the frame length last."""
+        key_bytes = key.encode("utf-8")
+        payload_length = plan.nbytes
+        with memoryview(mapping) as buf:
+            words = SharedWords(buf)
+            try:
+                frame = RING_HEADER_LENGTH
+                key_start = frame + FRAME_KEY_OFFSET
+                payload_start = key_start + len(key_bytes)
+                payload_end = payload_start + payload_length
+                store_frame_length_release(
+                    words, frame, 0
+                )  # a reused file reads "unpublished" first
+                buf[key_start:payload_start] = key_bytes
+                with buf[payload_start:payload_end] as payload:
+                    plan.write_into(payload)
+                    checksum = compute_checksum(key_bytes, payload)
+                write_ring_header(
+                    buf,
+                    length,
+                    self.producer[0],
+                    self.producer[1],
+                    RING_STATE_SPARE_WANTED if keep else RING_STATE_OPEN,
+                    self.producer[2] if len(self.producer) > 2 else 0,
+                )
+                write_data_frame_fields(
+                    buf,
+                    frame,
+                    state=FRAME_STATE_PUBLISHED,
+                    key_length=len(key_bytes),
+                    payload_length=payload_length,
+                    position=generation,
+                    checksum=checksum,
+                )
+                store_frame_length_release(words, frame, length)
+            finally:
+                words.release()
+
+    def _held(self, path: str) -> int | None:
+        """The locked file at `path` (None: nothing there), waiting for readers."""
+        held = open_locked(self._dir, path, self._os, wait=True)
+        if isinstance(held, Busy):  # replaced under us again and again: not our key alone
+            raise BrokenError(f"fallback segment keeps changing under its producer: path={path!r}")
+        return held
+
+    def _publish(self, temp: str, path: str) -> tuple[int, int] | None:
+        """Rename `temp` onto `path`, under the lock of whatever file is there.
+
+        Answers the (st_dev, st_ino) of the file the rename replaced, if any.
+        """
+        held = self._held(path)
+        try:
+            replaced = None
+            if held is not None:
+                info = self._os.fstat(held)
+                replaced = (info.st_dev, info.st_ino)
+            self._dir.rename(temp, path)
+            return replaced
+        finally:
+            if held is not None:
+                self._os.close(held)
+
+    def _remove_temp(self, temp: str) -> None:
+        try:
+            self._dir.unlink(temp)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._leftovers.add(temp)
+
+    # -- retire ------------------------------------------------------------------
+
+    def _retire(self, slot: tuple[Edge, str]) -> int:
+        """Remove our unclaimed segment of `slot`; 0 when a reader claimed it first."""
+        record = self._segments.get(slot)
+        if record is None:
+            return 0
+        held = self._held(record.path)
+        retired = 0
+        if held is not None:
+            try:
+                info = self._os.fstat(held)
+                if (info.st_dev, info.st_ino) == record.inode:
+                    self._dir.unlink(record.path)  # a failure keeps the record: retried later
+                    retired = 1
+                    self._forget_spare(record.generation)
+            finally:
+                self._os.close(held)
+        del self._segments[slot]
+        self._used -= record.length
+        if retired:
+            self._retired += 1
+        else:
+            self._claimed += 1
+        return retired
+
+    def retire(self, edge: Edge, key: str) -> int:
+        """Retire the key's unclaimed segment on `edge`; answer 0 or 1."""
+        return self._retire((edge, key))
+
+    def retire_key(self, key: str) -> int:
+        """Retire the key's unclaimed segments on every edge."""
+        return sum(self._retire(slot) for slot in sorted(self._segments) if slot[1] == key)
+
+    def retire_prefix(self, prefix: str) -> int:
+        """Retire every unclaimed segment whose key is `prefix` + digits, on every edge."""
+        slots = [slot for slot in sorted(self._segments) if is_prefix_match(prefix, slot[1])]
+        return sum(self._retire(slot) for slot in slots)
+
+    def has(self, edge: Edge, key: str) -> bool:
+        """Whether we hold a segment for the key (it may have been claimed since)."""
+        return (edge, key) in self._segments
+
+    def close(self) -> int:
+        """Retire every unclaimed segment and drop leftovers. Idempotent; answers how many."""
+        retired = 0
+        for slot in sorted(self._segments):
+            retired += self._retire(slot)
+        for generation in sorted(self._spares):
+            spare = self._spares[generation]
+            self._forget_spare(generation)
+            self._remove_temp(spare.path)  # handed back: remove it (a failure is retried below)
+        for temp in sorted(self._leftovers):
+            with contextlib.suppress(FileNotFoundError):
+                self._dir.unlink(temp)
+            self._leftovers.discard(temp)
+        self._closed = True
+        return retired
+
+    def statistics(self) -> FallbackStatistics:
+        return FallbackStatistics(
+            segments=len(self._segments),
+            used_bytes=self._used,
+            budget=self.budget,
+            puts=self._puts,
+            refusals=self._refusals,
+            no_space=self._no_space,
+            retired=self._retired,
+            claimed=self._claimed,
+            spares=len(self._spares),
+            spare_bytes=self._spare_bytes,
+            reused=self._reused,
+        )
+
+
+__all__ = ["FallbackStatistics", "FallbackWriter", "PayloadPlan", "SegmentRecord"]
