@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from shmring.fault_injection import campaign
+from shmring.fault_injection import fault_cells
 from shmring.fault_injection.faulty_os import FaultyOs
 from shmring.fault_injection.identities import borrowed_identities
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
@@ -39,10 +39,10 @@ def _prefix() -> str:
 @pytest.fixture(scope="module")
 def reached() -> dict[str, dict[str, int]]:
     """Calls per site of each scenario's fault-free run."""
-    identities = campaign._prepare()
-    with campaign.quiet_logs():
+    identities = fault_cells._prepare()
+    with fault_cells.quiet_logs():
         return {
-            name: campaign.baseline(name, identities, f"{_prefix()}b{index}")
+            name: fault_cells.baseline(name, identities, f"{_prefix()}b{index}")
             for index, name in enumerate(SCENARIOS)
         }
 
@@ -70,12 +70,12 @@ def test_every_reachable_site_is_reached_by_some_scenario(
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_fault_cells_of_every_site_keep_the_promises(scenario: str) -> None:
     identities = borrowed_identities()
-    with campaign.quiet_logs():
-        slots = campaign.enumerate_slots("quick", identities, _prefix(), [scenario])
-    expected = campaign.enumerate_cells(slots)
+    with fault_cells.quiet_logs():
+        slots = fault_cells.enumerate_slots("quick", identities, _prefix(), [scenario])
+    expected = fault_cells.enumerate_cells(slots)
     assert {slot.site for slot in slots}, f"{scenario} reaches no site"
     progress: list[tuple[int, int | None]] = []
-    counts = campaign.run_faults(
+    counts = fault_cells.run_faults(
         "quick", 0, lambda done, total: progress.append((done, total)), [scenario]
     )
     assert counts["cells"] == expected, (
@@ -163,7 +163,7 @@ def test_driver_plan_fails_from_the_nth_call_and_changes_nothing() -> None:
 
 
 def test_a_failing_cell_names_its_plan_and_how_to_rerun_it() -> None:
-    result = campaign.CellResult(
+    result = fault_cells.CellResult(
         FaultPlan("open", 3, MODE_TRANSIENT, errno.ENOSPC), "ring_wrap", True, ("leak",), None
     )
     text = result.describe()

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from shmring.fault_injection import campaign, fdlimit
-from shmring.fault_injection.campaign import Slot
+from shmring.fault_injection import fault_cells, fdlimit
+from shmring.fault_injection.fault_cells import Slot
 from shmring.fault_injection.identities import borrowed_identities
 from shmring.fault_injection.sites import (
     DESCRIPTOR_SITES,
@@ -44,8 +44,8 @@ def test_emfile_and_enfile_at_every_descriptor_site_keep_the_promises(scenario: 
     """Fault cells: EMFILE / ENFILE at every open, mmap and pidfd call of the scenario."""
     identities = borrowed_identities()
     prefix = f"fe{uuid.uuid4().hex[:6]}"
-    with campaign.quiet_logs():
-        reached = campaign.baseline(scenario, identities, f"{prefix}b")
+    with fault_cells.quiet_logs():
+        reached = fault_cells.baseline(scenario, identities, f"{prefix}b")
         failed: list[str] = []
         cells = 0
         for index, site in enumerate(DESCRIPTOR_SITES):
@@ -55,11 +55,11 @@ def test_emfile_and_enfile_at_every_descriptor_site_keep_the_promises(scenario: 
                 for mode in (MODE_TRANSIENT, MODE_PERSISTENT):
                     slot = Slot(scenario, site, error, mode, calls)
 
-                    def on_cell(result: campaign.CellResult) -> None:
+                    def on_cell(result: fault_cells.CellResult) -> None:
                         if result.problems:
                             failed.append(result.describe())
 
-                    cells += campaign.run_slot(
+                    cells += fault_cells.run_slot(
                         slot, identities, f"{prefix}{index}{error}{mode[0]}", on_cell
                     )
     assert cells > 0

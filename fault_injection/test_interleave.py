@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from shmring import campaign
+from shmring.check import sections
 from shmring.fault_injection import interleave
 from shmring.fault_injection import interleave_scenarios as scenarios
 from shmring.fault_injection.interleave import (
@@ -236,7 +236,7 @@ def test_every_scenario_delivers_through_its_actors(scenario: interleave.Scenari
 
 
 def test_the_check_section_counts_schedules_and_fails_with_the_reproducer() -> None:
-    assert "interleavings" in campaign.SECTIONS and "interleavings" in campaign.RUNNERS
+    assert "interleavings" in sections.SECTIONS and "interleavings" in sections.RUNNERS
     seen: list[tuple[int, int | None]] = []
     counts = interleave.explore_scenarios(
         [scenarios.ring_publish()], "quick", 0, lambda done, total: seen.append((done, total))

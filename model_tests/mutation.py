@@ -79,16 +79,14 @@ def prepare(target: str, work: Path, tests: list[str]) -> None:
 
     mutmut names a mutant after its file's path and the tests record the
     module names they run, so the files must sit where setuptools'
-    package-dir puts them: impl/ at shmring/impl/, impl/_top/ at shmring/.
+    package-dir puts them: shmring/ (with check/) as it is, impl/ at shmring/impl/, ...
     """
     shutil.rmtree(work, ignore_errors=True)
     package = work / "shmring"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_top")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "shmring", package, ignore=ignore)
     for folder, name in PACKAGES.items():
         shutil.copytree(ROOT / folder, package / name, ignore=ignore)
-    for source in (ROOT / "impl" / "_top").iterdir():
-        if source.is_file():
-            shutil.copy2(source, package / source.name)
     shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
     config = (ROOT / "pyproject.toml").read_text()
     if target != "impl":

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from shmring import campaign, cli, schedule
+from shmring import cli
+from shmring.check import schedule, sections
 from shmring.fault_injection import fuzz, scenarios
 from shmring.fault_injection.lockstep import ScenarioFailure
 
@@ -58,7 +59,7 @@ def test_subset_covers_every_kind_of_unit(unsharded: dict[str, Any]) -> None:
     assert set(counts) == {"lockstep", "faults", "crash", "fuzz"}
     assert counts["faults"]["cells"] > 0 and counts["faults"]["cells_failed"] == 0
     assert counts["crash"]["crash_points"] == 9  # 10 points, 9 of them in the empty state
-    assert counts["fuzz"]["fuzz codec"] == 3 * campaign._fuzz_cases("quick", "codec")
+    assert counts["fuzz"]["fuzz codec"] == 3 * sections._fuzz_cases("quick", "codec")
     assert counts["lockstep"]["ring steps"] > 0
 
 
@@ -114,10 +115,10 @@ def test_merge_refuses_a_unit_run_twice_and_names_missing_shards(
 
 
 def test_shards_partition_the_whole_quick_campaign() -> None:
-    context = campaign.Context("quick", 0)
-    everything = schedule.make_plan(context, campaign.SECTIONS).units
+    context = sections.Context("quick", 0)
+    everything = schedule.make_plan(context, sections.SECTIONS).units
     shards = [
-        schedule.make_plan(context, campaign.SECTIONS, shard=schedule.Shard(k, 3)).units
+        schedule.make_plan(context, sections.SECTIONS, shard=schedule.Shard(k, 3)).units
         for k in (1, 2, 3)
     ]
     ids = [unit.id for shard in shards for unit in shard]
@@ -181,7 +182,7 @@ def test_failed_fuzz_round_prints_the_command_that_reruns_only_it(
     def target(cases: int, seed: int, count: Any) -> None:
         calls.append(seed)
         count()
-        if seed == campaign.derived_seed(0, "fuzz", "codec", 1):
+        if seed == sections.derived_seed(0, "fuzz", "codec", 1):
             raise fuzz.FuzzFailure(f"deliberately broken for seed {seed}")
 
     monkeypatch.setitem(fuzz.TARGETS, "codec", target)
@@ -193,7 +194,7 @@ def test_failed_fuzz_round_prints_the_command_that_reruns_only_it(
     calls.clear()
     status, again = _check(tmp_path, "again", *shlex.split(failure["rerun"])[2:])
     assert status == 1
-    assert calls == [campaign.derived_seed(0, "fuzz", "codec", 1)]
+    assert calls == [sections.derived_seed(0, "fuzz", "codec", 1)]
     assert [unit["unit"] for unit in again["units"]] == ["fuzz:codec/1"]
 
 
@@ -203,14 +204,14 @@ def test_section_without_units_is_one_unit(
     seen: list[tuple[str, int]] = []
 
     def runner(
-        budget: str, seed: int, progress: campaign.Progress, database: str | None
+        budget: str, seed: int, progress: sections.Progress, database: str | None
     ) -> dict[str, int]:
         seen.append((budget, seed))
         progress(1, 1)
         return {"schedules": 7}
 
-    monkeypatch.delitem(campaign.UNITS, "model")
-    monkeypatch.setitem(campaign.RUNNERS, "model", runner)
+    monkeypatch.delitem(sections.UNITS, "model")
+    monkeypatch.setitem(sections.RUNNERS, "model", runner)
     status, report = _check(tmp_path, "single", "--only", "model", "--seed", "5")
     assert status == 0
     assert seen == [("quick", 5)]
@@ -239,49 +240,49 @@ def test_library_logging_is_captured_counted_and_shown_only_with_v(
 
 
 def test_logs_of_a_failed_unit_come_with_its_failure() -> None:
-    def noisy(unit: campaign.Unit, context: campaign.Context, progress: Any) -> dict[str, int]:
+    def noisy(unit: sections.Unit, context: sections.Context, progress: Any) -> dict[str, int]:
         logging.getLogger("shmring.connector").warning("the ring looked odd")
         raise AssertionError("and then it broke")
 
-    declared = campaign.SectionUnits(noisy, units=lambda budget, seed: [])
-    result = _with_units("crash", declared, campaign.Unit("crash", "x"))
+    declared = sections.SectionUnits(noisy, units=lambda budget, seed: [])
+    result = _with_units("crash", declared, sections.Unit("crash", "x"))
     (failure,) = result.failures
     assert result.logs == 1
     assert "the ring looked odd" in failure.message and "and then it broke" in failure.message
 
 
 def _with_units(
-    section: str, declared: campaign.SectionUnits, unit: campaign.Unit
-) -> campaign.UnitResult:
-    saved = campaign.UNITS[section]
-    campaign.UNITS[section] = declared
+    section: str, declared: sections.SectionUnits, unit: sections.Unit
+) -> sections.UnitResult:
+    saved = sections.UNITS[section]
+    sections.UNITS[section] = declared
     try:
-        return campaign.run_unit(unit, campaign.Context("quick", 0))
+        return sections.run_unit(unit, sections.Context("quick", 0))
     finally:
-        campaign.UNITS[section] = saved
+        sections.UNITS[section] = saved
 
 
 # -- time budget -----------------------------------------------------------------------------
 
 
-def _fake_stream(ran: list[str]) -> campaign.SectionUnits:
-    def round_units(budget: str, seed: int, round_: int) -> list[campaign.Unit]:
-        return [campaign.Unit("fuzz", f"t{i}/{round_}", (round_, i), 0.01) for i in range(3)]
+def _fake_stream(ran: list[str]) -> sections.SectionUnits:
+    def round_units(budget: str, seed: int, round_: int) -> list[sections.Unit]:
+        return [sections.Unit("fuzz", f"t{i}/{round_}", (round_, i), 0.01) for i in range(3)]
 
-    def run(unit: campaign.Unit, context: campaign.Context, progress: Any) -> dict[str, int]:
+    def run(unit: sections.Unit, context: sections.Context, progress: Any) -> dict[str, int]:
         ran.append(unit.name)
         time.sleep(0.01)
         return {"cases": 1}
 
-    return campaign.SectionUnits(run, round_units=round_units, rounds=lambda budget: 2)
+    return sections.SectionUnits(run, round_units=round_units, rounds=lambda budget: 2)
 
 
 def test_max_seconds_keeps_drawing_rounds_until_the_time_is_spent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ran: list[str] = []
-    monkeypatch.setitem(campaign.UNITS, "fuzz", _fake_stream(ran))
-    context = campaign.Context("quick", 0)
+    monkeypatch.setitem(sections.UNITS, "fuzz", _fake_stream(ran))
+    context = sections.Context("quick", 0)
     fixed = schedule.execute(schedule.make_plan(context, ["fuzz"]), 1)
     assert len(fixed) == 6  # the budget: two rounds of three
     ran.clear()
@@ -295,8 +296,8 @@ def test_max_seconds_keeps_drawing_rounds_until_the_time_is_spent(
 
 def test_max_seconds_shards_draw_disjoint_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    monkeypatch.setitem(campaign.UNITS, "fuzz", _fake_stream(ran))
-    context = campaign.Context("quick", 0)
+    monkeypatch.setitem(sections.UNITS, "fuzz", _fake_stream(ran))
+    context = sections.Context("quick", 0)
     drawn = []
     for k in (1, 2):
         ran.clear()
@@ -328,9 +329,9 @@ def test_redis_database_without_the_extra_is_a_clear_error(
 def test_directory_database_is_hypothesis_own(tmp_path: Path) -> None:
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    database = campaign.open_database(str(tmp_path / "db"))
+    database = sections.open_database(str(tmp_path / "db"))
     assert isinstance(database, DirectoryBasedExampleDatabase)
-    assert campaign.open_database("none") is None
+    assert sections.open_database("none") is None
 
 
 def test_a_worker_that_dies_fails_its_unit_and_the_others_still_run(
@@ -339,20 +340,20 @@ def test_a_worker_that_dies_fails_its_unit_and_the_others_still_run(
     import os
     import signal
 
-    def run(unit: campaign.Unit, context: campaign.Context, progress: Any) -> dict[str, int]:
+    def run(unit: sections.Unit, context: sections.Context, progress: Any) -> dict[str, int]:
         if unit.name == "dies":
             os.kill(os.getpid(), signal.SIGKILL)
         return {"ran": 1}
 
     names = ["a", "dies", "b", "c", "d"]
-    declared = campaign.SectionUnits(
+    declared = sections.SectionUnits(
         run,
         units=lambda budget, seed: [
-            campaign.Unit("crash", name, (i,), 1.0) for i, name in enumerate(names)
+            sections.Unit("crash", name, (i,), 1.0) for i, name in enumerate(names)
         ],
     )
-    monkeypatch.setitem(campaign.UNITS, "crash", declared)
-    plan = schedule.make_plan(campaign.Context("quick", 0), ["crash"])
+    monkeypatch.setitem(sections.UNITS, "crash", declared)
+    plan = schedule.make_plan(sections.Context("quick", 0), ["crash"])
     results = {result.unit: result for result in schedule.execute(plan, 2)}
     assert set(results) == {f"crash:{name}" for name in names}
     (failure,) = results["crash:dies"].failures

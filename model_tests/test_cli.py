@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shmring import campaign, cli
+from shmring import cli
+from shmring.check import sections
 
 
 def test_check_reports_counts_and_passes(
@@ -34,13 +35,13 @@ def test_failing_section_exits_non_zero_and_prints_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def broken(
-        budget: str, seed: int, progress: campaign.Progress, database: str | None
+        budget: str, seed: int, progress: sections.Progress, database: str | None
     ) -> dict[str, int]:
         progress(1, 2)
         raise AssertionError("model and implementation disagree: put(k) -> ring vs fallback")
 
-    monkeypatch.delitem(campaign.UNITS, "model")  # one unit, through the runner
-    monkeypatch.setitem(campaign.RUNNERS, "model", broken)
+    monkeypatch.delitem(sections.UNITS, "model")  # one unit, through the runner
+    monkeypatch.setitem(sections.RUNNERS, "model", broken)
     report = tmp_path / "report.json"
     status = cli.main(["check", "--only", "model", "--report", str(report), "--database", "none"])
     assert status == 1
@@ -56,10 +57,10 @@ def test_failing_section_exits_non_zero_and_prints_why(
 
 
 def test_lockstep_section_counts_steps_per_machine(tmp_path: Path) -> None:
-    result = campaign.run_section("lockstep", "quick", seed=3, database=str(tmp_path / "db"))
+    result = sections.run_section("lockstep", "quick", seed=3, database=str(tmp_path / "db"))
     assert result.failure is None, result.failure
     machines = [key for key in result.counts if key.endswith(" steps") and key != "steps"]
-    assert len(machines) == len(campaign.LOCKSTEP_MACHINES)
+    assert len(machines) == len(sections.LOCKSTEP_MACHINES)
     assert all(result.counts[key] > 0 for key in machines)
     assert result.counts["steps"] == sum(result.counts[key] for key in machines)
 

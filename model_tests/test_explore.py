@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from shmring.spec import explore
+from shmring.check import explore
+from shmring.check.explore import ExplorationError, System
 from shmring.spec import ring as ring_spec
-from shmring.spec.explore import ExplorationError, System
 
 # (system name, states, transitions, depth) for explore.ci_systems()
 GOLDEN = {

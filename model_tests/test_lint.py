@@ -1,4 +1,4 @@
-"""The configured linters pass: ruff over the tree, mypy strict over the model."""
+"""The configured linters pass: ruff over the tree, mypy strict over the model and its explorer."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_ruff_finds_nothing() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_mypy_strict_passes_on_the_model() -> None:
+def test_mypy_strict_passes_on_the_model_and_its_explorer() -> None:
     done = subprocess.run(
         [
             sys.executable,
@@ -30,6 +30,8 @@ def test_mypy_strict_passes_on_the_model() -> None:
             str(ROOT / "pyproject.toml"),
             "-p",
             "shmring.spec",
+            "-m",
+            "shmring.check.explore",
         ],
         capture_output=True,
         text=True,

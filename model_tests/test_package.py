@@ -93,21 +93,30 @@ def test_no_top_level_spec_or_impl_package_is_installed() -> None:
     assert all(name == "shmring" or name.startswith("shmring.") for name in config["packages"])
 
 
-def _package_folder(package: str, package_dir: dict[str, str]) -> str:
-    """The folder of `package` as setuptools finds it: its nearest mapped parent, then the rest."""
+def _folder(package: str, package_dir: dict[str, str]) -> Path:
+    """Where setuptools reads `package` from: its nearest mapped ancestor's folder, plus the rest."""
     parts = package.split(".")
     for cut in range(len(parts), 0, -1):
-        parent = ".".join(parts[:cut])
-        if parent in package_dir:
-            return "/".join([package_dir[parent], *parts[cut:]])
-    return "/".join(parts)
+        mapped = package_dir.get(".".join(parts[:cut]))
+        if mapped is not None:
+            return ROOT.joinpath(mapped, *parts[cut:])
+    return ROOT.joinpath(*parts)
+
+
+def test_every_package_folder_is_listed() -> None:
+    """A subpackage folder (one with __init__.py) that `packages` lacks would not ship."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = {_folder(package, config["package-dir"]) for package in config["packages"]}
+    for folder in list(listed):
+        for init in folder.rglob("__init__.py"):
+            assert init.parent in listed, f"{init.parent.relative_to(ROOT)} is not in packages"
 
 
 def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     expected = set()
     for package in config["packages"]:
-        folder = ROOT / _package_folder(package, config["package-dir"])
+        folder = _folder(package, config["package-dir"])
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{p.name}" for p in folder.glob("*.py")}
         expected |= {f"{prefix}/{name}" for name in config.get("package-data", {}).get(package, [])}
@@ -169,7 +178,7 @@ LAYOUT_ALLOWLIST_UNTIL_MERGE: dict[tuple[str, str], str] = {
 
 def _guarded_files() -> list[Path]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    top = _package_folder("shmring", config.get("package-dir", {}))
+    top = _folder("shmring", config.get("package-dir", {}))
     files: set[Path] = set()
     for folder in ("impl", "fault_injection", "model_tests", "benchmarks", top):
         files |= {p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from shmring.check.explore import compute_payload_length
 from shmring.spec import connector as spec
 from shmring.spec import invariants
 from shmring.spec.connector import (
@@ -23,7 +24,6 @@ from shmring.spec.connector import (
     RingDescriptor,
     Route,
 )
-from shmring.spec.explore import compute_payload_length
 from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_RETIRED
 from shmring.spec.ring import ConsumeMode, PutStatus
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
+from shmring.check.explore import compute_payload_length
 from shmring.spec import discovery as spec
 from shmring.spec import invariants
 from shmring.spec import producers as producers_spec
 from shmring.spec.connector import FallbackDescriptor, RingDescriptor, Route
 from shmring.spec.discovery import DeploymentGetStatus, DeploymentState, PublishedDescriptor
-from shmring.spec.explore import compute_payload_length
 
 CAPACITY = 4096
 OVERSIZE = 1040

@@ -46,6 +46,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from shmring.check.explore import compute_payload_length
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
@@ -55,7 +56,6 @@ from shmring.spec import registration as registration_spec
 from shmring.spec import ring as ring_spec
 from shmring.spec.connector import ConnectorPutStatus, Route
 from shmring.spec.discovery import DeploymentGetStatus, DeploymentState, PublishedDescriptor
-from shmring.spec.explore import compute_payload_length
 from shmring.spec.invariants import InvariantViolation
 from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_PUBLISHED
 from shmring.spec.ring import ConsumeMode

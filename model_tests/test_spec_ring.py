@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
+from shmring.check.explore import compute_payload_length
 from shmring.spec import invariants
 from shmring.spec import ring as spec
-from shmring.spec.explore import compute_payload_length
 from shmring.spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_HEADER_LENGTH,

@@ -5,5 +5,7 @@ tests run it next to the implementation. Nothing here imports numpy, torch,
 mmap, ctypes, cuda or shmring.impl (a test enforces it).
 
 Reading order: layout, ring, connector, producers, discovery, registration,
-leases, invariants, explore. docs/model.md walks through it.
+leases, invariants, contracts. docs/model.md walks through it. The bounded
+explorer that walks every reachable state of the model is checking machinery,
+not model: it lives in `shmring.check.explore`.
 """

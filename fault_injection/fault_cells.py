@@ -27,7 +27,7 @@ takes a budget ("quick", "standard", "deep"), a seed and a progress callback
 and answers a dict of counts; any failure raises `CampaignFailure` (an
 AssertionError) whose message names the cells and how to rerun one:
 
-    python -m shmring.fault_injection.campaign --scenario ring_wrap --plan open#3:ENOSPC:transient
+    python -m shmring.fault_injection.fault_cells --scenario ring_wrap --plan open#3:ENOSPC:transient
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class CellResult:
 
 def reproduce_command(scenario: str, plan: FaultPlan | None) -> str:
     suffix = f" --plan {plan}" if plan is not None else ""
-    return f"python -m shmring.fault_injection.campaign --scenario {scenario}{suffix}"
+    return f"python -m shmring.fault_injection.fault_cells --scenario {scenario}{suffix}"
 
 
 # -- resources -------------------------------------------------------------------------------

@@ -212,7 +212,7 @@ def captured_logs() -> Iterator[_Capture]:
 
 
 def _model_systems(budget: str) -> list[tuple[Any, int | None]]:
-    from shmring.spec import explore
+    from shmring.check import explore
 
     return explore.ci_systems() if budget != "deep" else explore.long_systems()
 
@@ -227,7 +227,7 @@ def _model_units(budget: str, seed: int) -> list[Unit]:
 
 
 def _run_model_unit(unit: Unit, context: Context, progress: Progress) -> dict[str, int]:
-    from shmring.spec import explore
+    from shmring.check import explore
 
     (system, depth), *_ = (
         entry for entry in _model_systems(context.budget) if entry[0].name == unit.name
@@ -420,24 +420,24 @@ def run_lockstep(
 
 
 def _faults_units(budget: str, seed: int) -> list[Unit]:
-    from shmring.fault_injection import campaign
+    from shmring.fault_injection import fault_cells
 
     return [
         Unit("faults", f"{scenario}/{site}", (index,), 0.5)
-        for index, (scenario, site) in enumerate(campaign.fault_units())
+        for index, (scenario, site) in enumerate(fault_cells.fault_units())
     ]
 
 
 def _faults_accepts(name: str) -> bool:
-    from shmring.fault_injection import campaign
+    from shmring.fault_injection import fault_cells
 
-    return campaign.is_fault_unit(name)
+    return fault_cells.is_fault_unit(name)
 
 
 def _run_faults_unit(unit: Unit, context: Context, progress: Progress) -> dict[str, int]:
-    from shmring.fault_injection import campaign
+    from shmring.fault_injection import fault_cells
 
-    counts, failed = campaign.run_fault_unit(unit.name, context.budget, context.seed, progress)
+    counts, failed = fault_cells.run_fault_unit(unit.name, context.budget, context.seed, progress)
     if failed:
         raise UnitFailed(counts, failed)
     return counts
@@ -533,7 +533,7 @@ def _run_fuzz_unit(unit: Unit, context: Context, progress: Progress) -> dict[str
 
 
 def _fault_entry(name: str) -> Callable[..., dict[str, int]]:
-    module = importlib.import_module("shmring.fault_injection.campaign")
+    module = importlib.import_module("shmring.fault_injection.fault_cells")
     entry: Callable[..., dict[str, int]] = getattr(module, f"run_{name}")
     return entry
 
@@ -695,7 +695,7 @@ def run_unit(unit: Unit, context: Context, progress: Progress | None = None) -> 
 # workers fork, they are shared (copy-on-write) instead of imported per worker.
 _PRELOAD = {
     "lockstep": ("hypothesis", "shmring.impl.connector", "torch"),
-    "faults": ("shmring.fault_injection.campaign", "torch"),
+    "faults": ("shmring.fault_injection.fault_cells", "torch"),
     "crash": ("shmring.fault_injection.crash",),
     "fuzz": ("shmring.fault_injection.fuzz", "torch"),
 }

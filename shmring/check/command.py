@@ -1,16 +1,9 @@
-"""`shmring` command line: `check` runs the campaign; `report merge` joins shard reports;
-`gc` and `stat` look after a deployment.
+"""The `shmring check` and `shmring report merge` commands (the parser is `shmring.cli`).
 
-`shmring check` runs the units of the campaign's sections (see
-`shmring.campaign`) on `--workers` processes, as `--shard K/N` of a fleet,
-for a fixed budget or `--max-seconds`; it shows a progress bar per section,
-prints a table of what was checked with counts, writes an optional JSON
-report and exits non-zero when anything failed. Every failure prints the
-`shmring check ... --unit ID` command that reruns only it (a lockstep
-divergence also Hypothesis's shrunk reproducer; the example database,
-`--database`, keeps it so the next campaign, on any machine sharing it,
-starts from it). Library logging is captured: counted, shown with `-v`
-and with failures.
+`check` plans the units (`schedule.make_plan`), runs them on `--workers`
+processes with a progress bar per section, and prints the table of what was
+checked; `merge` adds shard reports up into the same table and report. Both
+use rich: `shmring.cli` calls them only once `require_toolkit` has passed.
 """
 
 from __future__ import annotations
@@ -20,128 +13,20 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from shmring.campaign import BUDGETS, SECTIONS, Context, DatabaseError, SectionResult, open_database
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-DEFAULT_SECTIONS = SECTIONS
-DEFAULT_DATABASE = os.path.join(".shmring", "hypothesis")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shmring", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    check = commands.add_parser("check", help="run the model-checking and fault-injection campaign")
-    check.add_argument(
-        "--budget",
-        choices=BUDGETS,
-        default="quick",
-        help="quick (default, about a minute), standard, deep",
-    )
-    check.add_argument(
-        "--seed", type=int, default=0, help="seed for the randomised sections (default 0)"
-    )
-    check.add_argument(
-        "--workers", type=int, default=1, help="run units in N processes (default 1)"
-    )
-    check.add_argument(
-        "--only",
-        action="append",
-        choices=SECTIONS,
-        help="run only this section (repeatable); default: all",
-    )
-    check.add_argument(
-        "--unit",
-        action="append",
-        metavar="ID",
-        help="run only this unit (section:name as failures print it, or a glob such as "
-        "'faults:ring_wrap/*'; repeatable)",
-    )
-    check.add_argument(
-        "--shard",
-        metavar="K/N",
-        help="run shard K of N (1 <= K <= N): N machines together run each unit once",
-    )
-    check.add_argument(
-        "--max-seconds",
-        type=float,
-        metavar="S",
-        help="after the fixed units, keep drawing lockstep and fuzz rounds until S seconds",
-    )
-    check.add_argument(
-        "--list-units", action="store_true", help="print the units this run would run, run none"
-    )
-    check.add_argument(
-        "-v", "--verbose", action="store_true", help="print the library's captured log records"
-    )
-    check.add_argument("--report", metavar="FILE", help="write a JSON report here")
-    check.add_argument(
-        "--database",
-        metavar="DB",
-        default=DEFAULT_DATABASE,
-        help=f"Hypothesis example database: a directory (default {DEFAULT_DATABASE}), "
-        "redis://host:port/N (needs the redis extra), or 'none'",
-    )
-
-    report = commands.add_parser("report", help="work with `shmring check` reports")
-    report_commands = report.add_subparsers(dest="report_command", required=True)
-    merge = report_commands.add_parser(
-        "merge", help="add shard reports up into one report and print its table"
-    )
-    merge.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports of shards")
-    merge.add_argument("--report", metavar="FILE", help="write the merged JSON report here")
-    merge.add_argument(
-        "-v", "--verbose", action="store_true", help="print the captured log records"
-    )
-
-    gc = commands.add_parser(
-        "gc", help="remove what dead producers of a deployment left in shared memory"
-    )
-    gc.add_argument("--scope", required=True, help="the deployment scope")
-    gc.add_argument(
-        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
-    )
-    gc.add_argument("--shm-root", default="/dev/shm", help="where the deployment directory lives")
-
-    stat = commands.add_parser(
-        "stat", help="show a deployment's producers, ring occupancy and fallback usage"
-    )
-    stat.add_argument("--scope", required=True, help="the deployment scope")
-    stat.add_argument("--shm-root", default="/dev/shm", help="where the deployment directory lives")
-    return parser
+from shmring.check import schedule
+from shmring.check.sections import SECTIONS, Context, DatabaseError, SectionResult, open_database
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "check":
-        return _check(args)
-    if args.command == "report":
-        return _merge(args)
-    from shmring.impl import admin
-    from shmring.impl.errors import ShmringError
-
-    try:
-        if args.command == "stat":
-            print(admin.format_status(admin.deployment_status(args.scope, args.shm_root)))
-            return 0
-        removed = admin.collect(args.scope, args.shm_root, dry_run=args.dry_run)
-    except ShmringError as error:
-        print(f"shmring {args.command}: {error}", file=sys.stderr)
-        return 2
-    verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {len(removed)} file(s)" + "".join(f"\n  {name}" for name in removed))
-    return 0
-
-
-def _check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from shmring import schedule
-
+def check(args: argparse.Namespace) -> int:
+    """`shmring check`: plan, run, print the table; 0 when everything held, 1 or 2 if not."""
     console = Console(stderr=True)
-    sections = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_SECTIONS)
+    sections = list(dict.fromkeys(args.only)) if args.only else list(SECTIONS)
     if args.workers < 1:
         print(
             f"shmring check: --workers must be at least 1: workers={args.workers}", file=sys.stderr
@@ -190,10 +75,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _run_with_progress(console: Any, plan: Any, workers: int) -> list[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from shmring import schedule
-
     columns = (
         TextColumn("{task.description:<16}"),
         BarColumn(),
@@ -234,8 +115,6 @@ def _run_with_progress(console: Any, plan: Any, workers: int) -> list[Any]:
 def _finish(
     report: dict[str, Any], elapsed: float, path: str | None, verbose: bool, sums: Any
 ) -> int:
-    from shmring import schedule
-
     results = schedule.unit_results(report)
     sections = sums(report["section_names"], results)
     _print_table(sections, elapsed)
@@ -260,9 +139,8 @@ def _finish(
     return 0 if report["passed"] else 1
 
 
-def _merge(args: argparse.Namespace) -> int:
-    from shmring import schedule
-
+def merge(args: argparse.Namespace) -> int:
+    """`shmring report merge`: add shard reports up into one table and (optional) report."""
     try:
         reports = [(path, schedule.load_report(path)) for path in args.reports]
         merged, warnings = schedule.merge(reports)
@@ -276,9 +154,6 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _print_table(results: list[SectionResult], elapsed: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"shmring check ({elapsed:.1f} s)")
     table.add_column("section")
     table.add_column("result")
@@ -297,7 +172,3 @@ def _print_table(results: list[SectionResult], elapsed: float) -> None:
             counts or "-",
         )
     Console(width=max(120, Console().width)).print(table)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

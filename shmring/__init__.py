@@ -12,9 +12,23 @@ when a payload holds a tensor.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# In a source checkout the subpackages other than shmring.check live in sibling
+# folders (pyproject.toml's package-dir: spec/ is shmring.spec, impl/ is
+# shmring.impl, ...). Python run from the checkout's root (`python -m pytest`,
+# `python -m shmring.fault_injection.fault_cells`) puts the root first on
+# sys.path, so it finds this folder before the installed (editable) package:
+# the siblings are searched too. An installed shmring (a wheel, or the
+# editable install's link tree) holds them inside this folder and skips this.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if not os.path.isdir(os.path.join(_HERE, "spec")):
+    _CHECKOUT = os.path.dirname(_HERE)
+    if os.path.isfile(os.path.join(_CHECKOUT, "spec", "__init__.py")):
+        __path__.append(_CHECKOUT)
 
 # name -> module that defines it, loaded on first attribute access.
 _LAZY: dict[str, str] = {

@@ -1,7 +1,7 @@
 """Running a campaign's units: on N workers, as shard K of N, for a time budget; and merging.
 
 Design rationale. The scheduler knows units, never what they do
-(`shmring.campaign` says that). One machine runs its units on `--workers`
+(`shmring.check.sections` says that). One machine runs its units on `--workers`
 processes, costly units first (longest-processing-time order), so a long
 unit does not start last and bound the run. A fleet is any batch system
 running `--shard K/N` on N machines: the partition is a pure function of
@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shmring.campaign import (
+from shmring.check.sections import (
     SECTIONS,
     Context,
     Failure,
