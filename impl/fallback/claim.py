@@ -29,7 +29,7 @@ from typing import Any, Final
 from shmring.impl.directory import Directory, as_directory, check_private_file
 from shmring.impl.errors import CorruptFrameError
 from shmring.impl.fallback.segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
-from shmring.impl.frame_io import compute_checksum, read_frame_header, read_ring_header
+from shmring.impl.frame_io import compute_checksum
 from shmring.impl.names import (
     Edge,
     fallback_segment_path,
@@ -37,17 +37,12 @@ from shmring.impl.names import (
     parse_segment_owner,
 )
 from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.frames import segment_problem
 from shmring.spec.layout import (
-    DATA_FRAME_TYPE,
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
-    FRAME_STATE_PUBLISHED,
     RING_HEADER_LENGTH,
-    RING_MAGIC,
     RING_STATE_SPARE_WANTED,
-    RING_VERSION,
-    compute_frame_length,
-    compute_ring_file_length,
 )
 
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
@@ -269,51 +264,17 @@ def _commit(
 def _check_segment(
     buf: memoryview, size: int, key_bytes: bytes
 ) -> tuple[str | None, tuple[int, ...], int, int, int, int]:
-    """(problem or None, owner, generation, payload length, checksum, ring state) of a segment."""
-    header = read_ring_header(buf)
+    """(problem or None, owner, generation, payload length, checksum, ring state) of a segment.
+
+    The header and frame checks are the ring's (`ring.frames.segment_problem`):
+    a segment is a ring header whose capacity is its one frame's length.
+    """
+    problem, header, fields = segment_problem(buf, size, key_bytes)
     owner = (header.producer_pid, header.producer_start_time, header.producer_instance)
-    if header.magic != RING_MAGIC:
-        return f"bad magic={header.magic:#x}", owner, 0, 0, 0, 0
-    if header.version != RING_VERSION or header.header_length != RING_HEADER_LENGTH:
-        return (
-            f"bad version={header.version} header_length={header.header_length}",
-            owner,
-            0,
-            0,
-            0,
-            0,
-        )
-    if compute_ring_file_length(header.capacity) != size:
-        return f"size={size} does not match frame length={header.capacity}", owner, 0, 0, 0, 0
-    frame = read_frame_header(buf, RING_HEADER_LENGTH)
-    if frame.length != header.capacity:
-        return (
-            f"frame length={frame.length} differs from capacity={header.capacity}",
-            owner,
-            0,
-            0,
-            0,
-            0,
-        )
-    if frame.frame_type != DATA_FRAME_TYPE or frame.state != FRAME_STATE_PUBLISHED:
-        return f"bad frame type={frame.frame_type} state={frame.state}", owner, 0, 0, 0, 0
-    if compute_frame_length(frame.key_length, frame.payload_length) != frame.length:
-        return (
-            f"lengths disagree: length={frame.length} key_length={frame.key_length} "
-            f"payload_length={frame.payload_length}",
-            owner,
-            0,
-            0,
-            0,
-            0,
-        )
-    key_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET
-    if (
-        frame.key_length != len(key_bytes)
-        or buf[key_start : key_start + frame.key_length] != key_bytes
-    ):
-        return "the segment holds another key", owner, 0, 0, 0, 0
-    return None, owner, frame.position, frame.payload_length, frame.checksum, header.state
+    if problem is not None:
+        return problem, owner, 0, 0, 0, 0
+    _, _, _, _, payload_length, position, checksum = fields
+    return None, owner, position, payload_length, checksum, header.state
 
 
 def remove_if_orphaned(
