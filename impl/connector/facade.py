@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Any, overload
 
 from shmring.impl import codec
@@ -45,7 +44,7 @@ from shmring.impl.connector.results import (
 )
 from shmring.impl.connector.ring_route import RingRoute
 from shmring.impl.connector.shortage import retry_short_of_descriptors
-from shmring.impl.connector.waiting import Doorbell, FallbackMisses, poll_until
+from shmring.impl.connector.waiting import BlockingGets, Doorbell, FallbackMisses
 from shmring.impl.errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
 from shmring.impl.fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH, segment_file_name
 from shmring.impl.naming import (
@@ -66,30 +65,22 @@ _DELIVERED = GetStatus.DELIVERED
 _BUSY_STATUS = GetStatus.BUSY
 
 
-class Connector:
+class Connector(BlockingGets):
     """Puts and gets between local stage processes over host rings and per-key segments.
 
     `scope` names the deployment (every endpoint of an edge uses the same
-    one). `ring_capacity` is each ring's data bytes: 0 disables rings, else
-    4 KiB..64 MiB in multiples of 16. `fallback_budget` bounds the live
-    bytes of this process's fallback segments. `fallback_spare_bytes` bounds
-    the segment files kept for reuse (0: none): a segment file of at least
-    `fallback_spare_min_bytes` is kept mapped after it is published, a
-    reader hands it back when it claims it, and a later put of the same
-    file size writes into it instead of allocating, mapping and faulting a
-    new one (`shmring.impl.fallback`). `os_facade` is the OS port every
-    shmring object takes (`impl.os_seam`; fault plans hand one facade to
-    the connectors, rings and transfers of a scenario); production leaves
-    it None. `shm_root` must be an existing directory. `spin_seconds` (at
-    most `MAX_SPIN_SECONDS`) and `max_sleep_seconds` (at most
-    `MAX_SLEEP_SECONDS`) tune `get_with_deadline`. `ring_retry_seconds`:
-    how long after a failed ring setup the next put on that edge tries
-    again (doubling per failure, at most `MAX_RING_RETRY_SECONDS`); None
-    never retries (the lockstep machines, whose model has no clock).
-    `rescan_seconds`: a receiver rescans the directory at least this often
-    even when its stamp did not move, reclaiming what killed producers left
-    (None: only when the stamp moved, as the model says). Test seams
-    (another identity, crash hooks) are not options: see `seams`.
+    one); the other options are `ConnectorConfig`'s, each checked there
+    with its bounds: `ring_capacity` (each ring's data bytes, 0: no rings),
+    `fallback_budget` (live bytes of this producer's segments),
+    `fallback_spare_bytes` / `fallback_spare_min_bytes` (segment files kept
+    mapped for reuse, `shmring.impl.fallback`), `shm_root`, `spin_seconds`
+    / `max_sleep_seconds` (`get_with_deadline`), `ring_retry_seconds` (the
+    back-off after a failed ring setup; None: never retry, as the model)
+    and `rescan_seconds` (rescan the directory at least this often; None:
+    only when the stamp moved, as the model). `os_facade` is the OS port
+    every shmring object takes (`impl.os_seam`; fault plans hand one facade
+    to all the objects of a scenario); production leaves it None. Test
+    seams (another identity, crash hooks) are not options: see `seams`.
 
     Each connector is its own producer, (pid, start time, instance): two
     connectors of one process on one edge publish on two rings.
@@ -313,7 +304,28 @@ class Connector:
             ):
                 self._ring_route.scanned()
             if descriptor is None:
-                return self._get_by_key(edge, key, bell)
+                # By key: get_candidates' rings (live producers, discovery's order) ...
+                got, busy, problem = self._ring_route.claim_by_key(edge, key)
+                if got is not None:
+                    self._gets += 1  # `_count`, inline on the hot path
+                    self._bytes += got.size
+                    self._ring_gets += 1
+                    return got
+                # ... then the key's segment (`_get_fallback`).
+                if self._misses.unchanged(edge, key, bell):
+                    got = BUSY if busy else NOT_FOUND
+                else:
+                    got = self._fallback_route.claim(edge, key, None, busy)
+                    if bell is not None and got.status is GetStatus.NOT_FOUND:
+                        self._misses.record(edge, key, bell)
+                status = got.status
+                if status is _BUSY_STATUS:
+                    self._busy += 1
+                elif status is _DELIVERED:
+                    self._count(got)
+                if problem is not None and status is not _DELIVERED:
+                    raise problem  # a damaged ring, or producers not looked at
+                return got
             if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
                 raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
             if descriptor.edge != edge or descriptor.key != key:
@@ -328,29 +340,6 @@ class Connector:
                 got = self._fallback_route.claim_descriptor(edge, key, descriptor)
             self._count(got)
             return got
-
-    def _get_by_key(self, edge: Edge, key: str, bell: int | None) -> Delivery:
-        """By key: `get_candidates`' rings (live producers, discovery's order), then the segment."""
-        got, busy, problem = self._ring_route.claim_by_key(edge, key)
-        if got is not None:
-            self._gets += 1  # `_count`, inline on the hot path
-            self._bytes += got.size
-            self._ring_gets += 1
-            return got
-        if self._misses.unchanged(edge, key, bell):
-            got = BUSY if busy else NOT_FOUND
-        else:
-            got = self._fallback_route.claim(edge, key, None, busy)
-            if bell is not None and got.status is GetStatus.NOT_FOUND:
-                self._misses.record(edge, key, bell)
-        status = got.status
-        if status is _BUSY_STATUS:
-            self._busy += 1
-        elif status is _DELIVERED:
-            self._count(got)
-        if problem is not None and status is not _DELIVERED:
-            raise problem  # a damaged ring, or producers not looked at (NOT_FOUND could be wrong)
-        return got
 
     def _count(self, got: Delivery) -> None:
         """The model's health counters of a get (`spec.connector._deliver`), plus BUSY."""
@@ -370,93 +359,6 @@ class Connector:
             liveness = deployment.liveness
             released += liveness.shed(liveness.pidfd_count // 2 + 1)
         return released
-
-    # -- blocking get ----------------------------------------------------------------------
-
-    @overload
-    def get_with_deadline(
-        self,
-        source: Stage,
-        destination: Stage,
-        key: str,
-        /,
-        *,
-        descriptor: Descriptor | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        wait_for_locks: bool = True,
-    ) -> Delivery: ...
-
-    @overload
-    def get_with_deadline(
-        self,
-        edge: tuple[Stage, Stage],
-        key: str,
-        /,
-        *,
-        descriptor: Descriptor | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        wait_for_locks: bool = True,
-    ) -> Delivery: ...
-
-    def get_with_deadline(
-        self,
-        *args: Any,
-        descriptor: Descriptor | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        wait_for_locks: bool = True,
-    ) -> Delivery:
-        """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
-
-        See `waiting`: spin, then sleep on the deployment doorbell. Answers
-        the first final result (delivered, stale, producer gone) or the last
-        one when time runs out (NOT_FOUND or BUSY). With
-        `wait_for_locks=False` a BUSY answer is final too: a receive loop
-        that polls many keys never spends its deadline on one that another
-        process holds.
-        """
-        if deadline is None:
-            deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
-        edge, (key,) = split_edge(args, 1, "get_with_deadline")
-        return poll_until(
-            lambda bell: self._get(edge, key, descriptor, bell),
-            self._bell,
-            lambda: self._wake_signature(edge),
-            deadline=deadline,
-            spin_seconds=self.config.spin_seconds,
-            max_sleep_seconds=self.config.max_sleep_seconds,
-            wait_for_locks=wait_for_locks,
-        )
-
-    def wakeup_generation(self) -> int | None:
-        """The deployment doorbell now (read it before polling); None without one."""
-        with self._lock:
-            self._require_open()
-            self._join()
-        return self._bell.value()
-
-    def wait_for_change(self, generation: int | None, timeout: float) -> bool:
-        """Sleep until the doorbell moves past `generation` (something was published) or `timeout`.
-
-        Answers whether it moved. One call sleeps at most a second (so a
-        death, which rings no bell, is still looked for); without a doorbell
-        (None) it answers False at once: the caller keeps its timed poll.
-        """
-        return self._bell.wait_for_change(generation, timeout)
-
-    def _wake_signature(self, edge: Edge) -> tuple[int, ...]:
-        """Shared-memory counters that move when something may have arrived on `edge`."""
-        with self._lock:
-            stamp = self._bell.stamp
-            return (stamp.load() if stamp is not None else 0, *self._ring_route.wake_values(edge))
-
-    def abandon_get(self, key: str) -> None:
-        """Forget what this receiver remembers about looking for `key` (nothing is retired)."""
-        with self._lock:
-            validate_key(key)
-            self._misses.forget(key)
 
     def reap_consumed(self) -> int:
         """Drop this producer's records of segments readers claimed; answer the bytes freed."""

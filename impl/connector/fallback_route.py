@@ -37,6 +37,10 @@ from shmring.impl.os_seam import OsFacade
 from shmring.spec.connector import Route
 
 
+def _holds_nothing(edge: Edge, key: str) -> bool:
+    return False
+
+
 class FallbackRoute:
     """The fallback route of one connector (see the module docstring). Not thread-safe."""
 
@@ -49,6 +53,8 @@ class FallbackRoute:
         self._shed = shed  # the connector's `_shed_descriptors`
         # Mappings of handed-back fallback files, kept between this reader's claims.
         self.mappings = SegmentMappings()
+        # Whether we hold a segment for (edge, key): the writer's own `has` once joined.
+        self.holds: Callable[[Edge, str], bool] = _holds_nothing
 
     def joined(self, deployment: Deployment) -> None:
         self._deployment = deployment
@@ -87,10 +93,6 @@ class FallbackRoute:
                 error.errno or 0,
             ) from error
         return record.generation
-
-    def holds(self, edge: Edge, key: str) -> bool:
-        """Whether we hold a segment for the key (replaced by the writer's own `has` at join)."""
-        return self._writer is not None and self._writer.has(edge, key)
 
     def retirer(self, edge: Edge | None, key: str) -> Hook | None:
         """The hook retiring the key's segment (`spec.connector._retire_fallback`); None if none."""
@@ -143,7 +145,11 @@ class FallbackRoute:
         if status is ClaimStatus.DELIVERED:
             assert claim.owner is not None
             return Delivery(
-                GetStatus.DELIVERED, claim.value, claim.payload_length, Route.FALLBACK, claim.owner
+                GetStatus.DELIVERED,
+                claim.value,
+                claim.payload_length,
+                Route.FALLBACK,
+                claim.owner,  # type: ignore[arg-type]  # the (pid, start, instance) it names
             )
         if status is ClaimStatus.BUSY or busy:
             return BUSY

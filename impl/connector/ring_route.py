@@ -284,24 +284,28 @@ class RingRoute:
         readers = self.readers
         pairs = self._edge_readers.get(edge)
         cached = pairs is not None
+        # Uncached: (producer, None, None) per producer discovery lists, resolved below.
+        candidates: list[tuple[ConnectorIdentity, Any, Any]]
         if pairs is None:
-            candidates: list[tuple[ConnectorIdentity, Any, Any]] = [
+            candidates = [
                 (producer, None, None) for producer in deployment.discovery.producers_of(edge)
             ]
         else:
-            candidates = pairs  # type: ignore[assignment]
+            candidates = pairs
         # Uncached: what this pass resolved, kept for later gets when it saw every
         # producer of the edge, none ran short of descriptors and nothing was shed.
         resolved: list[Candidate] = []
         complete = True
         sheds = self._sheds
         last = len(candidates) - 1
-        for index, (producer, reader, decode) in enumerate(candidates):
+        for index, (producer, kept, decode) in enumerate(candidates):
+            reader: RingReader | None = kept
             if cached:
                 slot = (edge, producer)
                 if readers.pop(slot, None) is not reader:  # dropped under us: resolve afresh
                     self._edge_readers.clear()
                     return self.claim_by_key(edge, key)
+                assert reader is not None
                 readers[slot] = reader  # most recently used last, as `_reader` does
                 if reader.producer_closed:
                     self.release(edge, producer)

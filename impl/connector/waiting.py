@@ -14,13 +14,19 @@ instead, backing off up to `max_sleep_seconds`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final, overload
 
-from shmring.impl.connector.edges import Edge
+from shmring.impl.connector.config import ConnectorConfig
+from shmring.impl.connector.descriptors import Descriptor
+from shmring.impl.connector.edges import Edge, Stage, split_edge, validate_key
 from shmring.impl.connector.results import FINAL_STATUSES, Delivery, GetStatus
 from shmring.impl.discovery import Stamp
+
+if TYPE_CHECKING:
+    from shmring.impl.connector.ring_route import RingRoute
 
 MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again
@@ -141,3 +147,110 @@ def poll_until(
             sleep = MIN_SLEEP_SECONDS
         time.sleep(min(sleep, deadline - now))
         sleep = min(sleep * 2, max(max_sleep_seconds, MIN_SLEEP_SECONDS))
+
+
+class BlockingGets:
+    """`Connector`'s waiting half: `get_with_deadline` and the doorbell calls (see above)."""
+
+    # Provided by `Connector`:
+    config: ConnectorConfig
+    _lock: threading.RLock
+    _bell: Doorbell
+    _misses: FallbackMisses
+    _ring_route: RingRoute
+
+    def _get(
+        self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
+    ) -> Delivery:
+        raise NotImplementedError  # `Connector._get`
+
+    def _require_open(self) -> None:
+        raise NotImplementedError  # `Connector._require_open`
+
+    def _join(self) -> Any:
+        raise NotImplementedError  # `Connector._join`
+
+    @overload
+    def get_with_deadline(
+        self,
+        source: Stage,
+        destination: Stage,
+        key: str,
+        /,
+        *,
+        descriptor: Descriptor | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        wait_for_locks: bool = True,
+    ) -> Delivery: ...
+
+    @overload
+    def get_with_deadline(
+        self,
+        edge: tuple[Stage, Stage],
+        key: str,
+        /,
+        *,
+        descriptor: Descriptor | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        wait_for_locks: bool = True,
+    ) -> Delivery: ...
+
+    def get_with_deadline(
+        self,
+        *args: Any,
+        descriptor: Descriptor | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        wait_for_locks: bool = True,
+    ) -> Delivery:
+        """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
+
+        See `waiting`: spin, then sleep on the deployment doorbell. Answers
+        the first final result (delivered, stale, producer gone) or the last
+        one when time runs out (NOT_FOUND or BUSY). With
+        `wait_for_locks=False` a BUSY answer is final too: a receive loop
+        that polls many keys never spends its deadline on one that another
+        process holds.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
+        edge, (key,) = split_edge(args, 1, "get_with_deadline")
+        return poll_until(
+            lambda bell: self._get(edge, key, descriptor, bell),
+            self._bell,
+            lambda: self._wake_signature(edge),
+            deadline=deadline,
+            spin_seconds=self.config.spin_seconds,
+            max_sleep_seconds=self.config.max_sleep_seconds,
+            wait_for_locks=wait_for_locks,
+        )
+
+    def wakeup_generation(self) -> int | None:
+        """The deployment doorbell now (read it before polling); None without one."""
+        with self._lock:
+            self._require_open()
+            self._join()
+        return self._bell.value()
+
+    def wait_for_change(self, generation: int | None, timeout: float) -> bool:
+        """Sleep until the doorbell moves past `generation` (something was published) or `timeout`.
+
+        Answers whether it moved. One call sleeps at most a second (so a
+        death, which rings no bell, is still looked for); without a doorbell
+        (None) it answers False at once: the caller keeps its timed poll.
+        """
+        return self._bell.wait_for_change(generation, timeout)
+
+    def _wake_signature(self, edge: Edge) -> tuple[int, ...]:
+        """Shared-memory counters that move when something may have arrived on `edge`."""
+        with self._lock:
+            stamp = self._bell.stamp
+            return (stamp.load() if stamp is not None else 0, *self._ring_route.wake_values(edge))
+
+    def abandon_get(self, key: str) -> None:
+        """Forget what this receiver remembers about looking for `key` (nothing is retired)."""
+        with self._lock:
+            validate_key(key)
+            self._misses.forget(key)
