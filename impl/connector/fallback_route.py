@@ -22,7 +22,7 @@ from shmring.impl.connector.edges import Edge
 from shmring.impl.connector.joining import Deployment
 from shmring.impl.connector.results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
 from shmring.impl.connector.ring_route import alive_or_assumed
-from shmring.impl.connector.routes import Hook
+from shmring.impl.connector.routes import Hook, RouteBackend
 from shmring.impl.connector.shortage import retry_short_of_descriptors
 from shmring.impl.errors import ResourceExhaustedError, ShmringError, is_exhaustion
 from shmring.impl.fallback import (
@@ -180,3 +180,6 @@ class FallbackRoute:
 
     def statistics(self) -> FallbackStatistics | None:
         return self._writer.statistics() if self._writer is not None else None
+
+
+_route_check: type[RouteBackend[Edge, FallbackDescriptor]] = FallbackRoute

@@ -35,7 +35,7 @@ from shmring.impl.connector.descriptors import RingDescriptor
 from shmring.impl.connector.edges import Edge
 from shmring.impl.connector.joining import Deployment
 from shmring.impl.connector.results import BUSY, GONE, STALE, Delivery, GetStatus
-from shmring.impl.connector.routes import Hook
+from shmring.impl.connector.routes import Hook, RouteBackend
 from shmring.impl.connector.shortage import retry_short_of_descriptors
 from shmring.impl.discovery import Liveness
 from shmring.impl.errors import (
@@ -471,3 +471,6 @@ class RingRoute:
                 with contextlib.suppress(ClosedError):
                     values.append(reader.wakeup_sequence)
         return values
+
+
+_route_check: type[RouteBackend[RingChannel, RingDescriptor]] = RingRoute

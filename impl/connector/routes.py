@@ -37,14 +37,21 @@ from typing import Any, Protocol, TypeVar
 
 from shmring.impl.codec import EncodePlan
 from shmring.impl.connector.edges import Edge
+from shmring.impl.connector.results import Delivery
 
 Place = TypeVar("Place")
+Desc = TypeVar("Desc", contravariant=True)
 # A before-visible hook: retires the key's version on the other route.
 Hook = Callable[[], object]
 
 
-class RouteBackend(Protocol[Place]):
-    """One route's producer steps (see the module docstring); `Place` is its per-edge handle."""
+class RouteBackend(Protocol[Place, Desc]):
+    """One route's steps (see the module docstring).
+
+    `Place` is the route's per-edge handle (a `RingChannel`, or the edge),
+    `Desc` its descriptor type. Both routes are checked against this by
+    mypy (the `_route_check` lines at the end of their modules).
+    """
 
     def prepare(self, edge: Edge) -> Place | None: ...
 
@@ -57,3 +64,5 @@ class RouteBackend(Protocol[Place]):
     def retire_key(self, key: str) -> int: ...
 
     def retire_prefix(self, prefix: str) -> int: ...
+
+    def claim_descriptor(self, edge: Edge, key: str, descriptor: Desc) -> Delivery: ...
