@@ -79,7 +79,7 @@ def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
                 connector.put(edge, f"k{count}", {"n": count})  # ring, marker, live file
                 connector.put(edge, f"big{count}", {"b": b"x" * 2000})  # a fallback segment
                 joins += 1
-                where = connector._dir
+                where = connector._deployment.directory if connector._deployment else None
                 assert where is not None  # joined by the puts
                 info = os.fstat(where.fd)
                 if info.st_uid != uid or info.st_mode & 0o077:

@@ -60,6 +60,7 @@ from typing import Any, Final
 
 from shmring.fault_injection.lockstep import tagged
 from shmring.impl.connector import Connector, GetStatus, Route
+from shmring.impl.connector.seams import Seams, seamed_connector
 from shmring.impl.errors import ProducerGoneError
 from shmring.impl.fallback import claim_segment
 from shmring.impl.names import current_producer_identity, deployment_directory, ring_path
@@ -264,7 +265,9 @@ def _producer_child(
                 _die()
 
         seam = _CrashingOs(lambda site: armed["close"] and site == stage)
-        producer = Connector(scope, ring_capacity=CAPACITY, os_facade=seam, publish_hook=hook)
+        producer = seamed_connector(
+            scope, Seams(publish_hook=hook), ring_capacity=CAPACITY, os_facade=seam
+        )
         own_reader = Connector(scope, ring_capacity=CAPACITY)
         kept = _setup_state(producer, own_reader, cell.state)
         identity = producer.identity  # (pid, start time, instance)

@@ -65,7 +65,7 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
 
 def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any]:
     """Start `producers` helper identities, publish, run the limited reader; answers its report."""
-    from shmring.impl.connector import Connector
+    from shmring.impl.connector.seams import Seams, seamed_connector
     from shmring.impl.names import read_start_time
 
     helpers = [
@@ -77,7 +77,9 @@ def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any
         for index, helper in enumerate(helpers):
             start = read_start_time(helper.pid)
             assert start is not None
-            connector = Connector(scope, ring_capacity=4096, identity=(helper.pid, start))
+            connector = seamed_connector(
+                scope, Seams(identity=(helper.pid, start)), ring_capacity=4096
+            )
             connectors.append(connector)
             key = f"p{index}"
             payload: dict[str, Any] = {"key": key}

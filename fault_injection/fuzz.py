@@ -360,11 +360,14 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
     """One producer's ring corrupted: the receiver keeps serving the other producer of the edge."""
     from shmring.fault_injection.identities import borrowed_identities
     from shmring.impl.connector import Connector
+    from shmring.impl.connector.seams import Seams, seamed_connector
     from shmring.impl.names import ring_path
 
     identities = borrowed_identities()
     probe_scope = f"fp{uuid.uuid4().hex[:10]}"
-    with Connector(probe_scope, ring_capacity=CAPACITY, identity=identities.live_a) as probe:
+    with seamed_connector(
+        probe_scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY
+    ) as probe:
         probe.put(EDGE, "a0", b"x" * 300)
         ring = probe.ring(EDGE)
         assert ring is not None
@@ -379,8 +382,12 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
         scope = f"fc{uuid.uuid4().hex[:10]}"
         corrupt_payload, good_payload = b"A" * 300, b"B" * 200
         with (
-            Connector(scope, ring_capacity=CAPACITY, identity=identities.live_a) as bad,
-            Connector(scope, ring_capacity=CAPACITY, identity=identities.live_b) as good,
+            seamed_connector(
+                scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY
+            ) as bad,
+            seamed_connector(
+                scope, Seams(identity=identities.live_b), ring_capacity=CAPACITY
+            ) as good,
             Connector(scope, ring_capacity=CAPACITY) as receiver,
         ):
             bad.put(EDGE, "a0", corrupt_payload)

@@ -2,7 +2,7 @@
 
 A fault cell must be cheap, so the producers of a discovery or restart
 scenario are connectors in the campaign's own process that publish as other
-processes (`Connector(identity=...)`). Their identities are borrowed from
+processes (`seamed_connector(scope, Seams(identity=...))`). Their identities are borrowed from
 helper processes started once per campaign: two that stay alive (shells
 that exit once the campaign's process is gone),
 so receivers' pidfd checks see live producers, and one that was started and

@@ -41,6 +41,7 @@ from shmring.impl.connector import (
     GetStatus,
     RingDescriptor,
 )
+from shmring.impl.connector.seams import Seams, seamed_connector
 from shmring.impl.errors import BackPressureError, CorruptFrameError, ShmringError
 from shmring.impl.frame_io import SharedWords
 from shmring.impl.names import (
@@ -193,12 +194,12 @@ class Deployment:
     # -- lifecycle -------------------------------------------------------------------
 
     def start_producer(self, identity: ProducerIdentity) -> Connector:
-        connector = Connector(
+        connector = seamed_connector(
             self.scope,
+            Seams(identity=identity),
             ring_capacity=self.capacity,
             fallback_budget=self.budget,
             os_facade=self.os,
-            identity=identity,
             spin_seconds=0.0,
             max_sleep_seconds=0.0,
             fallback_spare_bytes=1 << 20 if self.keep_fallback_files else 0,

@@ -188,7 +188,9 @@ def test_a_closed_producers_ring_is_unmapped_at_the_next_get(scope: str) -> None
         sender.close()
         assert receiver.get(0, 1, "x") is None
         assert not _mapped(ring_file), "a closed producer's ring is still mapped"
-        assert not receiver.connector._readers  # fd and cache entry went with the mapping
+        assert (
+            not receiver.connector._ring_route.readers
+        )  # fd and cache entry went with the mapping
     finally:
         sender.close()
         receiver.close()

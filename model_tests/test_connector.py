@@ -303,11 +303,11 @@ def test_ring_setup_failing_again_doubles_the_back_off(scope: str) -> None:
     ) as producer:
         seam.fail_open("ring.", errno.ENOSPC)
         producer.put(EDGE, "k0", tagged_payload(0, 100))
-        first_at = producer._ring_retry_at[EDGE]
+        first_at = producer._ring_route.retry_at[EDGE]
         time.sleep(0.1)
         seam.fail_open("ring.", errno.ENOSPC)
         assert producer.put(EDGE, "k1", tagged_payload(1, 100)).route is Route.FALLBACK
-        again_at = producer._ring_retry_at[EDGE]
+        again_at = producer._ring_route.retry_at[EDGE]
         assert again_at[1] == 2 and first_at[1] == 1
         assert producer.health().ring_setup_retries == 1
     with pytest.raises(ConfigurationError, match="ring_retry_seconds"):

@@ -350,7 +350,7 @@ class RingChannel(_RingFile):
         """Free the frames at the tail that lease holders claimed and then died with.
 
         A lease holder stores its pid before it stores CLAIMED; a holder that
-        is surely dead (`discovery.is_holder_alive`) had its views die with
+        is surely dead (`liveness.is_holder_alive`) had its views die with
         it, so its frame is marked DONE, as `spec.leases.process_holder_exit`
         releases a dead holder's leases. Only the frames blocking the tail are
         looked at, and only when a put found no space, so a live holder costs

@@ -1,0 +1,495 @@
+"""`Connector`: one producer's puts and one receiver's gets, in the model's steps.
+
+`put` is `spec.connector.process_put` and `get` is `spec.discovery.
+process_get` (around `spec.connector.process_get`), written in the steps of
+the two routes (`routes.RouteBackend`: prepare, publish with a
+before-visible hook, retire, claim); the routes, the deployment
+(`joining`), the configuration (`config`) and the waiting loop
+(`waiting`) are their own modules. This one only sequences them, holds the
+lock and counts (`ConnectorHealth`).
+
+A connector is thread-safe (one lock around each operation; a waiting
+`get_with_deadline` sleeps without it). It is not fork-safe: a child
+process makes its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any, overload
+
+from shmring.impl import codec
+from shmring.impl.connector.config import (
+    DEFAULT_FALLBACK_BUDGET,
+    DEFAULT_MAX_SLEEP_SECONDS,
+    DEFAULT_RESCAN_SECONDS,
+    DEFAULT_RING_CAPACITY,
+    DEFAULT_RING_RETRY_SECONDS,
+    DEFAULT_SPIN_SECONDS,
+    ConnectorConfig,
+)
+from shmring.impl.connector.descriptors import Descriptor, FallbackDescriptor, RingDescriptor
+from shmring.impl.connector.edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
+from shmring.impl.connector.fallback_route import FallbackRoute
+from shmring.impl.connector.joining import Deployment
+from shmring.impl.connector.results import (
+    BUSY,
+    NOT_FOUND,
+    ConnectorHealth,
+    Delivery,
+    GetStatus,
+)
+from shmring.impl.connector.ring_route import RingRoute
+from shmring.impl.connector.shortage import retry_short_of_descriptors
+from shmring.impl.connector.waiting import BlockingGets, Doorbell, FallbackMisses
+from shmring.impl.errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
+from shmring.impl.fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
+from shmring.impl.names import (
+    DEFAULT_SHM_ROOT,
+    ConnectorIdentity,
+    current_producer_identity,
+    deployment_directory,
+    fallback_segment_file_name,
+    next_instance,
+    ring_path,
+)
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
+from shmring.impl.ring.producer import PublishHook, RingChannel
+from shmring.spec.connector import Route
+
+if TYPE_CHECKING:
+    from shmring.impl.connector.seams import Seams
+
+_DELIVERED = GetStatus.DELIVERED
+_BUSY_STATUS = GetStatus.BUSY
+
+
+class Connector(BlockingGets):
+    """Puts and gets between local stage processes over host rings and per-key segments.
+
+    `scope` names the deployment (every endpoint of an edge uses the same
+    one); the other options are `ConnectorConfig`'s, each checked there
+    with its bounds: `ring_capacity` (each ring's data bytes, 0: no rings),
+    `fallback_budget` (live bytes of this producer's segments),
+    `fallback_spare_bytes` / `fallback_spare_min_bytes` (segment files kept
+    mapped for reuse, `shmring.impl.fallback`), `shm_root`, `spin_seconds`
+    / `max_sleep_seconds` (`get_with_deadline`), `ring_retry_seconds` (the
+    back-off after a failed ring setup; None: never retry, as the model)
+    and `rescan_seconds` (rescan the directory at least this often; None:
+    only when the stamp moved, as the model). `os_facade` is the OS port
+    every shmring object takes (`impl.os_seam`; fault plans hand one facade
+    to all the objects of a scenario); production leaves it None. Test
+    seams (another identity, crash hooks) are not options: see `seams`.
+
+    Each connector is its own producer, (pid, start time, instance): two
+    connectors of one process on one edge publish on two rings.
+
+    Use as a context manager, or call `close()` (idempotent).
+    """
+
+    _closed: bool = False
+    _deployment: Deployment | None = None  # set once joined (`_join`)
+
+    def __init__(
+        self,
+        scope: str,
+        *,
+        ring_capacity: int = DEFAULT_RING_CAPACITY,
+        fallback_budget: int = DEFAULT_FALLBACK_BUDGET,
+        fallback_spare_bytes: int = DEFAULT_SPARE_BYTES,
+        fallback_spare_min_bytes: int = SPARE_MIN_FILE_LENGTH,
+        os_facade: OsFacade | None = None,
+        shm_root: str = DEFAULT_SHM_ROOT,
+        spin_seconds: float = DEFAULT_SPIN_SECONDS,
+        max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
+        ring_retry_seconds: float | None = DEFAULT_RING_RETRY_SECONDS,
+        rescan_seconds: float | None = DEFAULT_RESCAN_SECONDS,
+    ) -> None:
+        config = ConnectorConfig(
+            scope,
+            ring_capacity=ring_capacity,
+            fallback_budget=fallback_budget,
+            fallback_spare_bytes=fallback_spare_bytes,
+            fallback_spare_min_bytes=fallback_spare_min_bytes,
+            shm_root=shm_root,
+            spin_seconds=spin_seconds,
+            max_sleep_seconds=max_sleep_seconds,
+            ring_retry_seconds=ring_retry_seconds,
+            rescan_seconds=rescan_seconds,
+        )
+        self._setup(config, os_facade, None)
+
+    def _setup(
+        self, config: ConnectorConfig, os_facade: OsFacade | None, seams: Seams | None
+    ) -> None:
+        """`spec.connector.initialize_connector` (config checked) and the producer's identity."""
+        self.config = config
+        self.scope = config.scope
+        self.ring_capacity = config.ring_capacity
+        self.fallback_budget = config.fallback_budget
+        self.fallback_spare_bytes = config.fallback_spare_bytes
+        self.fallback_spare_min_bytes = config.fallback_spare_min_bytes
+        self.shm_root = config.shm_root
+        self.directory = deployment_directory(config.scope, config.shm_root)
+        self._os = os_facade if os_facade is not None else DEFAULT_OS
+        self._lock = threading.RLock()
+        self.instance = next_instance()  # which of this process's connectors (0, 1, ...)
+        process = seams.identity if seams is not None else None
+        if process is None:
+            process = current_producer_identity()
+        # This connector's producer identity: (pid, start time, instance).
+        self.identity: ConnectorIdentity = (process[0], process[1], self.instance)
+        hook: PublishHook | None = seams.publish_hook if seams is not None else None
+        self._ring_route = RingRoute(config, self.identity, self._os, hook, self._shed_descriptors)
+        self._fallback_route = FallbackRoute(self._os, self._shed_descriptors)
+        self._bell = Doorbell()
+        self._misses = FallbackMisses()
+        self._puts = self._gets = self._bytes = 0
+        self._ring_puts = self._ring_gets = self._fallbacks = self._refusals = self._busy = 0
+
+    # -- context manager -------------------------------------------------------------
+
+    def __enter__(self) -> Connector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rings={len(self._ring_route.channels)}"
+        return f"Connector(scope={self.scope!r}, capacity={self.ring_capacity}, {state})"
+
+    # -- joining the deployment ------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"connector is closed: scope={self.scope!r}")
+
+    def _join(self) -> Deployment:
+        """Join the deployment directory on first use (`joining.Deployment.join`)."""
+        deployment = self._deployment
+        if deployment is not None:
+            return deployment
+        deployment = Deployment.join(self.config, self.identity, self._os, self._shed_descriptors)
+        self._bell.attach(deployment.stamp)
+        self._ring_route.joined(deployment)
+        self._fallback_route.joined(deployment)
+        self._deployment = deployment
+        return deployment
+
+    def join(self) -> None:
+        """Join the deployment now instead of at the first put or get.
+
+        ConfigurationError (with its remedy) when the deployment directory
+        is unusable: not a directory, another uid's, or open to others.
+        """
+        with self._lock:
+            self._require_open()
+            self._join()
+
+    # -- put -------------------------------------------------------------------------------
+
+    @overload
+    def put(self, source: Stage, destination: Stage, key: str, obj: object, /) -> Descriptor: ...
+
+    @overload
+    def put(self, edge: tuple[Stage, Stage], key: str, obj: object, /) -> Descriptor: ...
+
+    def put(self, *args: Any) -> Descriptor:
+        """``put(src, dst, key, obj)`` or ``put((src, dst), key, obj)``: publish a copy of `obj`.
+
+        `spec.connector.process_put`. Answers the descriptor of what was
+        published (hand it to the receiver for an exact get). `obj` may be
+        changed as soon as put returns. BackPressureError: the fallback
+        budget is spent (nothing changed); NoSpaceError: the OS has no room
+        for the segment. TypeError for another call shape.
+        """
+        # The hot path of `split_edge`, inline: two str stages already seen.
+        known = None
+        if len(args) == 4 and type(args[0]) is str and type(args[1]) is str:
+            known = EDGE_CACHE.get((args[0], args[1]))
+        if known is not None:
+            edge, key, obj = known, args[2], args[3]
+        else:
+            edge, (key, obj) = split_edge(args, 2, "put")
+        with self._lock:
+            if self._closed:
+                self._require_open()  # CLOSED
+            if type(key) is not str or not key.isascii():
+                validate_key(key)
+            plan = codec.prepare(obj)
+            deployment = self._deployment
+            if deployment is None:
+                deployment = self._join()
+            if deployment.live_path is None:
+                deployment.ensure_live_file(self.identity, self._os)
+            size = plan.nbytes
+            ring, fallback = self._ring_route, self._fallback_route
+            # process_ring_setup: the edge's ring, set up on first use.
+            channel = ring.channels.get(edge)
+            if channel is None:
+                channel = ring.prepare(edge)
+            if channel is not None:
+                # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
+                retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
+                position = ring.publish(channel, key, plan, retire_other)
+                if position is not None:
+                    self._puts += 1
+                    self._ring_puts += 1
+                    self._bytes += size
+                    wake = self._bell.wake
+                    if wake is not None:
+                        wake()  # what `Doorbell.ring` does, one call shorter
+                    return RingDescriptor(self.identity, edge, key, position, size)
+            # NOT_ADMITTED, FULL or no ring: the fallback. Its budget check comes first
+            # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
+            try:
+                generation = fallback.publish(
+                    fallback.prepare(edge), key, plan, ring.retirer(channel, key)
+                )
+            except BackPressureError:
+                self._refusals += 1
+                raise
+            self._puts += 1
+            self._fallbacks += 1
+            self._bytes += size
+            self._bell.ring()
+            return FallbackDescriptor(self.identity, edge, key, generation, size)
+
+    # -- get -------------------------------------------------------------------------------
+
+    @overload
+    def get(
+        self,
+        source: Stage,
+        destination: Stage,
+        key: str,
+        /,
+        *,
+        descriptor: Descriptor | None = None,
+    ) -> Delivery: ...
+
+    @overload
+    def get(
+        self, edge: tuple[Stage, Stage], key: str, /, *, descriptor: Descriptor | None = None
+    ) -> Delivery: ...
+
+    def get(self, *args: Any, descriptor: Descriptor | None = None) -> Delivery:
+        """``get(src, dst, key)`` or ``get((src, dst), key)``: claim the key's version, once.
+
+        `spec.discovery.process_get`. With `descriptor` only the exact frame
+        or segment it names. Never waits for another process (BUSY instead);
+        see `get_with_deadline`.
+        """
+        edge, (key,) = split_edge(args, 1, "get")
+        return self._get(edge, key, descriptor, None)
+
+    def _get(
+        self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
+    ) -> Delivery:
+        """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll."""
+        with self._lock:
+            if self._closed:
+                self._require_open()  # CLOSED
+            if type(key) is not str or not key.isascii():
+                validate_key(key)
+            deployment = self._deployment
+            if deployment is None:  # not (fully) joined yet: `_join` retries what failed
+                deployment = self._join()
+            # process_refresh: a directory scan only when the stamp moved.
+            discovery = deployment.discovery
+            if retry_short_of_descriptors(
+                "a discovery scan", discovery.refresh, self._shed_descriptors
+            ):
+                self._ring_route.scanned()
+            if descriptor is None:
+                # By key: get_candidates' rings (live producers, discovery's order) ...
+                got, busy, problem = self._ring_route.claim_by_key(edge, key)
+                if got is not None:
+                    self._gets += 1  # `_count`, inline on the hot path
+                    self._bytes += got.size
+                    self._ring_gets += 1
+                    return got
+                # ... then the key's segment (`_get_fallback`).
+                if self._misses.unchanged(edge, key, bell):
+                    got = BUSY if busy else NOT_FOUND
+                else:
+                    got = self._fallback_route.claim(edge, key, None, busy)
+                    if bell is not None and got.status is GetStatus.NOT_FOUND:
+                        self._misses.record(edge, key, bell)
+                status = got.status
+                if status is _BUSY_STATUS:
+                    self._busy += 1
+                elif status is _DELIVERED:
+                    self._count(got)
+                if problem is not None and status is not _DELIVERED:
+                    raise problem  # a damaged ring, or producers not looked at
+                return got
+            if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
+                raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
+            if descriptor.edge != edge or descriptor.key != key:
+                raise InvalidKeyError(
+                    f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
+                    f"get asked edge={edge} key={key!r}"
+                )
+            # With a descriptor: only its route and place (PRODUCER_GONE first).
+            if isinstance(descriptor, RingDescriptor):
+                got = self._ring_route.claim_descriptor(edge, key, descriptor)
+            else:
+                got = self._fallback_route.claim_descriptor(edge, key, descriptor)
+            self._count(got)
+            return got
+
+    def _count(self, got: Delivery) -> None:
+        """The model's health counters of a get (`spec.connector._deliver`), plus BUSY."""
+        if got.status is _DELIVERED:
+            self._gets += 1
+            self._bytes += got.size
+            if got.route is Route.RING:
+                self._ring_gets += 1
+        elif got.status is _BUSY_STATUS:
+            self._busy += 1
+
+    def _shed_descriptors(self) -> int:
+        """Out of descriptors: release kept segment mappings, half the mapped rings, pidfds."""
+        released = self._fallback_route.shed() + self._ring_route.shed()
+        deployment = self._deployment
+        if deployment is not None:
+            liveness = deployment.liveness
+            released += liveness.shed(liveness.pidfd_count // 2 + 1)
+        return released
+
+    def reap_consumed(self) -> int:
+        """Drop this producer's records of segments readers claimed; answer the bytes freed."""
+        with self._lock:
+            deployment = self._deployment
+            return deployment.writer.refresh() if deployment is not None and not self._closed else 0
+
+    def file_path(self, descriptor: Descriptor) -> str:
+        """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
+        if isinstance(descriptor, RingDescriptor):
+            return ring_path(self.directory, *descriptor.edge, descriptor.producer)
+        return os.path.join(
+            self.directory, fallback_segment_file_name(descriptor.edge, descriptor.key)
+        )
+
+    # -- cancellation ----------------------------------------------------------------------
+
+    def cleanup(self, key: str) -> int:
+        """`spec.connector.process_cleanup`: retire the key's unclaimed version on every edge."""
+        with self._lock:
+            self._require_open()
+            validate_key(key)
+            retired = self._ring_route.retire_key(key) + self._fallback_route.retire_key(key)
+            if retired:
+                self._bell.ring()
+            return retired
+
+    def cleanup_prefix(self, prefix: str) -> int:
+        """`spec.connector.process_cleanup_prefix`: retire every unclaimed `prefix` + digits key."""
+        with self._lock:
+            self._require_open()
+            validate_key(prefix)
+            retired = self._ring_route.retire_prefix(prefix)
+            retired += self._fallback_route.retire_prefix(prefix)
+            if retired:
+                self._bell.ring()
+            return retired
+
+    # -- close -------------------------------------------------------------------------------
+
+    def close(self) -> int:
+        """`spec.producers.process_close`: retire everything, remove every file this producer owns.
+
+        Rings are marked closed and unlinked, markers removed (one stamp
+        bump), unclaimed segments removed; the last connector of the
+        deployment removes the directory. Idempotent: a second call retries
+        whatever failed and answers 0. Answers how many versions it retired.
+        """
+        with self._lock:
+            first = not self._closed
+            self._closed = True
+            failures: list[BaseException] = []
+            retired = self._ring_route.close(failures)
+            deployment = self._deployment
+            if deployment is not None and deployment.registrar is not None:
+                try:
+                    deployment.registrar.unregister_all()
+                except (OSError, ShmringError) as error:
+                    failures.append(error)
+            try:
+                retired += self._fallback_route.close()
+            except (OSError, ShmringError) as error:
+                failures.append(error)
+            if deployment is not None:
+                with contextlib.suppress(OSError):
+                    deployment.release_live_file()
+            self._ring_route.close_readers()
+            self._fallback_route.mappings.close()
+            if retired:
+                with contextlib.suppress(OSError, ValueError):
+                    self._bell.ring()
+            if failures:
+                raise failures[0]
+            if deployment is not None:
+                deployment.leave()
+            return retired if first else 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def fallback_bytes(self) -> int:
+        """Live fallback bytes charged to the budget, after dropping segments readers claimed."""
+        with self._lock:
+            deployment = self._deployment
+            return deployment.writer.used_bytes() if deployment is not None else 0
+
+    def failed_edges(self) -> dict[Edge, BaseException]:
+        """Edges whose ring setup failed, with the error that disabled each."""
+        with self._lock:
+            return dict(self._ring_route.failed)
+
+    @overload
+    def ring(self, source: Stage, destination: Stage, /) -> RingChannel | None: ...
+
+    @overload
+    def ring(self, edge: tuple[Stage, Stage], /) -> RingChannel | None: ...
+
+    def ring(self, *edge_args: Any) -> RingChannel | None:
+        """This process's ring on an edge, if set up (for statistics and tests)."""
+        edge, () = split_edge(edge_args, 0, "ring")
+        return self._ring_route.channels.get(edge)
+
+    def health(self) -> ConnectorHealth:
+        with self._lock:
+            fallback = self._fallback_route.statistics()
+            deployment = self._deployment
+            discovery = deployment.discovery if deployment is not None else None
+            ring = self._ring_route
+            return ConnectorHealth(
+                puts=self._puts,
+                gets=self._gets,
+                bytes_transferred=self._bytes,
+                ring_puts=self._ring_puts,
+                ring_gets=self._ring_gets,
+                fallbacks=self._fallbacks,
+                refusals=self._refusals,
+                busy=self._busy,
+                fallback_bytes=fallback.used_bytes if fallback else 0,
+                fallback_segments=fallback.segments if fallback else 0,
+                rings=len(ring.channels),
+                failed_edges=len(ring.failed),
+                scans=discovery.scans if discovery is not None else 0,
+                closed=self._closed,
+                fallback_spares=fallback.spares if fallback else 0,
+                fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
+                fallback_reused=fallback.reused if fallback else 0,
+                fallback_mapping_hits=self._fallback_route.mappings.hits,
+                reclaimed_files=discovery.reclaimed if discovery is not None else 0,
+                ring_setup_retries=ring.retries,
+            )

@@ -1,0 +1,185 @@
+"""The fallback route: one segment file per (edge, key), with the model's byte budget.
+
+Producer side: the fallback half of `spec.connector.process_put` (the
+budget check comes before anything changes, BackPressureError past it; then
+the key's ring frame is retired just before the segment becomes visible)
+and `_retire_fallback` (`shmring.impl.fallback.FallbackWriter`).
+
+Receiver side: the segment half of `spec.connector.process_get`
+(`claim_segment`): a segment carries its owner's identity and is claimed
+under its lock, with the owner's liveness asked before the payload is
+decoded, the same step the ring route asks it at.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from shmring.impl import codec
+from shmring.impl.connector.descriptors import FallbackDescriptor
+from shmring.impl.connector.edges import Edge
+from shmring.impl.connector.joining import Deployment
+from shmring.impl.connector.results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
+from shmring.impl.connector.ring_route import alive_or_assumed
+from shmring.impl.connector.routes import Hook, RouteBackend
+from shmring.impl.connector.shortage import retry_short_of_descriptors
+from shmring.impl.errors import ResourceExhaustedError, ShmringError, is_exhaustion
+from shmring.impl.fallback import (
+    ClaimStatus,
+    FallbackStatistics,
+    FallbackWriter,
+    SegmentMappings,
+    claim_segment,
+)
+from shmring.impl.names import ConnectorIdentity
+from shmring.impl.os_seam import OsFacade
+from shmring.spec.connector import Route
+
+
+def _holds_nothing(edge: Edge, key: str) -> bool:
+    return False
+
+
+class FallbackRoute:
+    """The fallback route of one connector (see the module docstring). Not thread-safe."""
+
+    route = Route.FALLBACK
+    _deployment: Deployment | None = None
+    _writer: FallbackWriter | None = None
+
+    def __init__(self, os_facade: OsFacade, shed: Callable[[], int]) -> None:
+        self._os = os_facade
+        self._shed = shed  # the connector's `_shed_descriptors`
+        # Mappings of handed-back fallback files, kept between this reader's claims.
+        self.mappings = SegmentMappings()
+        # Whether we hold a segment for (edge, key): the writer's own `has` once joined.
+        self.holds: Callable[[Edge, str], bool] = _holds_nothing
+
+    def joined(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+        self._writer = deployment.writer
+        self.holds = deployment.writer.has  # bound once: the put's hot path asks it every time
+        # What `claim_segment` asks under the segment's lock, before it decodes.
+        self._is_alive = functools.partial(alive_or_assumed, deployment.liveness)
+
+    # -- producer: prepare / publish / retire ------------------------------------------
+
+    def prepare(self, edge: Edge) -> Edge:
+        """The fallback takes every edge once joined: its place is the edge itself."""
+        return edge
+
+    def publish(
+        self, edge: Edge, key: str, plan: codec.EncodePlan, before_visible: Hook | None
+    ) -> int:
+        """The fallback half of `spec.connector.process_put`: the new segment's generation.
+
+        BackPressureError: the budget would be exceeded (nothing changed).
+        NoSpaceError / ResourceExhaustedError: the OS has no room or no
+        descriptor (nothing published, nothing left). `before_visible` runs
+        once the file is complete and the budget admitted it, before the
+        segment becomes visible.
+        """
+        writer = self._writer
+        assert writer is not None  # joined
+        try:
+            record = writer.put(edge, key, plan, before_publish=before_visible)
+        except OSError as error:
+            if isinstance(error, ShmringError) or not is_exhaustion(error):
+                raise
+            # Nothing was published and nothing is left (fallback.put); say why, typed.
+            raise ResourceExhaustedError(
+                f"out of descriptors for a fallback segment: key={key!r}: {error}",
+                error.errno or 0,
+            ) from error
+        return record.generation
+
+    def retirer(self, edge: Edge | None, key: str) -> Hook | None:
+        """The hook retiring the key's segment (`spec.connector._retire_fallback`); None if none."""
+        writer = self._writer
+        if edge is None or writer is None or not writer.has(edge, key):
+            return None
+        return functools.partial(writer.retire, edge, key)
+
+    def retire_key(self, key: str) -> int:
+        """`_retire_fallback` of the key on every edge."""
+        return self._writer.retire_key(key) if self._writer is not None else 0
+
+    def retire_prefix(self, prefix: str) -> int:
+        """`_retire_fallback` of every `prefix` + digits key on every edge."""
+        return self._writer.retire_prefix(prefix) if self._writer is not None else 0
+
+    def close(self) -> int:
+        """`_retire_fallback` of every segment; drops spare and leftover files."""
+        return self._writer.close() if self._writer is not None else 0
+
+    # -- receiver: claim -------------------------------------------------------------------
+
+    def claim(
+        self, edge: Edge, key: str, descriptor: FallbackDescriptor | None, busy: bool
+    ) -> Delivery:
+        """`_get_fallback` of `spec.connector.process_get`: the key's segment, claimed once.
+
+        With a descriptor only its exact segment (owner and generation).
+        `busy`: a ring of the edge was BUSY, so a miss here answers BUSY.
+        """
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        directory = deployment.directory
+        claim = retry_short_of_descriptors(
+            "a fallback segment",
+            lambda: claim_segment(
+                directory,
+                edge,
+                key,
+                os_facade=self._os,
+                is_alive=self._is_alive,
+                decode=codec.decode,
+                owner=descriptor.producer if descriptor else None,
+                generation=descriptor.generation if descriptor else None,
+                mappings=self.mappings,
+            ),
+            self._shed,
+        )
+        status = claim.status
+        if status is ClaimStatus.DELIVERED:
+            assert claim.owner is not None
+            return Delivery(
+                GetStatus.DELIVERED,
+                claim.value,
+                claim.payload_length,
+                Route.FALLBACK,
+                claim.owner,  # type: ignore[arg-type]  # the (pid, start, instance) it names
+            )
+        if status is ClaimStatus.BUSY or busy:
+            return BUSY
+        if status is ClaimStatus.OWNER_GONE and descriptor is not None:
+            return GONE
+        if status is ClaimStatus.STALE:
+            return STALE
+        return NOT_FOUND
+
+    def claim_descriptor(self, edge: Edge, key: str, descriptor: FallbackDescriptor) -> Delivery:
+        """The exact segment a fallback descriptor names; PRODUCER_GONE when it is not delivering."""
+        got = self.claim(edge, key, descriptor, False)
+        if got.status is GetStatus.NOT_FOUND or got.status is GetStatus.STALE:
+            return STALE if self._is_delivering(descriptor.producer) else GONE
+        return got
+
+    def _is_delivering(self, producer: ConnectorIdentity) -> bool:
+        """`spec.producers.is_delivering`: running, and its connector open (its live file)."""
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        return deployment.liveness.is_alive(producer) and deployment.is_live(producer)
+
+    def shed(self) -> int:
+        """Unmap every kept segment mapping; answers how many."""
+        released = len(self.mappings)
+        self.mappings.close()
+        return released
+
+    def statistics(self) -> FallbackStatistics | None:
+        return self._writer.statistics() if self._writer is not None else None
+
+
+_route_check: type[RouteBackend[Edge, FallbackDescriptor]] = FallbackRoute

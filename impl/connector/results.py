@@ -1,0 +1,87 @@
+"""What a connector answers: get statuses, deliveries, health counters.
+
+`GetStatus` is `spec.discovery.DeploymentGetStatus` plus BUSY (another
+process held a lock); `ConnectorHealth` is `spec.connector.ConnectorHealth`
+plus what only the implementation can count.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+from shmring.impl.names import ConnectorIdentity
+from shmring.spec.connector import Route
+from shmring.spec.discovery import DeploymentGetStatus
+
+
+class GetStatus(enum.Enum):
+    """What a get found; the first four mean what `spec.discovery.DeploymentGetStatus` means."""
+
+    DELIVERED = DeploymentGetStatus.DELIVERED.value
+    NOT_FOUND = DeploymentGetStatus.NOT_FOUND.value
+    STALE = (
+        DeploymentGetStatus.STALE.value
+    )  # the descriptor's frame or segment is gone or superseded
+    PRODUCER_GONE = (
+        DeploymentGetStatus.PRODUCER_GONE.value
+    )  # the descriptor's producer exited or closed
+    BUSY = "busy"  # another process held a lock; nothing changed, retry (get_with_deadline does)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The answer to a get. True exactly when something was delivered."""
+
+    status: GetStatus
+    value: Any = None  # the payload, in independently owned memory (DELIVERED only)
+    size: int = 0  # encoded payload bytes (DELIVERED only)
+    route: Route | None = None  # where it came from (DELIVERED only)
+    producer: ConnectorIdentity | None = None  # whose frame it was (DELIVERED only)
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is GetStatus.DELIVERED
+
+    def __bool__(self) -> bool:
+        return self.status is GetStatus.DELIVERED
+
+
+NOT_FOUND: Final = Delivery(GetStatus.NOT_FOUND)
+STALE: Final = Delivery(GetStatus.STALE)
+GONE: Final = Delivery(GetStatus.PRODUCER_GONE)
+BUSY: Final = Delivery(GetStatus.BUSY)
+# A waiting get returns these at once; NOT_FOUND and BUSY are waited out.
+FINAL_STATUSES: Final = frozenset((GetStatus.DELIVERED, GetStatus.STALE, GetStatus.PRODUCER_GONE))
+
+
+@dataclass(frozen=True)
+class ConnectorHealth:
+    """Counters of one connector; the first seven are `spec.connector.ConnectorHealth`'s.
+
+    In the model a producer's connector also counts the gets of its frames;
+    here each connector counts what *it* did, so for a connector that both
+    puts and gets (the lockstep machine's) the two agree.
+    """
+
+    puts: int  # accepted puts, either route
+    gets: int  # delivered gets, either route
+    bytes_transferred: int  # payload bytes of accepted puts plus delivered gets
+    ring_puts: int  # puts published on a ring
+    ring_gets: int  # gets delivered from a ring
+    fallbacks: int  # puts carried by the fallback
+    refusals: int  # puts refused with back-pressure
+    busy: int  # gets that found another process's lock held
+    fallback_bytes: int  # live fallback bytes charged to the budget, as of the last look
+    fallback_segments: int  # live fallback segments, as of the last look
+    rings: int  # rings set up (one per edge published on)
+    failed_edges: int  # edges whose ring setup failed (the fallback carries them)
+    scans: int  # discovery directory scans (only when the stamp moved)
+    closed: bool  # close() was called
+    fallback_spares: int = 0  # segment files kept for reuse (published or handed back)
+    fallback_spare_bytes: int = 0  # their file bytes (at most `fallback_spare_bytes`)
+    fallback_reused: int = 0  # fallback puts that wrote into a handed-back file
+    fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
+    reclaimed_files: int = 0  # files of dead producers this connector's scans removed
+    ring_setup_retries: int = 0  # ring setups tried again after a failure and its back-off

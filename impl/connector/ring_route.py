@@ -1,0 +1,478 @@
+"""The ring route: our `RingChannel` per edge, and the mapped rings of the producers we read.
+
+Producer side (`spec.connector.process_ring_setup`, `spec.ring.process_put`,
+`process_cancel`, `process_close`): one ring per edge this connector
+publishes on, set up at the first put on the edge. Setup is file creation,
+allocation, mapping *and* the discovery marker; any failure (ENOSPC, EPERM,
+a marker or stamp that cannot be written) closes what was made and disables
+the ring for that edge, and the fallback carries it. The model remembers a
+failed setup for good; here the setup is tried again after a back-off
+(`ring_retry_seconds`, doubling per failure; None keeps the model's rule).
+
+Receiver side (`spec.discovery.get_candidates` and the ring half of
+`spec.connector.process_get`): the rings of the edge's producers, mapped
+once and kept (least recently used first out when descriptors run short).
+Liveness is asked after the frame is found and locked, before its payload
+is decoded (inside the decode callback): a frame of a producer that exited
+is left unclaimed and its ring unmapped, without decoding it. Only the
+exact frame a descriptor names is read for a get with a descriptor, after
+the producer was found delivering (`spec.discovery.process_get`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shmring.impl import codec
+from shmring.impl.connector.config import MAX_RING_RETRY_SECONDS, ConnectorConfig
+from shmring.impl.connector.descriptors import RingDescriptor
+from shmring.impl.connector.edges import Edge
+from shmring.impl.connector.joining import Deployment
+from shmring.impl.connector.results import BUSY, GONE, STALE, Delivery, GetStatus
+from shmring.impl.connector.routes import Hook, RouteBackend
+from shmring.impl.connector.shortage import retry_short_of_descriptors
+from shmring.impl.errors import (
+    ClosedError,
+    CorruptFrameError,
+    ProducerGoneError,
+    ResourceExhaustedError,
+    ShmringError,
+)
+from shmring.impl.liveness import Liveness
+from shmring.impl.names import ConnectorIdentity, ring_path
+from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.producer import PublishHook, RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.impl.ring.results import ReceiveStatus
+from shmring.spec.connector import Route
+from shmring.spec.ring import PutStatus
+
+logger = logging.getLogger("shmring.connector")
+
+Decoder = Callable[[memoryview], tuple[int, Any]]
+# (producer, its mapped ring, the decoder that asks its liveness first)
+Candidate = tuple[ConnectorIdentity, RingReader, Decoder]
+
+
+class ProducerExited(Exception):
+    """Raised by a live decoder: the frame's producer is not running; the frame stays unclaimed."""
+
+
+def decode_sized(view: memoryview) -> tuple[int, Any]:
+    """Decode a ring payload into owned memory, keeping its encoded length."""
+    return view.nbytes, codec.decode(view)
+
+
+def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
+    """Liveness, where a shortage counts as alive: a found frame is never lost to a shortage.
+
+    When not even /proc can be read after releasing every cache, the frame
+    is delivered: its producer was alive at the scan, and losing an
+    accepted frame is the worse failure.
+    """
+    try:
+        return liveness.is_alive(producer)
+    except ResourceExhaustedError:
+        return True
+
+
+def live_decoder(liveness: Liveness, producer: ConnectorIdentity) -> Decoder:
+    """`decode_sized` that first asks whether `producer` runs (`spec.producers.is_delivering`).
+
+    Called by `RingReader.get` with the frame found and the ring locked; a
+    raise leaves the frame deliverable, so a dead producer's frame is
+    neither decoded nor claimed. The fallback's `claim_segment` asks at the
+    same step (under the segment's lock, before decoding).
+    """
+    is_alive = liveness.is_alive
+
+    def decode(view: memoryview) -> tuple[int, Any]:
+        try:
+            alive = is_alive(producer)
+        except ResourceExhaustedError:
+            alive = True  # as `alive_or_assumed`
+        if not alive:
+            raise ProducerExited(producer)
+        return view.nbytes, codec.decode(view)
+
+    return decode
+
+
+class RingRoute:
+    """The ring route of one connector (see the module docstring). Not thread-safe."""
+
+    route = Route.RING
+    _deployment: Deployment | None = None
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        identity: ConnectorIdentity,
+        os_facade: OsFacade,
+        publish_hook: PublishHook | None,
+        shed: Callable[[], int],
+    ) -> None:
+        self._capacity = config.ring_capacity
+        self._retry = config.ring_retry_seconds
+        self._identity = identity
+        self._os = os_facade
+        self._publish_hook = publish_hook  # test seam handed to every ring (crash points of a put)
+        self._shed = shed  # the connector's `_shed_descriptors`
+        # -- producer side
+        self.channels: dict[Edge, RingChannel] = {}  # set-up rings; disjoint from `failed`
+        self.failed: dict[Edge, BaseException] = {}  # setup failed: the error that disabled it
+        # edge -> (monotonic time of the next setup try, failures so far)
+        self.retry_at: dict[Edge, tuple[float, int]] = {}
+        self.retries = 0  # setups tried again after a failure and its back-off
+        self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
+        # -- receiver side
+        self.readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}  # LRU first
+        # Per edge, the candidates a get by key visits, in discovery's order;
+        # dropped whenever discovery scans or a producer is released.
+        self._edge_readers: dict[Edge, list[Candidate]] = {}
+        self._sheds = 0  # times `shed` ran (a kept candidate list may be stale)
+
+    def joined(self, deployment: Deployment) -> None:
+        self._deployment = deployment
+
+    # -- producer: prepare / publish / retire ------------------------------------------
+
+    def prepare(self, edge: Edge) -> RingChannel | None:
+        """`spec.connector.process_ring_setup`: the edge's ring, set up on first use.
+
+        None when rings are disabled (capacity 0) or the setup failed (until
+        its back-off passed).
+        """
+        ring = self.channels.get(edge)
+        if ring is not None:
+            return ring
+        if self._capacity == 0:
+            return None
+        if edge in self.failed:
+            retry_at = self.retry_at.get(edge)
+            if retry_at is None or time.monotonic() < retry_at[0]:
+                return None
+            del self.failed[edge]  # the back-off passed: try the setup again
+            self.retries += 1
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        registrar = deployment.registrar
+        if registrar is None:
+            self._disable(edge, ShmringError("discovery stamp unavailable"))
+            return None
+        path = ring_path(deployment.directory.path, edge[0], edge[1], self._identity)
+        try:
+            ring = RingChannel.create(
+                path,
+                self._capacity,
+                os_facade=self._os,
+                producer=self._identity,
+                publish_hook=self._publish_hook,
+                directory=deployment.directory,
+            )
+        except (OSError, ShmringError) as error:
+            self._disable(edge, error)
+            return None
+        try:
+            registrar.register(edge)  # the marker comes only after the ring is ready
+        except (OSError, ShmringError) as error:
+            self._abandon(ring)
+            self._disable(edge, error)
+            return None
+        self.channels[edge] = ring
+        self.retry_at.pop(edge, None)
+        return ring
+
+    def _abandon(self, ring: RingChannel) -> None:
+        try:
+            ring.close()
+        except (OSError, ShmringError):
+            self._abandoned.append(ring)  # close retries the unlink
+
+    def _disable(self, edge: Edge, error: BaseException) -> None:
+        self.failed[edge] = error
+        failures = self.retry_at.get(edge, (0.0, 0))[1] + 1
+        if self._retry is not None:
+            delay = min(self._retry * 2 ** (failures - 1), MAX_RING_RETRY_SECONDS)
+            self.retry_at[edge] = (time.monotonic() + delay, failures)
+        if failures == 1:
+            logger.warning(
+                "shmring: ring setup failed for edge %s -> %s; using per-key segments "
+                "(retried after a back-off): %s",
+                edge[0],
+                edge[1],
+                error,
+            )
+
+    def publish(
+        self, ring: RingChannel, key: str, plan: codec.EncodePlan, before_visible: Hook | None
+    ) -> int | None:
+        """`spec.ring.process_put`: the frame's position, or None (NOT_ADMITTED or FULL).
+
+        `before_visible` runs inside the ring's writer callback, which runs
+        only once the ring has decided it has room, before the frame shows.
+        """
+        whole = plan.whole()
+        if whole is not None and before_visible is None:
+            # A plain encoding with nothing to retire: the ring copies the
+            # bytes as they are (what the writer below would write).
+            outcome = ring.put(key, whole)
+        else:
+
+            def write(view: memoryview) -> None:
+                plan.write_into(view)
+                if before_visible is not None:
+                    before_visible()
+
+            outcome = ring.put_with_writer(key, plan.nbytes, write)
+        if outcome.status is PutStatus.PUBLISHED:
+            return outcome.position
+        return None
+
+    def retirer(self, ring: RingChannel | None, key: str) -> Hook | None:
+        """The hook retiring the key's ring frame (`spec.ring.process_cancel`); None without a ring."""
+        return functools.partial(ring.cancel, key) if ring is not None else None
+
+    def retire_key(self, key: str) -> int:
+        """`spec.ring.process_cancel` on every edge's ring."""
+        return sum(ring.cancel(key) for _, ring in sorted(self.channels.items()))
+
+    def retire_prefix(self, prefix: str) -> int:
+        """`spec.ring.process_cancel_prefix` on every edge's ring."""
+        return sum(ring.cancel_prefix(prefix) for _, ring in sorted(self.channels.items()))
+
+    def close(self, failures: list[BaseException]) -> int:
+        """`spec.ring.process_close` on each of our rings (unlinked); answers what it retired.
+
+        Failures are appended to `failures`; a later call retries them.
+        """
+        retired = 0
+        for edge, ring in sorted(self.channels.items()):
+            try:
+                retired += ring.close()  # 0 when closed before; retries a failed unlink
+                del self.channels[edge]
+            except (OSError, ShmringError) as error:
+                failures.append(error)
+        for ring in list(self._abandoned):
+            try:
+                ring.close()
+                self._abandoned.remove(ring)
+            except (OSError, ShmringError) as error:
+                failures.append(error)
+        return retired
+
+    # -- receiver: claim -------------------------------------------------------------------
+
+    def claim_by_key(
+        self, edge: Edge, key: str
+    ) -> tuple[Delivery | None, bool, ShmringError | None]:
+        """The ring half of a get by key: the first live candidate's frame, claimed once.
+
+        Answers (the delivery or None, whether some ring was BUSY, the error
+        to raise if nothing else delivers). A damaged ring (CorruptFrameError)
+        does not stop the edge's other rings; a shortage of descriptors
+        (ResourceExhaustedError) serves the producers that could be mapped.
+        """
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        busy = False
+        corrupt: CorruptFrameError | None = None
+        exhausted: ResourceExhaustedError | None = None
+        readers = self.readers
+        pairs = self._edge_readers.get(edge)
+        cached = pairs is not None
+        # Uncached: (producer, None, None) per producer discovery lists, resolved below.
+        candidates: list[tuple[ConnectorIdentity, Any, Any]]
+        if pairs is None:
+            candidates = [
+                (producer, None, None) for producer in deployment.discovery.producers_of(edge)
+            ]
+        else:
+            candidates = pairs
+        # Uncached: what this pass resolved, kept for later gets when it saw every
+        # producer of the edge, none ran short of descriptors and nothing was shed.
+        resolved: list[Candidate] = []
+        complete = True
+        sheds = self._sheds
+        last = len(candidates) - 1
+        for index, (producer, kept, decode) in enumerate(candidates):
+            reader: RingReader | None = kept
+            if cached:
+                slot = (edge, producer)
+                if readers.pop(slot, None) is not reader:  # dropped under us: resolve afresh
+                    self._edge_readers.clear()
+                    return self.claim_by_key(edge, key)
+                assert reader is not None
+                readers[slot] = reader  # most recently used last, as `_reader` does
+                if reader.producer_closed:
+                    self.release(edge, producer)
+                    continue
+            else:
+                try:
+                    reader = self._reader(edge, producer)
+                except ResourceExhaustedError as error:
+                    exhausted = exhausted or error
+                    complete = False
+                    continue
+                if reader is None:
+                    continue
+                decode = live_decoder(deployment.liveness, producer)
+                resolved.append((producer, reader, decode))
+            try:
+                got = reader.get(key, decode=decode)
+            except CorruptFrameError as error:
+                # That producer's channel is damaged; the edge's other channels
+                # (and the fallback) keep serving. Reported if nothing else delivers.
+                corrupt = corrupt or error
+                continue
+            except ProducerExited:
+                self.release(edge, producer)  # a dead producer's frame is never delivered
+                if not cached:
+                    resolved.pop()
+                continue
+            if got.status is ReceiveStatus.DELIVERED:
+                if not cached and index == last:
+                    self._keep_readers(edge, resolved, complete, sheds)
+                size, value = got.payload
+                return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer), False, None
+            if got.status is ReceiveStatus.BUSY:
+                busy = True
+            elif reader.producer_closed:
+                self.release(edge, producer)
+                if not cached:
+                    resolved.pop()
+        if not cached:
+            self._keep_readers(edge, resolved, complete, sheds)
+        return None, busy, corrupt if corrupt is not None else exhausted
+
+    def claim_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
+        """The exact frame a ring descriptor names, claimed once (PRODUCER_GONE first)."""
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        producer = descriptor.producer
+        if producer not in deployment.discovery.producers.get(
+            edge, ()
+        ) or not deployment.liveness.is_alive(producer):
+            self.release(edge, producer)
+            return GONE
+        reader = self._reader(edge, producer)
+        if reader is None:
+            return GONE
+        got = reader.get(key, descriptor.position, decode=decode_sized)
+        if got.status is ReceiveStatus.DELIVERED:
+            size, value = got.payload
+            return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer)
+        if got.status is ReceiveStatus.BUSY:
+            return BUSY
+        return STALE
+
+    def _keep_readers(
+        self, edge: Edge, resolved: list[Candidate], complete: bool, sheds: int
+    ) -> None:
+        """Keep the candidates a get by key resolved, for the next gets on the edge.
+
+        Later gets visit this list instead of asking discovery and `_reader`
+        per producer; it is dropped whenever discovery scans, a producer is
+        released, descriptors are shed or the connector closes. Kept only
+        when the pass saw every producer with nothing short or shed.
+        """
+        if complete and sheds == self._sheds:
+            self._edge_readers[edge] = resolved
+
+    def _reader(self, edge: Edge, producer: ConnectorIdentity) -> RingReader | None:
+        """The mapped ring of `producer` on `edge`; None (and released) when it is gone."""
+        reader = self.readers.pop((edge, producer), None)
+        if reader is not None:
+            self.readers[(edge, producer)] = reader  # most recently used last
+        if reader is None:
+            deployment = self._deployment
+            assert deployment is not None  # joined
+            directory = deployment.directory
+            path = ring_path(directory.path, edge[0], edge[1], producer)
+            try:
+                reader = retry_short_of_descriptors(
+                    "a ring mapping",
+                    lambda: RingReader.attach(path, os_facade=self._os, directory=directory),
+                    self._shed,
+                )
+            except ProducerGoneError:
+                self.release(edge, producer)
+                return None
+            except CorruptFrameError as error:
+                logger.warning("shmring: ignoring a corrupt ring %s: %s", path, error)
+                self.release(edge, producer)
+                return None
+            if (*reader.producer, reader.instance) != producer:
+                named = (*reader.producer, reader.instance)
+                reader.close()
+                logger.warning("shmring: ring %s names producer=%s", path, named)
+                self.release(edge, producer)
+                return None
+            self.readers[(edge, producer)] = reader
+        elif reader.producer_closed:
+            self.release(edge, producer)
+            return None
+        return reader
+
+    # -- receiver: releasing mapped rings ------------------------------------------------------
+
+    def scanned(self) -> None:
+        """After a discovery scan: forget the kept candidates, unmap rings of departed producers.
+
+        A get by key visits only the producers discovery still lists, so a
+        producer that left would otherwise stay mapped (fd and mapping of a
+        deleted file) until this connector closes.
+        """
+        self._edge_readers.clear()
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        known = deployment.discovery.producers
+        for edge, producer in list(self.readers):
+            reader = self.readers[(edge, producer)]
+            if (
+                producer not in known.get(edge, ())
+                or reader.producer_closed
+                or not alive_or_assumed(deployment.liveness, producer)
+            ):
+                self.release(edge, producer)
+
+    def release(self, edge: Edge, producer: ConnectorIdentity) -> None:
+        """Drop our mapping of a producer that closed or exited."""
+        self._edge_readers.clear()
+        reader = self.readers.pop((edge, producer), None)
+        if reader is not None:
+            reader.close()
+        if self._deployment is not None:
+            self._deployment.discovery.release(edge, producer)
+
+    def shed(self) -> int:
+        """Unmap half of the mapped rings (least recently used first); answers how many."""
+        self._sheds += 1
+        self._edge_readers.clear()  # it holds readers closed below
+        count = (len(self.readers) + 1) // 2
+        for slot in list(self.readers)[:count]:
+            self.readers.pop(slot).close()
+        return count
+
+    def close_readers(self) -> None:
+        """Unmap every ring we read. Idempotent."""
+        self._edge_readers.clear()
+        for slot in list(self.readers):
+            self.readers.pop(slot).close()
+
+    def wake_values(self, edge: Edge) -> list[int]:
+        """The wakeup sequences of the rings we read on `edge` (they move when a frame arrives)."""
+        values = []
+        for (reader_edge, _), reader in self.readers.items():
+            if reader_edge == edge:
+                with contextlib.suppress(ClosedError):
+                    values.append(reader.wakeup_sequence)
+        return values
+
+
+_route_check: type[RouteBackend[RingChannel, RingDescriptor]] = RingRoute
