@@ -160,3 +160,16 @@ def compute_file_footprint(file_length: int) -> int:
     # Verify the length is not negative
     assert file_length >= 0
     return align(file_length, SHM_PAGE_SIZE)
+
+
+# -- registered arena frames (`shmring.impl.arena`) --------------------------
+#
+# An arena is a ring file (the layout above) whose frame keys are the
+# ARENA_KEY_LENGTH lower-case hex digits of a sequence number, so every
+# payload starts 16-byte aligned (frame start, header, key)::
+#
+#     0                   FRAME_KEY_OFFSET      ARENA_PAYLOAD_OFFSET
+#     +-- frame header ---+-- key: 16 hex digits --+-- payload ...
+#
+ARENA_KEY_LENGTH: Final = 16
+ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH
