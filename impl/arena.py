@@ -153,6 +153,7 @@ class RegisteredArena(RingProducer):
     _range: RegisteredRange | None = None
     _payload: torch.Tensor | None = None
     _closed = False
+    _FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM = True  # a dead holder's frame goes at the next reserve
 
     def __init__(self, registry: Registry, capacity: int = DEFAULT_ARENA_CAPACITY) -> None:
         error = compute_capacity_error(capacity)

@@ -85,6 +85,10 @@ class RingProducer:
     _fd: int = -1  # the ring file, locked while retiring (only the host ring retires)
     _locks: int = 0
     _publish_hook: PublishHook | None = None
+    # When the dead-holder policy runs at a reserve. False: only when the put is
+    # short of room (the host ring: a live holder costs no system call on puts
+    # that fit). True: at every reclaim (the arena, whose `reclaim` promises it).
+    _FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM: bool = False
 
     def _start_producer(self, capacity: int) -> None:
         """An empty ring: `spec.ring.initialize_ring`."""
@@ -110,18 +114,21 @@ class RingProducer:
         """Room for an admitted frame at `head`: the padding before it, or -1 (FULL).
 
         `spec.ring.process_put` from its `process_reclaim` to `compute_padding`:
-        reclaim, then `compute_has_space`; when that says no, the dead-holder
-        policy (`_reclaim(free_dead_holders=True)`) and the check again, so a
-        live holder costs no system call on puts that fit. On room, the
+        reclaim, then `compute_has_space`. The dead-holder policy
+        (`_reclaim(free_dead_holders=True)`) runs with the reclaim where the
+        owner says so (`_FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM`), else only when
+        the check says no, and then the check again. On room, the
         slot's length is zeroed (it reads "nothing here") and HOOK_RESERVED
         is called; head does not move. `head` is where the frame would go:
         the arena reserves after its pending reservations.
         """
+        every_reclaim = self._FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM
         if self._frames:
-            self._reclaim()
+            self._reclaim(every_reclaim)
         capacity = self._capacity
         if not compute_has_space(capacity, head, self._tail, frame_length) and (
-            not self._reclaim(True)
+            every_reclaim
+            or not self._reclaim(True)
             or not compute_has_space(capacity, head, self._tail, frame_length)
         ):
             self._refused_full += 1
