@@ -36,11 +36,11 @@ reads a non-zero length (acquire) sees a complete frame. A padding frame only
 carries `length`, `type` and `state`, so it fits in the smallest possible
 remainder at the end of the data region (FRAME_ALIGNMENT bytes).
 
-`holder pid` names the process that claimed the frame in lease mode (arena
-frames; see `shmring.spec.leases.process_holder_exit`). The producer writes 0
-when it publishes; a receiver stores its pid before it stores CLAIMED, so a
-producer that loads CLAIMED (acquire) reads the holder that claimed it. The
-host ring's channel neither writes nor reads the field.
+`holder pid` names the process that claimed the frame in lease mode (host
+ring and arena frames; see `shmring.spec.leases.process_holder_exit`). The
+producer writes 0 when it publishes; a receiver stores its pid before it
+stores CLAIMED, so a producer that loads CLAIMED (acquire) reads the holder
+that claimed it.
 """
 
 from __future__ import annotations
