@@ -60,7 +60,7 @@ from shmring.spec.layout import (
     FRAME_STATE_RETIRED,
     RING_HEADER_LENGTH,
 )
-from shmring.spec.ring import compute_has_space, compute_padding
+from shmring.spec.ring import compute_free_space, compute_padding
 
 PublishHook = Callable[[str], None]
 # Stages a publish hook is called at (tests stop or kill the producer there).
@@ -114,26 +114,29 @@ class RingProducer:
         """Room for an admitted frame at `head`: the padding before it, or -1 (FULL).
 
         `spec.ring.process_put` from its `process_reclaim` to `compute_padding`:
-        reclaim, then `compute_has_space`. The dead-holder policy
-        (`_reclaim(free_dead_holders=True)`) runs with the reclaim where the
-        owner says so (`_FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM`), else only when
-        the check says no, and then the check again. On room, the
-        slot's length is zeroed (it reads "nothing here") and HOOK_RESERVED
-        is called; head does not move. `head` is where the frame would go:
-        the arena reserves after its pending reservations.
+        reclaim, then the room check (`compute_has_space` as the model
+        defines it, padding plus frame against `compute_free_space`, with the
+        padding computed once: two helper calls a put, not four). The
+        dead-holder policy (`_reclaim(free_dead_holders=True)`) runs with the
+        reclaim where the owner says so (`_FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM`),
+        else only when the check says no, and then the check again. On room,
+        the slot's length is zeroed (it reads "nothing here") and
+        HOOK_RESERVED is called; head does not move. `head` is where the
+        frame would go: the arena reserves after its pending reservations.
         """
         every_reclaim = self._FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM
         if self._frames:
             self._reclaim(every_reclaim)
         capacity = self._capacity
-        if not compute_has_space(capacity, head, self._tail, frame_length) and (
+        padding = compute_padding(capacity, head, frame_length)
+        needed = padding + frame_length
+        if needed > compute_free_space(capacity, head, self._tail) and (
             every_reclaim
             or not self._reclaim(True)
-            or not compute_has_space(capacity, head, self._tail, frame_length)
+            or needed > compute_free_space(capacity, head, self._tail)
         ):
             self._refused_full += 1
             return -1
-        padding = compute_padding(capacity, head, frame_length)
         words = self._words
         assert words is not None  # open while the owner is
         store_frame_length_release(words, RING_HEADER_LENGTH + (head + padding) % capacity, 0)

@@ -202,10 +202,11 @@ class RingChannel(RingProducer, _RingFile):
         if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
             return PutOutcome(PutStatus.NOT_ADMITTED, None, -frame_length)
-        padding = self._reserve(self._head, frame_length)
+        head = self._head
+        padding = self._reserve(head, frame_length)
         if padding < 0:
             return PutOutcome(PutStatus.FULL, None, frame_length)
-        position = self._head + padding
+        position = head + padding
         buf = self._buf
         assert buf is not None  # open while not closed
 
