@@ -31,8 +31,9 @@ from shmring.fault_injection.interleave import (
     run_schedule,
 )
 from shmring.impl import arena as arena_module
-from shmring.impl import fallback as fallback_module
+from shmring.impl.fallback import claim as fallback_module
 from shmring.impl.frame_io import SharedWords
+from shmring.impl.ring.engine import RingProducer
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
 
@@ -82,34 +83,44 @@ class CopyAfterUnlockReader(RingReader):
     )
 
 
+# The producer engine's commit with the head stored before the frame's length.
+_commit_head_before_length = _reordered(
+    RingProducer._commit,
+    [
+        (
+            "        store_frame_length_release(words, offset, frame_length)\n",
+            "",
+        ),
+        (
+            "        store_head_release(words, new_head)\n",
+            "        store_head_release(words, new_head)\n"
+            "        store_frame_length_release(words, offset, frame_length)\n",
+        ),
+    ],
+)
+
+
 class HeadBeforeLengthChannel(RingChannel):
     """Stores the head before the frame's length."""
 
-    _put = _reordered(
-        RingChannel._put,
-        [
-            (
-                "        store_frame_length_release(words, offset, frame_length)\n",
-                "",
-            ),
-            (
-                "        store_head_release(words, new_head)\n",
-                "        store_head_release(words, new_head)\n"
-                "        store_frame_length_release(words, offset, frame_length)\n",
-            ),
-        ],
-    )
+    _commit = _commit_head_before_length
+
+
+class HeadBeforeLengthArena(arena_module.RegisteredArena):
+    """The arena on the same broken engine commit."""
+
+    _commit = _commit_head_before_length
 
 
 class ClaimedFramesReclaimedArena(arena_module.RegisteredArena):
     """Reclaims over frames a receiver still holds (CLAIMED) as if they were done."""
 
-    reclaim = _reordered(
-        arena_module.RegisteredArena.reclaim,
+    _reclaim = _reordered(
+        RingProducer._reclaim,
         [
             (
-                "header.frame_type == PADDING_FRAME_TYPE or state in _RECLAIMABLE_STATES",
-                "header.frame_type == PADDING_FRAME_TYPE or state != FRAME_STATE_PUBLISHED",
+                "                if state != FRAME_STATE_DONE and state != FRAME_STATE_RETIRED:\n",
+                "                if state == FRAME_STATE_PUBLISHED:\n",
             )
         ],
     )
@@ -169,6 +180,14 @@ def test_head_before_length_producer_is_found_with_a_reproducer() -> None:
     assert "frame length=0" in report.failure
     again = replay(scenario, report.reproducer)
     assert again.failure is not None and "frame length=0" in again.failure
+
+
+def test_head_before_length_arena_is_found() -> None:
+    # The arena publishes through the same engine commit: the same break is seen there.
+    report = explore_bounded(scenarios.arena_out_of_order(HeadBeforeLengthArena), preemptions=1)
+    _assert_found(report)
+    assert "invariant broken at P store" in report.failure
+    assert "frame length=0" in report.failure
 
 
 def test_arena_reclaiming_a_claimed_frame_is_found() -> None:

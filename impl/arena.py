@@ -62,6 +62,7 @@ from shmring.impl.names import (
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
 from shmring.impl.registration import RegisteredRange, Registry, ShmFile, copy_into_host, host_view
 from shmring.impl.ring.borrow import mark_frame_done
+from shmring.impl.ring.engine import RingProducer
 from shmring.impl.ring.frames import (
     ARENA_FILE,
     corrupt_frame,
@@ -69,18 +70,18 @@ from shmring.impl.ring.frames import (
     load_frame_fields,
     read_checked_ring_header,
 )
-from shmring.impl.ring.mapping import _FrameShapes
+from shmring.impl.ring.mapping import _data_offset, _FrameShapes
 from shmring.impl.views import borrow
 from shmring.spec.layout import (
+    ARENA_KEY_LENGTH,
+    ARENA_PAYLOAD_OFFSET,
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
-    FRAME_HOLDER_NONE,
+    FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
-    FRAME_STATE_RETIRED,
-    PADDING_FRAME_TYPE,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
     RING_STATE_OPEN,
@@ -90,21 +91,15 @@ from shmring.spec.layout import (
 from shmring.spec.ring import (
     PutStatus,
     compute_capacity_error,
-    compute_has_space,
-    compute_padding,
-    is_admitted,
 )
 
-ARENA_KEY_LENGTH: Final = 16
-ARENA_PAYLOAD_OFFSET: Final = FRAME_HEADER_LENGTH + ARENA_KEY_LENGTH
 # Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
 DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024
-_RECLAIMABLE_STATES: Final = (FRAME_STATE_DONE, FRAME_STATE_RETIRED)
 
 
 def arena_key(sequence: int) -> str:
     """The 16-character key of the arena frame with this sequence number."""
-    return f"{sequence:016x}"
+    return f"{sequence:0{ARENA_KEY_LENGTH}x}"
 
 
 def compute_arena_frame_length(nbytes: int) -> int:
@@ -148,16 +143,21 @@ class ArenaStatistics:
     registered: bool  # the arena's range is registered with the driver now
 
 
-class RegisteredArena:
+class RegisteredArena(RingProducer):
     """Producer side of the arena: owns the file, the mapping and its registration.
 
-    Single-threaded: one producer thread reserves, copies and commits.
+    The ring mechanics are the producer engine's (`shmring.impl.ring.engine`),
+    the host ring's own: `reserve` is its `_reserve`, `commit` its
+    `_commit` per pending reservation, `reclaim` its `_reclaim` with the
+    dead-holder policy. Single-threaded: one producer thread reserves,
+    copies and commits.
     """
 
     _file: ShmFile | None = None
     _range: RegisteredRange | None = None
     _payload: torch.Tensor | None = None
     _closed = False
+    _FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM = True  # a dead holder's frame goes at the next reserve
 
     def __init__(self, registry: Registry, capacity: int = DEFAULT_ARENA_CAPACITY) -> None:
         error = compute_capacity_error(capacity)
@@ -193,15 +193,10 @@ class RegisteredArena:
         self._words = frame_io.SharedWords(self._buf)
         self._payload = file.tensor
         self.name = file.name
-        self._head = 0
-        self._tail = 0
+        self._start_producer(capacity)
         self._sequence = 0
         self._pending: list[ArenaReservation] = []
-        self._published = 0
-        self._refused_not_admitted = 0
-        self._refused_full = 0
         self._aborted = 0
-        self._reclaimed_from_dead_holders = 0
 
     # -- state ----------------------------------------------------------------
 
@@ -222,7 +217,7 @@ class RegisteredArena:
             capacity=self.capacity,
             head=self._head,
             tail=self._tail,
-            published=self._published,
+            published=self._puts,
             refused_not_admitted=self._refused_not_admitted,
             refused_full=self._refused_full,
             aborted=self._aborted,
@@ -230,12 +225,9 @@ class RegisteredArena:
             registered=self._range is not None and self._range.registered,
         )
 
-    def _frame_offset(self, position: int) -> int:
-        return RING_HEADER_LENGTH + position % self.capacity
-
     def frame_state(self, position: int) -> int:
         """The state stored in the shared header of the frame at `position`."""
-        return frame_io.load_frame_state_acquire(self._words, self._frame_offset(position))
+        return frame_io.load_frame_state_acquire(self._words, _data_offset(position, self.capacity))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -251,64 +243,32 @@ class RegisteredArena:
     def reclaim(self) -> int:
         """Advance the tail over done, retired and padding frames; answer the bytes freed.
 
-        A claimed frame whose holder is dead is marked DONE first and freed
-        with them (see `is_holder_alive` for what "dead" means).
+        `spec.ring.process_reclaim` with the dead-holder policy (the engine's
+        `_reclaim(free_dead_holders=True)`): a claimed frame whose holder is
+        dead is marked DONE and freed with them (see `is_holder_alive` for
+        what "dead" means).
         """
-        freed = 0
-        while self._tail < self._head:
-            offset = self._frame_offset(self._tail)
-            header = frame_io.read_frame_header(self._buf, offset)
-            # Receivers store the state: load it through its accessor, as every shared word.
-            state = frame_io.load_frame_state_acquire(self._words, offset)
-            reclaimable = header.frame_type == PADDING_FRAME_TYPE or state in _RECLAIMABLE_STATES
-            if (
-                not reclaimable
-                and header.frame_type == DATA_FRAME_TYPE
-                and state == FRAME_STATE_CLAIMED
-                and not is_holder_alive(
-                    frame_io.load_frame_holder_pid(self._words, offset), self._os
-                )
-            ):
-                # The holder died with its lease: its views are gone with it.
-                frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_DONE)
-                self._reclaimed_from_dead_holders += 1
-                reclaimable = True
-            if not reclaimable:
-                break
-            offset_in_region = self._tail % self.capacity
-            if (
-                header.length <= 0
-                or header.length % FRAME_ALIGNMENT
-                or offset_in_region + header.length > self.capacity
-            ):
-                raise CorruptFrameError(
-                    f"arena frame length out of range: length={header.length} position={self._tail}"
-                )
-            self._tail += header.length
-            freed += header.length
-        if freed:
-            frame_io.store_tail_release(self._words, self._tail)
-        return freed
+        return self._reclaim(True)
 
     def reserve(self, nbytes: int) -> ArenaReservation | PutStatus:
         """Reserve a frame for `nbytes` after the pending ones, or answer why not.
 
-        NOT_ADMITTED and FULL mean: take a per-transfer segment. Nothing is
-        written until `commit`.
+        `spec.ring.process_put` up to the reservation (admission, then the
+        engine's `_reserve`). NOT_ADMITTED and FULL mean: take a
+        per-transfer segment. Only the slot's length is written (zero) until
+        `commit`.
         """
         self._check_open()
         if nbytes < 0:
             raise ValueError(f"payload length must not be negative: nbytes={nbytes}")
-        frame_length = compute_arena_frame_length(nbytes)
-        if not is_admitted(self.capacity, ARENA_KEY_LENGTH, frame_length):
+        frame_length = self._shapes[ARENA_KEY_LENGTH, nbytes]
+        if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
             return PutStatus.NOT_ADMITTED
-        self.reclaim()
         head = self._pending_head()
-        if not compute_has_space(self.capacity, head, self._tail, frame_length):
-            self._refused_full += 1
+        padding = self._reserve(head, frame_length)
+        if padding < 0:
             return PutStatus.FULL
-        padding = compute_padding(self.capacity, head, frame_length)
         position = head + padding
         reservation = ArenaReservation(
             position=position,
@@ -316,7 +276,7 @@ class RegisteredArena:
             key=arena_key(self._sequence),
             nbytes=nbytes,
             frame_length=frame_length,
-            frame_offset=self._frame_offset(position),
+            frame_offset=_data_offset(position, self.capacity),
         )
         self._sequence += 1
         self._pending.append(reservation)
@@ -339,45 +299,45 @@ class RegisteredArena:
         copy_into_host(self.registry.driver, host_view(self._require_payload(), start, src), src)
 
     def commit(self) -> list[ArenaFrameDescriptor]:
-        """Publish every pending reservation in order (padding first, length last)."""
+        """Publish every pending reservation in order: the key, then the engine's `_commit`.
+
+        The rest of `spec.ring.process_put` for each (padding first, length
+        last, then head); the wake-up sequence once, after the last head.
+        """
         self._check_open()
+        buf = self._buf
+        assert buf is not None  # open
+        pending = self._pending
+        last = len(pending) - 1
         published = []
-        for reservation in self._pending:
-            if reservation.padding:
-                padding_offset = self._frame_offset(reservation.position - reservation.padding)
-                frame_io.write_padding_frame_fields(self._buf, padding_offset, FRAME_STATE_DONE)
-                frame_io.store_frame_length_release(
-                    self._words, padding_offset, reservation.padding
-                )
+        for index, reservation in enumerate(pending):
             key = reservation.key.encode("ascii")
             offset = reservation.frame_offset
-            self._buf[offset + FRAME_HEADER_LENGTH : offset + ARENA_PAYLOAD_OFFSET] = key
-            frame_io.write_data_frame_fields(
-                self._buf,
-                offset,
-                state=FRAME_STATE_PUBLISHED,
-                key_length=ARENA_KEY_LENGTH,
-                payload_length=reservation.nbytes,
-                position=reservation.position,
-                checksum=frame_io.compute_checksum(key, b""),
+            buf[offset + FRAME_KEY_OFFSET : offset + ARENA_PAYLOAD_OFFSET] = key
+            self._commit(
+                reservation.position,
+                reservation.padding,
+                reservation.frame_length,
+                reservation.key,
+                ARENA_KEY_LENGTH,
+                reservation.nbytes,
+                frame_io.compute_checksum(key, b""),
+                index == last,
             )
-            frame_io.store_frame_holder_pid(self._words, offset, FRAME_HOLDER_NONE)
-            frame_io.store_frame_length_release(self._words, offset, reservation.frame_length)
-            self._head = reservation.position + reservation.frame_length
-            frame_io.store_head_release(self._words, self._head)
-            self._published += 1
             published.append(
                 ArenaFrameDescriptor(
                     self.name, reservation.position, reservation.key, reservation.nbytes
                 )
             )
         self._pending = []
-        if published:
-            frame_io.bump_wakeup_sequence_release(self._words)
         return published
 
     def abort(self) -> int:
-        """Drop every pending reservation; nothing was published. Answers how many."""
+        """Drop every pending reservation; nothing was published. Answers how many.
+
+        Nothing to undo: a reservation wrote only a zero length, in free
+        space above head (see `shmring.impl.ring.engine`).
+        """
         dropped = len(self._pending)
         self._aborted += dropped
         self._pending = []

@@ -167,14 +167,6 @@ _STRUCT_CALLS = frozenset(
     {"pack", "unpack", "unpack_from", "pack_into", "Struct", "calcsize", "iter_unpack"}
 )
 
-# Sites in files that other engineers own on their issue-11 branches, each
-# fixed there (the lead empties this list at the merge; a fixed site whose
-# entry stays fails the guard, so the list cannot go stale). Keyed by path and
-# the finding without its line number.
-LAYOUT_ALLOWLIST_UNTIL_MERGE: dict[tuple[str, str], str] = {
-    ("impl/arena.py", "offset constant ARENA_PAYLOAD_OFFSET"): "engine: arena key layout",
-}
-
 
 def _guarded_files() -> list[Path]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -271,13 +263,9 @@ def test_layout_facts_are_written_only_in_the_layout() -> None:
     """No struct format, header offset or little-endian header read outside spec/layout.py."""
     findings = _tree_layout_findings()
     offenders = sorted(
-        f"{path}:{lines[0]}: {finding}"
-        for (path, finding), lines in findings.items()
-        if (path, finding) not in LAYOUT_ALLOWLIST_UNTIL_MERGE
+        f"{path}:{lines[0]}: {finding}" for (path, finding), lines in findings.items()
     )
     assert not offenders, "layout facts outside spec/layout.py:\n" + "\n".join(offenders)
-    stale = sorted(set(LAYOUT_ALLOWLIST_UNTIL_MERGE) - set(findings))
-    assert not stale, f"allowlisted sites that are fixed now (remove them): {stale}"
 
 
 @pytest.mark.parametrize(

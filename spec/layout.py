@@ -36,11 +36,11 @@ reads a non-zero length (acquire) sees a complete frame. A padding frame only
 carries `length`, `type` and `state`, so it fits in the smallest possible
 remainder at the end of the data region (FRAME_ALIGNMENT bytes).
 
-`holder pid` names the process that claimed the frame in lease mode (arena
-frames; see `shmring.spec.leases.process_holder_exit`). The producer writes 0
-when it publishes; a receiver stores its pid before it stores CLAIMED, so a
-producer that loads CLAIMED (acquire) reads the holder that claimed it. The
-host ring's channel neither writes nor reads the field.
+`holder pid` names the process that claimed the frame in lease mode (host
+ring and arena frames; see `shmring.spec.leases.process_holder_exit`). The
+producer writes 0 when it publishes; a receiver stores its pid before it
+stores CLAIMED, so a producer that loads CLAIMED (acquire) reads the holder
+that claimed it.
 """
 
 from __future__ import annotations
@@ -267,3 +267,15 @@ U64_FORMAT: Final = "<Q"
 STAMP_OFFSET: Final = 0
 DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
 STAMP_FILE_LENGTH: Final = 64
+
+# -- registered arena frames (`shmring.impl.arena`) --------------------------
+#
+# An arena is a ring file (the layout above) whose frame keys are the
+# ARENA_KEY_LENGTH lower-case hex digits of a sequence number, so every
+# payload starts 16-byte aligned (frame start, header, key)::
+#
+#     0                   FRAME_KEY_OFFSET      ARENA_PAYLOAD_OFFSET
+#     +-- frame header ---+-- key: 16 hex digits --+-- payload ...
+#
+ARENA_KEY_LENGTH: Final = 16
+ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH

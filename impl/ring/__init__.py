@@ -1,8 +1,11 @@
 """The ring engine and the host ring: one producer's mmap ring of frames on one edge.
 
 Modules: `results` (what a put or get answers), `mapping` (the shared file
-and the pieces both sides use), `producer` (`RingChannel`), `reader`
-(`RingReader`), `borrow` (`Lease`). The rationale below holds for all of them.
+and the pieces both sides use), `engine` (`RingProducer`: the one producer
+engine, reserve / commit / reclaim / dead holders, under the host ring and
+the registered arena), `producer` (`RingChannel`), `frames` (the one header
+check and frame walker), `reader` (`RingReader`), `borrow` (`Lease`, the
+one lease, and the one kept-view guard). The rationale below holds for all of them.
 
 Design rationale. The model (`shmring.spec.ring`) says *what* a ring does;
 this module does it over a POSIX shared-memory file that several processes

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import sys
-from collections import deque
 from collections.abc import Callable
-from typing import Final
 
 from shmring.impl.directory import Directory
 from shmring.impl.errors import (
@@ -18,18 +15,9 @@ from shmring.impl.frame_io import (
     SharedWords,
     bump_wakeup_sequence_release,
     compute_checksum,
-    load_frame_holder_pid,
-    load_frame_state_acquire,
-    store_frame_length_release,
-    store_frame_state_release,
-    store_head_release,
     store_ring_state_release,
-    store_tail_release,
-    write_data_frame_fields,
-    write_padding_frame_fields,
     write_ring_header,
 )
-from shmring.impl.liveness import is_holder_alive
 from shmring.impl.names import current_producer_identity, instance_of
 from shmring.impl.os_seam import (
     DEFAULT_OS,
@@ -37,14 +25,19 @@ from shmring.impl.os_seam import (
     OPEN_FLAGS_CREATE,
     OsFacade,
 )
+from shmring.impl.ring.borrow import call_with_view
+from shmring.impl.ring.engine import (
+    HOOK_FIELDS_WRITTEN,
+    HOOK_LENGTH_STORED,
+    HOOK_PAYLOAD_WRITTEN,
+    HOOK_RESERVED,
+    PublishHook,
+    RingProducer,
+)
 from shmring.impl.ring.mapping import (
-    _LOCK,
     _PAGE_SIZE,
-    _UNLOCK,
     _ZERO_FILL,
     Buffer,
-    _data_offset,
-    _FrameShapes,
     _new_outcome,
     _RingFile,
 )
@@ -55,10 +48,6 @@ from shmring.impl.ring.results import (
 )
 from shmring.spec.layout import (
     FRAME_KEY_OFFSET,
-    FRAME_STATE_CLAIMED,
-    FRAME_STATE_DONE,
-    FRAME_STATE_PUBLISHED,
-    FRAME_STATE_RETIRED,
     RING_CAPACITY_DISABLED,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
@@ -68,25 +57,18 @@ from shmring.spec.layout import (
 from shmring.spec.ring import (
     PutStatus,
     compute_capacity_error,
-    compute_has_space,
-    compute_padding,
     is_prefix_match,
 )
-
-PublishHook = Callable[[str], None]
-# Stages a publish hook is called at (tests stop or kill the producer there).
-HOOK_RESERVED: Final = "reserved"  # room decided, the slot reads "unpublished"; nothing written yet
-HOOK_PAYLOAD_WRITTEN: Final = "payload written"  # key, payload, zero fill; no header yet
-HOOK_FIELDS_WRITTEN: Final = "fields written"  # every header field but length
-HOOK_LENGTH_STORED: Final = "length stored"  # frame complete; head not yet advanced
 
 # -- producer ------------------------------------------------------------------
 
 
-class RingChannel(_RingFile):
+class RingChannel(RingProducer, _RingFile):
     """The producer side of one ring: creates, publishes into, and owns the file.
 
-    Create with `RingChannel.create`. `put` / `put_with_writer` follow
+    Create with `RingChannel.create`. The ring mechanics are the producer
+    engine's (`engine.RingProducer`); this class adds the file's lifetime
+    and the bytes of a put. `put` / `put_with_writer` follow
     `spec.ring.process_put` step for step; `cancel`, `cancel_prefix` and
     `close` follow `process_cancel`, `process_cancel_prefix` and
     `process_close`. Only this object unlinks the file.
@@ -105,22 +87,10 @@ class RingChannel(_RingFile):
         directory: Directory | None = None,
     ) -> None:
         super().__init__(path, os_facade, directory)
-        self._capacity = capacity
         # (pid, start time) or (pid, start time, instance), written in the ring header
         self.producer = producer
         self._publish_hook = publish_hook
-        self._head = 0  # our copy of head (we are its only writer)
-        self._tail = 0  # our copy of tail (we are its only writer)
-        # Frames between tail and head in position order: (position, length, key or None for padding).
-        self._frames: deque[tuple[int, int, str | None]] = deque()
-        # key -> position of the key's newest frame that may still be PUBLISHED.
-        self._published: dict[str, int] = {}
-        self._shapes = _FrameShapes(capacity)
-        self._puts = 0
-        self._refused_not_admitted = 0
-        self._refused_full = 0
-        self._retired = 0
-        self._reclaimed_from_dead_holders = 0
+        self._start_producer(capacity)
 
     # -- setup -----------------------------------------------------------------
 
@@ -220,36 +190,25 @@ class RingChannel(_RingFile):
         payload: bytes | memoryview | None,
         writer: Callable[[memoryview], None] | None,
     ) -> PutOutcome:
+        """`spec.ring.process_put` on the engine: admit, `_reserve`, write the bytes, `_commit`."""
         if self._closed:
             return _PUT_CLOSED
-        capacity = self._capacity
         key_bytes = key.encode("utf-8")
         key_length = len(key_bytes)
         frame_length = self._shapes[key_length, payload_length]
         if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
             return PutOutcome(PutStatus.NOT_ADMITTED, None, -frame_length)
-        if self._frames:
-            self._reclaim()
         head = self._head
-        if not compute_has_space(capacity, head, self._tail, frame_length) and (
-            not self._free_dead_holders()
-            or not compute_has_space(capacity, head, self._tail, frame_length)
-        ):
-            self._refused_full += 1
+        padding = self._reserve(head, frame_length)
+        if padding < 0:
             return PutOutcome(PutStatus.FULL, None, frame_length)
-        padding = compute_padding(capacity, head, frame_length)
         position = head + padding
         buf = self._buf
-        words = self._words
         assert buf is not None  # open while not closed
-        hook = self._publish_hook
 
-        # 1. Body: the slot reads "unpublished" first, then key, payload, zero fill.
-        offset = RING_HEADER_LENGTH + position % capacity
-        store_frame_length_release(words, offset, 0)
-        if hook is not None:
-            hook(HOOK_RESERVED)
+        # The bytes: key, payload, zero fill (the slot reads "unpublished" since _reserve).
+        offset = RING_HEADER_LENGTH + position % self._capacity
         key_start = offset + FRAME_KEY_OFFSET
         payload_start = key_start + key_length
         payload_end = payload_start + payload_length
@@ -259,18 +218,14 @@ class RingChannel(_RingFile):
             buf[payload_start:payload_end] = payload
             checksum = compute_checksum(key_bytes, payload)
         else:
-            # A fresh export of the mapping: a view the writer keeps (a slice,
-            # an array) holds one more reference to the mapping while it lives.
-            mapping = self._mapping
-            baseline = sys.getrefcount(mapping)
-            whole = memoryview(mapping)  # type: ignore[arg-type]
-            view = whole[payload_start:payload_end]
-            whole.release()
-            try:
-                writer(view)
-            finally:
-                view.release()
-            if sys.getrefcount(mapping) > baseline:
+            # The one kept-view guard (`borrow.call_with_view`): a view the
+            # writer keeps (a slice, an array) would alias the frame after it
+            # is published, so nothing is.
+            assert self._mapping is not None
+            _, kept = call_with_view(
+                self._mapping, payload_start, payload_end, writer, writable=True
+            )
+            if kept:
                 raise BufferError(
                     f"writer kept a view of ring storage; nothing published: key={key!r}"
                 )
@@ -278,151 +233,18 @@ class RingChannel(_RingFile):
         fill = offset + frame_length - payload_end
         if fill:
             buf[payload_end : payload_end + fill] = _ZERO_FILL[:fill]
+        hook = self._publish_hook
         if hook is not None:
             hook(HOOK_PAYLOAD_WRITTEN)
 
-        # 2. Padding before it, if the frame did not fit before the end.
-        if padding:
-            padding_offset = RING_HEADER_LENGTH + head % capacity
-            write_padding_frame_fields(buf, padding_offset, FRAME_STATE_DONE)
-            store_frame_length_release(words, padding_offset, padding)
-
-        # 3. Retire the older version (before the new one becomes visible).
-        published = self._published
-        retired = self._retire_key(key) if key in published else 0
-
-        # 4. Header fields, then length, then head, then the wake-up sequence.
-        write_data_frame_fields(
-            buf,
-            offset,
-            state=FRAME_STATE_PUBLISHED,
-            key_length=key_length,
-            payload_length=payload_length,
-            position=position,
-            checksum=checksum,
+        retired = self._commit(
+            position, padding, frame_length, key, key_length, payload_length, checksum, True
         )
-        if hook is not None:
-            hook(HOOK_FIELDS_WRITTEN)
-        store_frame_length_release(words, offset, frame_length)
-        if hook is not None:
-            hook(HOOK_LENGTH_STORED)
-        new_head = position + frame_length
-        store_head_release(words, new_head)
-        bump_wakeup_sequence_release(words)
-
-        self._head = new_head
-        frames = self._frames
-        if padding:
-            frames.append((head, padding, None))
-        frames.append((position, frame_length, key))
-        published[key] = position
-        self._puts += 1
         return _new_outcome(
             PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired)
         )
 
-    def _reclaim(self) -> None:
-        """Advance the tail over DONE, RETIRED and padding frames; see `process_reclaim`."""
-        frames = self._frames
-        if not frames:
-            return
-        buf = self._buf
-        words = self._words
-        assert buf is not None
-        capacity = self._capacity
-        published = self._published
-        tail = self._tail
-        while frames:
-            position, length, key = frames[0]
-            if key is not None:
-                state = load_frame_state_acquire(words, _data_offset(position, capacity))
-                if state != FRAME_STATE_DONE and state != FRAME_STATE_RETIRED:
-                    break
-                if published.get(key) == position:
-                    del published[key]
-            frames.popleft()
-            tail += length
-        if tail != self._tail:
-            self._tail = tail
-            store_tail_release(words, tail)  # before any byte of the freed space is rewritten
-
-    def _free_dead_holders(self) -> bool:
-        """Free the frames at the tail that lease holders claimed and then died with.
-
-        A lease holder stores its pid before it stores CLAIMED; a holder that
-        is surely dead (`liveness.is_holder_alive`) had its views die with
-        it, so its frame is marked DONE, as `spec.leases.process_holder_exit`
-        releases a dead holder's leases. Only the frames blocking the tail are
-        looked at, and only when a put found no space, so a live holder costs
-        no system call on puts that fit. Answers whether the tail moved.
-        """
-        buf = self._buf
-        words = self._words
-        assert buf is not None
-        capacity = self._capacity
-        freed = False
-        for position, _length, key in self._frames:
-            if key is None:
-                continue  # padding
-            offset = RING_HEADER_LENGTH + position % capacity
-            state = load_frame_state_acquire(words, offset)
-            if state in (FRAME_STATE_DONE, FRAME_STATE_RETIRED):
-                continue
-            if state != FRAME_STATE_CLAIMED or is_holder_alive(
-                load_frame_holder_pid(words, offset), self._os
-            ):
-                break
-            store_frame_state_release(words, offset, FRAME_STATE_DONE)
-            self._reclaimed_from_dead_holders += 1
-            freed = True
-        if freed:
-            self._reclaim()
-        return freed
-
     # -- retire ----------------------------------------------------------------
-
-    def _retire_key(self, key: str) -> int:
-        position = self._published.get(key)
-        if position is None:
-            return 0
-        return self._retire_positions([(key, position)])
-
-    def _retire_positions(self, candidates: list[tuple[str, int]]) -> int:
-        """Retire those of `candidates` still PUBLISHED, under the ring lock.
-
-        A state other than PUBLISHED is final, so it is read without the lock
-        first and the lock is taken only when something may need retiring.
-        """
-        buf = self._buf
-        words = self._words
-        assert buf is not None
-        capacity = self._capacity
-        published = self._published
-        live = []
-        for key, position in candidates:
-            if (
-                load_frame_state_acquire(words, _data_offset(position, capacity))
-                == FRAME_STATE_PUBLISHED
-            ):
-                live.append((key, position))
-            else:
-                del published[key]  # claimed by a reader: nothing to retire
-        if not live:
-            return 0
-        retired = 0
-        self._os.flock(self._fd, _LOCK)
-        self._locks += 1
-        try:
-            for key, position in live:
-                offset = _data_offset(position, capacity)
-                if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
-                    store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
-                    retired += 1
-                del published[key]
-        finally:
-            self._os.flock(self._fd, _UNLOCK)
-        self._retired += retired
-        return retired
 
     def cancel(self, key: str) -> int:
         """Retire the key's unclaimed frame; answer how many (0 or 1). See `process_cancel`."""
@@ -498,16 +320,7 @@ class RingChannel(_RingFile):
         return self._tail
 
     def statistics(self) -> RingStatistics:
-        buf = self._buf
-        words = self._words
-        published = claimed = 0
-        if buf is not None:
-            for position, _length, key in self._frames:
-                if key is None:
-                    continue
-                state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
-                published += state == FRAME_STATE_PUBLISHED
-                claimed += state == FRAME_STATE_CLAIMED
+        published, claimed = self._count_unreclaimed()
         used = self._head - self._tail
         return RingStatistics(
             capacity=self._capacity,
@@ -531,3 +344,13 @@ class RingChannel(_RingFile):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"head={self._head} tail={self._tail}"
         return f"RingChannel(path={self.path!r}, capacity={self._capacity}, {state})"
+
+
+__all__ = [
+    "HOOK_FIELDS_WRITTEN",
+    "HOOK_LENGTH_STORED",
+    "HOOK_PAYLOAD_WRITTEN",
+    "HOOK_RESERVED",
+    "PublishHook",
+    "RingChannel",
+]

@@ -333,7 +333,7 @@ class RingReader(_RingFile):
                 )
                 lease = Lease(keep, payload_start - offset, position=position)
                 # The holder first, then CLAIMED (release): a producer that loads
-                # CLAIMED reads this process as the holder (`_free_dead_holders`).
+                # CLAIMED reads this process as the holder (`engine.RingProducer._reclaim` frees dead holders).
                 store_frame_holder_pid(words, offset, os.getpid())
                 store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
                 value = lease

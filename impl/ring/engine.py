@@ -1,0 +1,322 @@
+"""The producer engine: one ring's producer half of `spec.ring`, over shared memory.
+
+Both producers of the ring layout run on it: the host ring (`RingChannel`,
+`producer.py`) and the registered arena (`RegisteredArena`, `impl/arena.py`).
+Each owner maps its file and hands the engine four things: `_words` (the
+mapping's `frame_io.SharedWords`), `_buf` (a writable view of the whole
+mapping), `_capacity` and `_os`; the engine keeps the rest, the producer's
+own record of the ring: its copies of head and tail (it is their only
+writer) and the frames between them (position, length, key; None for
+padding), so it never trusts a length read back from shared memory.
+
+A put is three steps, each a method here, in the publication order of the
+rationale in `shmring.impl.ring` (the crash points in parentheses are the
+HOOK_* stages a test's publish hook is called at):
+
+1. `_reserve`: reclaim, the room check, the dead-holder policy when short of
+   room, the padding; the slot's length is zeroed (HOOK_RESERVED).
+2. The owner writes the bytes: key, payload, zero fill (HOOK_PAYLOAD_WRITTEN).
+   The host ring copies or lets a writer fill them; the arena's device copy
+   lands there between `reserve` and `commit`.
+3. `_commit`: the padding frame, the retire of the key's older version, the
+   header fields (HOOK_FIELDS_WRITTEN), the length (release;
+   HOOK_LENGTH_STORED), the head (release), the wake-up sequence.
+
+Nothing a reader trusts changes before step 3's head store, so abandoning a
+reservation (a writer that raised, the arena's `abort`) needs no undo: the
+zeroed length lies in free space above head.
+
+The instance attributes `_words` and `_buf` keep these names: the
+interleaving explorer (`fault_injection.interleave.install_words`) swaps an
+owner's `_words` for scheduled words, and the engine reads them from the
+owner at every step. Not thread-safe, as its owners.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from shmring.impl.frame_io import (
+    SharedWords,
+    bump_wakeup_sequence_release,
+    load_frame_holder_pid,
+    load_frame_state_acquire,
+    store_frame_length_release,
+    store_frame_state_release,
+    store_head_release,
+    store_tail_release,
+    write_data_frame_fields,
+    write_padding_frame_fields,
+)
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.mapping import _LOCK, _UNLOCK, _data_offset, _FrameShapes
+from shmring.spec.layout import (
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
+    RING_HEADER_LENGTH,
+)
+from shmring.spec.ring import compute_free_space, compute_padding
+
+PublishHook = Callable[[str], None]
+# Stages a publish hook is called at (tests stop or kill the producer there).
+HOOK_RESERVED: Final = "reserved"  # room decided, the slot reads "unpublished"; nothing written yet
+HOOK_PAYLOAD_WRITTEN: Final = "payload written"  # key, payload, zero fill; no header yet
+HOOK_FIELDS_WRITTEN: Final = "fields written"  # every header field but length
+HOOK_LENGTH_STORED: Final = "length stored"  # frame complete; head not yet advanced
+
+
+class RingProducer:
+    """The producer's half of one ring: reserve, commit, reclaim, retire.
+
+    A base class of its owners (so the hot path pays no indirection); an
+    owner calls `_start_producer` once its mapping is in place.
+    """
+
+    # Set by the owner.
+    _words: SharedWords | None = None
+    _buf: memoryview | None = None
+    _capacity: int = 0
+    _os: OsFacade
+    _fd: int = -1  # the ring file, locked while retiring (only the host ring retires)
+    _locks: int = 0
+    _publish_hook: PublishHook | None = None
+    # When the dead-holder policy runs at a reserve. False: only when the put is
+    # short of room (the host ring: a live holder costs no system call on puts
+    # that fit). True: at every reclaim (the arena, whose `reclaim` promises it).
+    _FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM: bool = False
+
+    def _start_producer(self, capacity: int) -> None:
+        """An empty ring: `spec.ring.initialize_ring`."""
+        self._capacity = capacity
+        self._head = 0  # our copy of head (we are its only writer)
+        self._tail = 0  # our copy of tail (we are its only writer)
+        # Frames between tail and head in position order: (position, length, key or None for padding).
+        self._frames: deque[tuple[int, int, str | None]] = deque()
+        # key -> position of the key's newest frame that may still be PUBLISHED.
+        self._published: dict[str, int] = {}
+        # (key length, payload length) -> frame length, minus it when not admitted
+        # (`spec.ring.is_admitted`): the admission step of `process_put`.
+        self._shapes = _FrameShapes(capacity)
+        self._puts = 0
+        self._refused_not_admitted = 0
+        self._refused_full = 0
+        self._retired = 0
+        self._reclaimed_from_dead_holders = 0
+
+    # -- put -------------------------------------------------------------------
+
+    def _reserve(self, head: int, frame_length: int) -> int:
+        """Room for an admitted frame at `head`: the padding before it, or -1 (FULL).
+
+        `spec.ring.process_put` from its `process_reclaim` to `compute_padding`:
+        reclaim, then the room check (`compute_has_space` as the model
+        defines it, padding plus frame against `compute_free_space`, with the
+        padding computed once: two helper calls a put, not four). The
+        dead-holder policy (`_reclaim(free_dead_holders=True)`) runs with the
+        reclaim where the owner says so (`_FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM`),
+        else only when the check says no, and then the check again. On room,
+        the slot's length is zeroed (it reads "nothing here") and
+        HOOK_RESERVED is called; head does not move. `head` is where the
+        frame would go: the arena reserves after its pending reservations.
+        """
+        every_reclaim = self._FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM
+        if self._frames:
+            self._reclaim(every_reclaim)
+        capacity = self._capacity
+        padding = compute_padding(capacity, head, frame_length)
+        needed = padding + frame_length
+        if needed > compute_free_space(capacity, head, self._tail) and (
+            every_reclaim
+            or not self._reclaim(True)
+            or needed > compute_free_space(capacity, head, self._tail)
+        ):
+            self._refused_full += 1
+            return -1
+        words = self._words
+        assert words is not None  # open while the owner is
+        store_frame_length_release(words, RING_HEADER_LENGTH + (head + padding) % capacity, 0)
+        hook = self._publish_hook
+        if hook is not None:
+            hook(HOOK_RESERVED)
+        return padding
+
+    def _commit(
+        self,
+        position: int,
+        padding: int,
+        frame_length: int,
+        key: str,
+        key_length: int,
+        payload_length: int,
+        checksum: int,
+        wake: bool,
+    ) -> int:
+        """Publish the reserved frame whose bytes are written; answer how many it retired.
+
+        `spec.ring.process_put` from the padding on: the padding frame before
+        it (DONE, its length last), `process_cancel` of the key's older
+        version (before the new one is visible), the header fields
+        (HOOK_FIELDS_WRITTEN), the length (release; HOOK_LENGTH_STORED), the
+        head (release) and, when `wake`, the wake-up sequence. Then the
+        record: head, the frames, the key's newest position.
+        """
+        buf = self._buf
+        words = self._words
+        assert buf is not None and words is not None  # open while the owner is
+        capacity = self._capacity
+        hook = self._publish_hook
+        offset = RING_HEADER_LENGTH + position % capacity
+        head = position - padding
+        if padding:
+            padding_offset = RING_HEADER_LENGTH + head % capacity
+            write_padding_frame_fields(buf, padding_offset, FRAME_STATE_DONE)
+            store_frame_length_release(words, padding_offset, padding)
+        published = self._published
+        retired = self._retire_key(key) if key in published else 0
+        write_data_frame_fields(
+            buf,
+            offset,
+            state=FRAME_STATE_PUBLISHED,
+            key_length=key_length,
+            payload_length=payload_length,
+            position=position,
+            checksum=checksum,
+        )
+        if hook is not None:
+            hook(HOOK_FIELDS_WRITTEN)
+        store_frame_length_release(words, offset, frame_length)
+        if hook is not None:
+            hook(HOOK_LENGTH_STORED)
+        new_head = position + frame_length
+        store_head_release(words, new_head)
+        if wake:
+            bump_wakeup_sequence_release(words)
+        self._head = new_head
+        frames = self._frames
+        if padding:
+            frames.append((head, padding, None))
+        frames.append((position, frame_length, key))
+        published[key] = position
+        self._puts += 1
+        return retired
+
+    # -- reclaim ---------------------------------------------------------------
+
+    def _reclaim(self, free_dead_holders: bool = False) -> int:
+        """Advance the tail over DONE, RETIRED and padding frames; answer the bytes freed.
+
+        `spec.ring.process_reclaim`, over the producer's own record. With
+        `free_dead_holders`, the dead-holder policy too: a CLAIMED frame
+        whose holder is surely dead (`discovery.is_holder_alive`; the holder
+        stores its pid before CLAIMED) had its views die with it, so it is
+        marked DONE and passed, as `spec.leases.process_holder_exit` releases
+        a dead holder's leases. Stops at the first frame PUBLISHED or held by
+        a live holder. The tail is stored before any byte of the space it
+        frees is rewritten.
+        """
+        frames = self._frames
+        words = self._words
+        assert words is not None  # open while the owner is
+        capacity = self._capacity
+        published = self._published
+        tail = self._tail
+        while frames:
+            position, length, key = frames[0]
+            if key is not None:
+                offset = RING_HEADER_LENGTH + position % capacity
+                state = load_frame_state_acquire(words, offset)
+                if state != FRAME_STATE_DONE and state != FRAME_STATE_RETIRED:
+                    if (
+                        not free_dead_holders
+                        or state != FRAME_STATE_CLAIMED
+                        or is_holder_alive(load_frame_holder_pid(words, offset), self._os)
+                    ):
+                        break
+                    store_frame_state_release(words, offset, FRAME_STATE_DONE)
+                    self._reclaimed_from_dead_holders += 1
+                if key in published and published[key] == position:
+                    del published[key]
+            frames.popleft()
+            tail += length
+        freed = tail - self._tail
+        if freed:
+            self._tail = tail
+            store_tail_release(words, tail)  # before any byte of the freed space is rewritten
+        return freed
+
+    # -- retire ----------------------------------------------------------------
+
+    def _retire_key(self, key: str) -> int:
+        """`spec.ring.process_cancel`: retire the key's unclaimed frame; answer 0 or 1."""
+        position = self._published.get(key)
+        if position is None:
+            return 0
+        return self._retire_positions([(key, position)])
+
+    def _retire_positions(self, candidates: list[tuple[str, int]]) -> int:
+        """Retire those of `candidates` still PUBLISHED, under the ring lock.
+
+        The retire step of `process_cancel`, `process_cancel_prefix` and
+        `process_close`. A state other than PUBLISHED is final, so it is read
+        without the lock first and the lock is taken only when something may
+        need retiring. The arena never gets here: its keys are unique
+        sequence numbers, so no put has an older version to retire.
+        """
+        words = self._words
+        assert words is not None  # open while the owner is
+        capacity = self._capacity
+        published = self._published
+        live = []
+        for key, position in candidates:
+            if load_frame_state_acquire(words, _data_offset(position, capacity)) == (
+                FRAME_STATE_PUBLISHED
+            ):
+                live.append((key, position))
+            else:
+                del published[key]  # claimed by a reader: nothing to retire
+        if not live:
+            return 0
+        retired = 0
+        self._os.flock(self._fd, _LOCK)
+        self._locks += 1
+        try:
+            for key, position in live:
+                offset = _data_offset(position, capacity)
+                if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
+                    store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+                    retired += 1
+                del published[key]
+        finally:
+            self._os.flock(self._fd, _UNLOCK)
+        self._retired += retired
+        return retired
+
+    # -- inspection --------------------------------------------------------------
+
+    def _count_unreclaimed(self) -> tuple[int, int]:
+        """(PUBLISHED, CLAIMED) data frames between tail and head, as loaded now."""
+        words = self._words
+        published = claimed = 0
+        if words is not None:
+            for position, _length, key in self._frames:
+                if key is None:
+                    continue
+                state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
+                published += state == FRAME_STATE_PUBLISHED
+                claimed += state == FRAME_STATE_CLAIMED
+        return published, claimed
+
+
+__all__ = [
+    "HOOK_FIELDS_WRITTEN",
+    "HOOK_LENGTH_STORED",
+    "HOOK_PAYLOAD_WRITTEN",
+    "HOOK_RESERVED",
+    "PublishHook",
+    "RingProducer",
+]
