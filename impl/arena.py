@@ -156,7 +156,6 @@ class RegisteredArena(RingProducer):
     _file: ShmFile | None = None
     _range: RegisteredRange | None = None
     _payload: torch.Tensor | None = None
-    _closed = False
     _FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM = True  # a dead holder's frame goes at the next reserve
 
     def __init__(self, registry: Registry, capacity: int = DEFAULT_ARENA_CAPACITY) -> None:
@@ -199,18 +198,6 @@ class RegisteredArena(RingProducer):
         self._aborted = 0
 
     # -- state ----------------------------------------------------------------
-
-    @property
-    def head(self) -> int:
-        return self._head
-
-    @property
-    def tail(self) -> int:
-        return self._tail
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def statistics(self) -> ArenaStatistics:
         return ArenaStatistics(

@@ -85,6 +85,7 @@ class RingProducer:
     _fd: int = -1  # the ring file, locked while retiring (only the host ring retires)
     _locks: int = 0
     _publish_hook: PublishHook | None = None
+    _closed: bool = False  # the owner closed the ring (`spec.ring.RingState.closed`)
     # When the dead-holder policy runs at a reserve. False: only when the put is
     # short of room (the host ring: a live holder costs no system call on puts
     # that fit). True: at every reclaim (the arena, whose `reclaim` promises it).
@@ -107,6 +108,22 @@ class RingProducer:
         self._refused_full = 0
         self._retired = 0
         self._reclaimed_from_dead_holders = 0
+
+    # -- inspection ------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def head(self) -> int:
+        """Where the next frame starts (our copy; the mapping's head is stored from it)."""
+        return self._head
+
+    @property
+    def tail(self) -> int:
+        """The oldest unreclaimed frame's position (our copy, as `head`)."""
+        return self._tail
 
     # -- put -------------------------------------------------------------------
 

@@ -74,7 +74,6 @@ class RingChannel(RingProducer, _RingFile):
     `process_close`. Only this object unlinks the file.
     """
 
-    _closed: bool = False
     _unlink_pending: bool = False
 
     def __init__(
@@ -306,18 +305,6 @@ class RingChannel(RingProducer, _RingFile):
         self.close()
 
     # -- inspection --------------------------------------------------------------
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def head(self) -> int:
-        return self._head
-
-    @property
-    def tail(self) -> int:
-        return self._tail
 
     def statistics(self) -> RingStatistics:
         published, claimed = self._count_unreclaimed()
