@@ -81,24 +81,33 @@ def one_in(odds: int) -> st.SearchStrategy[bool]:
 def rarely(odds: int | str, **arguments: Any) -> Callable[[Callable[..., Any]], Any]:
     """`rule(**arguments)` for a rule that acts on about one draw in `odds`, and does nothing otherwise.
 
-    `odds` is a number, or the name of the machine's attribute that holds
-    it (so a subclass can make the rule more or less frequent). The "now?"
-    draw is the rule's first; a rule with a target adds nothing to its
-    bundle when it does not act.
+    `odds` is a number, drawn as the rule's first argument (``now``), or the
+    name of the machine's attribute that holds it, so a subclass can make
+    the rule more or less frequent: then it is the first draw of the rule's
+    body (an argument's strategy is fixed when the class is made). A rule
+    with a target adds nothing to its bundle when it does not act.
     """
     targeted = "target" in arguments or "targets" in arguments
 
     def decorate(function: Callable[..., Any]) -> Any:
-        def act(self: Any, rarity: st.DataObject, **drawn: Any) -> Any:
-            chances = getattr(self, odds) if isinstance(odds, str) else odds
-            if not rarity.draw(one_in(chances), label=f"{function.__name__} now?"):
-                return multiple() if targeted else None
-            return function(self, **drawn)
+        idle: Any = multiple() if targeted else None
 
+        def act_on_argument(self: Any, now: bool, **drawn: Any) -> Any:
+            return function(self, **drawn) if now else idle
+
+        def act_on_draw(self: Any, rarity: st.DataObject, **drawn: Any) -> Any:
+            now = rarity.draw(one_in(getattr(self, str(odds))), label=f"{function.__name__} now?")
+            return function(self, **drawn) if now else idle
+
+        act: Callable[..., Any]
+        if isinstance(odds, int):
+            act, strategies = act_on_argument, {"now": one_in(odds), **arguments}
+        else:
+            act, strategies = act_on_draw, {"rarity": st.data(), **arguments}
         act.__name__ = function.__name__
         act.__qualname__ = function.__qualname__
         act.__doc__ = function.__doc__
-        return rule(rarity=st.data(), **arguments)(act)  # type: ignore[no-untyped-call]
+        return rule(**strategies)(act)  # type: ignore[no-untyped-call]
 
     return decorate
 
