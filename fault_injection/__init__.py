@@ -1,7 +1,7 @@
 """shmring.fault_injection: fault plans, the seams that carry them, and the suites.
 
 * `sites`: every injectable site (the OS seam's and the CUDA port's) with the errors it can answer.
-* `plans`: the frozen `FaultPlan` and the faulty CUDA driver; `faulty_os`: the faulty OS seam.
+* `plans`: the frozen `FaultPlan` and the faulty CUDA driver; `kit`: the test kit (the faulty OS seam, payloads, worker processes, the lockstep base).
 * `scenarios` / `lockstep`: deterministic runs of the transport, compared with the model.
 * `campaign`: the SQLite-style cell loop and the `shmring check` entry points
   (`run_faults`, `run_crash`, `run_fuzz`).

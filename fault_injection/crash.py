@@ -46,19 +46,15 @@ of its own).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import json
 import os
-import select
-import signal
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shmring.fault_injection.lockstep import tagged
+from shmring.fault_injection.kit.payloads import tagged_payload
+from shmring.fault_injection.kit.processes import ForkedChild, die, killed_by_sigkill
 from shmring.impl.connector import Connector, GetStatus, Route
 from shmring.impl.connector.seams import Seams, seamed_connector
 from shmring.impl.errors import ProducerGoneError
@@ -142,68 +138,17 @@ def parse_cell_name(name: str) -> CrashCell:
 # -- processes -----------------------------------------------------------------------------
 
 
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(60)  # pragma: no cover - the signal is synchronous for ourselves
-
-
-def _fork(work: Callable[[Callable[[dict[str, Any]], None]], None]) -> tuple[int, int]:
-    """Run `work(report)` in a forked child; answers (pid, read end of its report pipe)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            os.close(read_end)
-
-            def report(message: dict[str, Any]) -> None:
-                os.write(write_end, (json.dumps(message) + "\n").encode())
-
-            work(report)
-        except BaseException as error:  # noqa: BLE001 - reported to the parent
-            with contextlib.suppress(BaseException):
-                os.write(write_end, (json.dumps({"error": repr(error)}) + "\n").encode())
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    return pid, read_end
-
-
-def _reap(pid: int, read_end: int) -> tuple[int, list[dict[str, Any]]]:
-    """Wait for the child (killing it if it overstays); answers (wait status, its reports)."""
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
-    chunks = []
-    status = None
+def _run_child(
+    work: Callable[[Callable[[dict[str, Any]], None]], None],
+) -> tuple[int, list[dict[str, Any]]]:
+    """Run `work(report)` in a forked child until it dies; answers (wait status, its reports)."""
+    child = ForkedChild(work, CHILD_TIMEOUT_S)
     try:
-        while status is None:
-            ready, _, _ = select.select([read_end], [], [], 0.01)
-            if ready:
-                chunk = os.read(read_end, 65536)
-                if chunk:
-                    chunks.append(chunk)
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = raw
-            elif time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise CrashFailure(
-                    f"child {pid} did not reach its crash point within {CHILD_TIMEOUT_S} s"
-                )
-        while True:
-            chunk = os.read(read_end, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(read_end)
-    lines = b"".join(chunks).decode().splitlines()
-    return status, [json.loads(line) for line in lines if line]
-
-
-def _killed(status: int) -> bool:
-    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        return child.reap()
+    except TimeoutError as error:
+        raise CrashFailure(
+            f"child {child.pid} did not reach its crash point within {CHILD_TIMEOUT_S} s"
+        ) from error
 
 
 class _CrashingOs(OsFacade):
@@ -214,12 +159,12 @@ class _CrashingOs(OsFacade):
 
     def _enter(self, site: str) -> None:
         if site != SITE_FLOCK and self._dies_at(site):
-            _die()
+            die()
 
     def flock(self, fd: int, operation: int) -> None:
         super().flock(fd, operation)
         if operation & fcntl.LOCK_EX and self._dies_at(SITE_FLOCK):
-            _die()  # holding the lock: the kernel drops it with the process
+            die()  # holding the lock: the kernel drops it with the process
 
 
 # -- ring states ---------------------------------------------------------------------------
@@ -229,18 +174,18 @@ def _setup_state(producer: Connector, own_reader: Connector, state: str) -> dict
     """Bring the producer's ring into `state`; answers the payloads still deliverable."""
     kept: dict[str, bytes] = {}
     if state == "empty":
-        producer.put(EDGE, "warm", tagged(1, 100))  # ring set up, then drained
+        producer.put(EDGE, "warm", tagged_payload(1, 100))  # ring set up, then drained
         own_reader.get(EDGE, "warm")
     elif state == "partly full":
         for index, size in ((2, 500), (3, 700)):
-            kept[f"k{index}"] = tagged(index, size)
+            kept[f"k{index}"] = tagged_payload(index, size)
             producer.put(EDGE, f"k{index}", kept[f"k{index}"])
     else:  # wrapped: three large frames consumed, then two more cross the end
         for index in (4, 5, 6):
-            producer.put(EDGE, f"w{index}", tagged(index, 900))
+            producer.put(EDGE, f"w{index}", tagged_payload(index, 900))
             own_reader.get(EDGE, f"w{index}")
         for index, size in ((7, 500), (8, 700)):
-            kept[f"k{index}"] = tagged(index, size)
+            kept[f"k{index}"] = tagged_payload(index, size)
             producer.put(EDGE, f"k{index}", kept[f"k{index}"])
         ring = producer.ring(EDGE)
         assert ring is not None and ring.head > CAPACITY, (
@@ -262,7 +207,7 @@ def _producer_child(
 
         def hook(reached: str) -> None:
             if armed["put"] and reached == stage:
-                _die()
+                die()
 
         seam = _CrashingOs(lambda site: armed["close"] and site == stage)
         producer = seamed_connector(
@@ -274,7 +219,7 @@ def _producer_child(
         ring = producer.ring(EDGE)
         assert ring is not None
         report({"identity": list(identity), "kept": sorted(kept), "head": ring.head})
-        payload = tagged(99, cell.size)
+        payload = tagged_payload(99, cell.size)
         if cell.point.startswith("close"):
             descriptor = producer.put(EDGE, TARGET, payload)  # something to retire at close
             report({"target": descriptor.to_dict(), "route": descriptor.route.value})
@@ -284,7 +229,7 @@ def _producer_child(
             armed["put"] = cell.point != "after publish"
             descriptor = producer.put(EDGE, TARGET, payload)
             report({"target": descriptor.to_dict(), "route": descriptor.route.value})
-            _die()
+            die()
         raise AssertionError(f"crash point {cell.point!r} was never reached")
 
     return work
@@ -297,10 +242,9 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
     raw: RingReader | None = None
     try:
         receiver.get(EDGE, "join")  # joined before the child starts: the directory outlives it
-        pid, pipe = _fork(_producer_child(scope, cell))
-        status, reports = _reap(pid, pipe)
+        status, reports = _run_child(_producer_child(scope, cell))
         _require(
-            _killed(status),
+            killed_by_sigkill(status),
             f"child was not killed at {cell.point!r}: status={status} reports={reports}",
         )
         info = reports[0]
@@ -331,7 +275,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
             if published and target is not None and target["route"] == Route.RING.value:
                 _require(
                     got_raw.status is ReceiveStatus.DELIVERED
-                    and got_raw.payload == _encoded(tagged(99, cell.size)),
+                    and got_raw.payload == _encoded(tagged_payload(99, cell.size)),
                     f"published target reads {got_raw.status}",
                 )
             elif not published:
@@ -357,7 +301,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
         _require(not os.path.lexists(path), f"ring of the dead producer not reclaimed: {path}")
         # 3. A restarted producer starts clean and owns the reused keys.
         restarted = Connector(scope, ring_capacity=CAPACITY)
-        fresh = {key: tagged(200 + index, 300) for index, key in enumerate((*kept, TARGET))}
+        fresh = {key: tagged_payload(200 + index, 300) for index, key in enumerate((*kept, TARGET))}
         for key, payload in fresh.items():
             restarted.put(EDGE, key, payload)
         ring = restarted.ring(EDGE)
@@ -383,7 +327,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
 
 def _kept_payload(key: str) -> bytes:
     index = int(key[1:])
-    return tagged(index, {2: 500, 3: 700, 7: 500, 8: 700}[index])
+    return tagged_payload(index, {2: 500, 3: 700, 7: 500, 8: 700}[index])
 
 
 def _encoded(payload: bytes) -> bytes:
@@ -403,7 +347,7 @@ def _reader_child(
 
             def copying(view: memoryview) -> None:
                 bytes(view[: len(view) // 2])
-                _die()
+                die()
 
             claim_segment(
                 directory,
@@ -418,11 +362,11 @@ def _reader_child(
             if cell.point == "reader lease":
                 got = reader.get(TARGET, mode=ConsumeMode.LEASE)
                 report({"leased": got.status.value})
-                _die()
+                die()
 
             def copying_ring(view: memoryview) -> None:
                 bytes(view[: len(view) // 2])
-                _die()
+                die()
 
             reader.get(TARGET, decode=copying_ring)
         raise AssertionError(f"crash point {cell.point!r} was never reached")
@@ -437,16 +381,15 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
     try:
         kept = _setup_state(producer, receiver, cell.state)
         size = max(cell.size, 1200) if cell.point == "fallback mid-copy" else cell.size
-        payload = tagged(77, size)
+        payload = tagged_payload(77, size)
         descriptor = producer.put(EDGE, TARGET, payload)
         expected_route = Route.FALLBACK if cell.point == "fallback mid-copy" else Route.RING
         _require(descriptor.route is expected_route, f"target took the {descriptor.route} route")
         ring = producer.ring(EDGE)
         assert ring is not None
-        pid, pipe = _fork(_reader_child(ring.path, directory, cell))
-        status, reports = _reap(pid, pipe)
+        status, reports = _run_child(_reader_child(ring.path, directory, cell))
         _require(
-            _killed(status),
+            killed_by_sigkill(status),
             f"reader was not killed at {cell.point!r}: status={status} reports={reports}",
         )
         got = receiver.get(EDGE, TARGET)
@@ -473,7 +416,7 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
         # ring goes on past it instead of pinning there.
         routes = []
         for index in range(12):
-            sent = tagged(300 + index, 700)
+            sent = tagged_payload(300 + index, 700)
             routes.append(producer.put(EDGE, f"after{index}", sent).route)
             got = receiver.get(EDGE, f"after{index}")
             _require(

@@ -25,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
+from shmring.fault_injection.kit.payloads import tagged_payload
+from shmring.fault_injection.kit.processes import ForkedChild, Report
 from shmring.impl.connector import Connector, GetStatus
 
 EDGE: Final = ("work", "sink")
@@ -52,7 +53,7 @@ class CrashLoopReport:
 
 
 def _payload(tag: int, size: int) -> dict[str, Any]:
-    return {"tag": tag, "fill": bytes([tag % 251]) * size}
+    return {"tag": tag, "fill": tagged_payload(tag, size)}
 
 
 def _directory_usage(path: str) -> tuple[int, int]:
@@ -67,36 +68,15 @@ def _directory_usage(path: str) -> tuple[int, int]:
     return len(names), used
 
 
-def _fork_child(work: Any) -> tuple[int, int]:
-    """Fork a child running `work(write_fd)`; answers (pid, read end of its pipe)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read_end)
-        code = 0
-        try:
-            work(write_end)
-        except BaseException:  # noqa: BLE001 - a child must never return into the test
-            code = 1
-        os._exit(code)
-    os.close(write_end)
-    return pid, read_end
+def _expect(child: ForkedChild, field: str) -> Any:
+    """The `field` of the child's next report (AssertionError if it reported something else)."""
+    message = child.next_report()
+    if field not in message:
+        raise AssertionError(f"crash-loop child {child.pid} reported {message}, expected {field!r}")
+    return message[field]
 
 
-def _read_line(fd: int) -> str:
-    data = b""
-    deadline = time.monotonic() + _CHILD_TIMEOUT_S
-    while not data.endswith(b"\n"):
-        if time.monotonic() > deadline:
-            raise AssertionError("crash-loop child did not report in time")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            raise AssertionError(f"crash-loop child exited early: {data!r}")
-        data += chunk
-    return data.decode().strip()
-
-
-def _doomed(scope: str, index: int, write_end: int) -> None:  # pragma: no cover - child
+def _doomed(scope: str, index: int, report: Report) -> None:  # pragma: no cover - child
     connector = Connector(
         scope,
         ring_capacity=RING_CAPACITY,
@@ -105,20 +85,20 @@ def _doomed(scope: str, index: int, write_end: int) -> None:  # pragma: no cover
     connector.put(DEAD_EDGE, f"d{index}r", _payload(index, 100))  # ring, marker, live file
     connector.put(DEAD_EDGE, f"d{index}f", _payload(index, _BIG))  # a segment, kept for reuse
     connector.put(DEAD_EDGE, f"d{index}g", _payload(index, _BIG))  # and an unclaimed one
-    os.write(write_end, b"ready\n")
+    report({"ready": index})
     time.sleep(_CHILD_TIMEOUT_S)  # killed here, holding everything
 
 
-def _live(scope: str, total: int, write_end: int, read_end: int) -> None:  # pragma: no cover
+def _live(scope: str, total: int, report: Report, read_end: int) -> None:  # pragma: no cover
     with Connector(
         scope, ring_capacity=RING_CAPACITY, fallback_spare_min_bytes=SPARE_MIN
     ) as connector:
         for tag in range(total):
             size = _BIG if tag % 3 == 0 else 200
             connector.put(EDGE, f"live{tag}", _payload(tag, size))
-            os.write(write_end, f"{tag}\n".encode())
+            report({"tag": tag})
             os.read(read_end, 1)  # wait until the receiver took it (bounded traffic)
-        os.write(write_end, b"done\n")
+        report({"done": total})
         os.read(read_end, 1)  # stay alive (and open) until the receiver is done
 
 
@@ -128,7 +108,7 @@ def run_crash_loop(scope: str, kills: int) -> CrashLoopReport:
     directory = receiver.directory
     receiver.get(EDGE, "join")  # joins: the directory outlives every producer
     to_live_r, to_live_w = os.pipe()
-    live_pid, live_out = _fork_child(lambda w: _live(scope, kills, w, to_live_r))
+    live = ForkedChild(lambda report: _live(scope, kills, report, to_live_r), _CHILD_TIMEOUT_S)
     os.close(to_live_r)
     files: list[int] = []
     used: list[int] = []
@@ -136,15 +116,14 @@ def run_crash_loop(scope: str, kills: int) -> CrashLoopReport:
     delivered = 0
     try:
         for index in range(kills):
-            tag = int(_read_line(live_out))
-            pid, out = _fork_child(lambda w, i=index: _doomed(scope, i, w))
+            tag = int(_expect(live, "tag"))
+            doomed = ForkedChild(
+                lambda report, i=index: _doomed(scope, i, report), _CHILD_TIMEOUT_S
+            )
             try:
-                if _read_line(out) != "ready":
-                    raise AssertionError("doomed producer did not get ready")
+                _expect(doomed, "ready")
             finally:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                os.close(out)
+                doomed.kill()
             got = receiver.get_with_deadline(EDGE, f"live{tag}", timeout=10.0)
             value = got.value if got.status is GetStatus.DELIVERED else None
             expected = _payload(tag, _BIG if tag % 3 == 0 else 200)
@@ -156,16 +135,14 @@ def run_crash_loop(scope: str, kills: int) -> CrashLoopReport:
             count, size = _directory_usage(directory)
             files.append(count)
             used.append(size)
-        if _read_line(live_out) != "done":
-            raise AssertionError("the live producer did not finish")
+        _expect(live, "done")
         live_files, _ = _directory_usage(directory)
         reclaimed = receiver.health().reclaimed_files
     finally:
         with contextlib.suppress(OSError):
             os.write(to_live_w, b"k")
         os.close(to_live_w)
-        os.close(live_out)
-        _, status = os.waitpid(live_pid, 0)
+        status, _ = live.reap()
         receiver.close()
     if status != 0:
         lost.append(f"the live producer failed: status={status}")

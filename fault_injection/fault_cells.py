@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.fault_injection.faulty_os import FaultyOs
 from shmring.fault_injection.identities import Identities, borrowed_identities
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.lockstep import ScenarioFailure
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
 from shmring.fault_injection.scenarios import SCENARIOS, Env, Outcome, Scenario

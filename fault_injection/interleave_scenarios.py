@@ -37,6 +37,7 @@ from shmring.fault_injection.interleave import (
     SchedulingOs,
     install_words,
 )
+from shmring.fault_injection.kit.payloads import tagged_payload
 from shmring.impl import frame_io
 from shmring.impl.frame_io import FrameHeader, SharedWords, compute_checksum
 from shmring.impl.ring.producer import RingChannel
@@ -75,9 +76,8 @@ _FORWARD: Final = {
 
 
 def payload_for(key: str, version: int, length: int = PAYLOAD_LENGTH) -> bytes:
-    """Bytes that name their key and version all along (a torn or foreign copy shows)."""
-    unit = f"<{key}/v{version}>".encode()
-    return (unit * (length // len(unit) + 1))[:length]
+    """The kit's tagged bytes for version `version` of `key` (a torn or foreign copy shows)."""
+    return tagged_payload(f"{key}/v{version}", length)
 
 
 def _named(name: str, *classes: type[Any]) -> str:

@@ -481,13 +481,6 @@ def _setup_only(
         connector_spec.process_ring_setup(conn, edge, False)
 
 
-def tagged(tag: int, size: int) -> bytes:
-    """`size` bytes that name their tag at the start and change with it everywhere."""
-    head = tag.to_bytes(8, "little")
-    body = bytes((tag * 131 + index * 7) & 0xFF for index in range(max(size - 8, 0)))
-    return head + body
-
-
 @contextlib.contextmanager
 def suppressed() -> Iterator[None]:
     with contextlib.suppress(BaseException):
@@ -503,5 +496,4 @@ __all__ = [
     "expected_of",
     "observe",
     "require",
-    "tagged",
 ]

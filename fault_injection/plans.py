@@ -7,7 +7,7 @@ cell prints it and `FaultPlan.parse` reads it back (`open#3:ENOSPC:transient`).
 
 Two seams apply plans:
 
-* `faulty_os.FaultyOs` (OS calls, through `OsFacade._enter`), and
+* `kit.seams.FaultyOs` (OS calls, through `OsFacade._enter`), and
 * `FaultyCudaDriver` below (CUDA calls, through the simulated driver's own
   `_enter` hook), which fails "from the nth call on", a shape the simulated
   driver's `fail(nth=...)` does not offer.

@@ -32,7 +32,7 @@ import shutil
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.fault_injection.faulty_os import FaultyOs
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.plans import FaultPlan
 from shmring.fault_injection.sites import DIRECTORY_REPLACED, DIRECTORY_SITES, MODE_TRANSIENT
 from shmring.impl.connector import Connector

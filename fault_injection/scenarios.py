@@ -37,15 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shmring.fault_injection.faulty_os import FaultyOs
 from shmring.fault_injection.identities import Identities
+from shmring.fault_injection.kit.payloads import tagged_payload
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.lockstep import (
     DOCUMENTED_ERRORS,
     Deployment,
     Ledger,
     ScenarioFailure,
     require,
-    tagged,
 )
 from shmring.fault_injection.plans import FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT
@@ -164,19 +164,21 @@ def ring_wrap(env: Env) -> Outcome:
         d.start_producer(a)
         d.start_receiver("r")
         sizes = (600, 700, 900, 500, 800, 900, 900)
-        published = [d.put(a, EDGE, f"k{i}", tagged(i, size)) for i, size in enumerate(sizes[:2])]
+        published = [
+            d.put(a, EDGE, f"k{i}", tagged_payload(i, size)) for i, size in enumerate(sizes[:2])
+        ]
         d.get("r", EDGE, "k0")
-        published.append(d.put(a, EDGE, "k2", tagged(2, sizes[2])))
-        published.append(d.put(a, EDGE, "k3", tagged(3, sizes[3])))
+        published.append(d.put(a, EDGE, "k2", tagged_payload(2, sizes[2])))
+        published.append(d.put(a, EDGE, "k3", tagged_payload(3, sizes[3])))
         d.get("r", EDGE, "k1")
         d.get("r", EDGE, "k2", published[2])
         for i in (4, 5, 6):  # no gets between: the ring fills, the last ones fall back
-            published.append(d.put(a, EDGE, f"k{i}", tagged(i, sizes[i])))
-        d.put(a, EDGE, "k4", tagged(40, 300))  # re-put: the older version is retired
+            published.append(d.put(a, EDGE, f"k{i}", tagged_payload(i, sizes[i])))
+        d.put(a, EDGE, "k4", tagged_payload(40, 300))  # re-put: the older version is retired
         d.get("r", EDGE, "k3")
         d.get("r", EDGE, "k4", published[4])  # stale descriptor
         d.get("r", EDGE, "k4")
-        d.put(a, EDGE, "k7", tagged(7, 200))
+        d.put(a, EDGE, "k7", tagged_payload(7, 200))
         d.get("r", EDGE, "k5")
 
     return _run_deployment("ring_wrap", env, SMALL_CAPACITY, 1 << 20, body)
@@ -189,17 +191,19 @@ def fallback_traffic(env: Env) -> Outcome:
         a = env.identities.live_a
         d.start_producer(a)
         d.start_receiver("r")
-        first = d.put(a, EDGE, "big0", tagged(10, 1500))  # > capacity / 4: fallback
-        d.put(a, EDGE, "big1", tagged(11, 1500))
-        d.put(a, EDGE, "big2", tagged(12, 1500))  # past the budget: refused
+        first = d.put(a, EDGE, "big0", tagged_payload(10, 1500))  # > capacity / 4: fallback
+        d.put(a, EDGE, "big1", tagged_payload(11, 1500))
+        d.put(a, EDGE, "big2", tagged_payload(12, 1500))  # past the budget: refused
         d.get("r", EDGE, "big0", first)
-        d.put(a, EDGE, "big2", tagged(13, 1500))  # room again
-        d.put(a, EDGE, "big1", tagged(14, 200))  # re-put small: ring, segment retired
-        d.put(a, EDGE, "small", tagged(15, 100))
-        d.put(a, EDGE, "small", tagged(16, 2000))  # re-put large: segment, ring frame retired
+        d.put(a, EDGE, "big2", tagged_payload(13, 1500))  # room again
+        d.put(a, EDGE, "big1", tagged_payload(14, 200))  # re-put small: ring, segment retired
+        d.put(a, EDGE, "small", tagged_payload(15, 100))
+        d.put(
+            a, EDGE, "small", tagged_payload(16, 2000)
+        )  # re-put large: segment, ring frame retired
         d.get("r", EDGE, "big1")
         d.get("r", EDGE, "small")
-        d.put(a, OTHER_EDGE, "big0", tagged(17, 1200))
+        d.put(a, OTHER_EDGE, "big0", tagged_payload(17, 1200))
 
     # two segments fit (each is charged its file's pages: 4 KiB), a third does not
     return _run_deployment("fallback_traffic", env, SMALL_CAPACITY, 2 * 4096 + 1000, body)
@@ -212,13 +216,13 @@ def fallback_reuse(env: Env) -> Outcome:
         a = env.identities.live_a
         d.start_producer(a)
         d.start_receiver("r")
-        first = d.put(a, EDGE, "s0", tagged(30, 1500))  # a kept file
+        first = d.put(a, EDGE, "s0", tagged_payload(30, 1500))  # a kept file
         d.get("r", EDGE, "s0", first)  # claimed: handed back to the producer
-        d.put(a, EDGE, "s1", tagged(31, 1500))  # written into s0's file
-        d.put(a, EDGE, "s1", tagged(32, 1500))  # re-put: replaces the kept file
+        d.put(a, EDGE, "s1", tagged_payload(31, 1500))  # written into s0's file
+        d.put(a, EDGE, "s1", tagged_payload(32, 1500))  # re-put: replaces the kept file
         d.get("r", EDGE, "s1")
-        d.put(a, EDGE, "s2", tagged(33, 1500))  # reuse again
-        d.put(a, EDGE, "s3", tagged(34, 1700))  # another size: a new file
+        d.put(a, EDGE, "s2", tagged_payload(33, 1500))  # reuse again
+        d.put(a, EDGE, "s3", tagged_payload(34, 1700))  # another size: a new file
         d.get("r", EDGE, "s3")  # handed back; still a spare at close
         d.get("r", EDGE, "s2")
 
@@ -235,19 +239,19 @@ def discovery(env: Env) -> Outcome:
         a, b, dead = ids.live_a, ids.live_b, ids.dead
         d.start_producer(a)
         d.start_receiver("r")
-        d.put(a, EDGE, "a0", tagged(20, 300))
+        d.put(a, EDGE, "a0", tagged_payload(20, 300))
         d.get("r", EDGE, "a0")
         d.start_producer(b)
-        d.put(b, EDGE, "b0", tagged(21, 400))
-        d.put(b, EDGE, "b1", tagged(22, 1500))  # fallback
+        d.put(b, EDGE, "b0", tagged_payload(21, 400))
+        d.put(b, EDGE, "b1", tagged_payload(22, 1500))  # fallback
         d.get("r", EDGE, "b0")  # the stamp moved: one rescan finds b
         d.start_producer(dead)
-        d.put(dead, EDGE, "d0", tagged(23, 300))
-        d.put(dead, EDGE, "d1", tagged(24, 1500))
+        d.put(dead, EDGE, "d0", tagged_payload(23, 300))
+        d.put(dead, EDGE, "d1", tagged_payload(24, 1500))
         d.exit_producer(dead)  # its identity names a process that exited
         d.get("r", EDGE, "d0")  # never delivered; its marker is pruned
         d.get("r", EDGE, "d1")
-        d.put(a, EDGE, "a1", tagged(25, 500))
+        d.put(a, EDGE, "a1", tagged_payload(25, 500))
         d.get("r", EDGE, "b1")
         d.get("r", EDGE, "a1")
 
@@ -261,9 +265,9 @@ def close(env: Env) -> Outcome:
         a = env.identities.live_a
         d.start_producer(a)
         d.start_receiver("r")
-        d.put(a, EDGE, "c0", tagged(30, 300))
-        d.put(a, EDGE, "c1", tagged(31, 1500))
-        d.put(a, OTHER_EDGE, "c2", tagged(32, 300))
+        d.put(a, EDGE, "c0", tagged_payload(30, 300))
+        d.put(a, EDGE, "c1", tagged_payload(31, 1500))
+        d.put(a, OTHER_EDGE, "c2", tagged_payload(32, 300))
         d.get("r", EDGE, "c0")
         d.close_producer(a)
         env.disarm()
@@ -284,19 +288,19 @@ def restart(env: Env) -> Outcome:
         a, b, dead = ids.live_a, ids.live_b, ids.dead
         d.start_producer(a)
         d.start_receiver("r")
-        old = d.put(a, EDGE, "r0", tagged(40, 300))
-        d.put(a, EDGE, "r1", tagged(41, 1500))
+        old = d.put(a, EDGE, "r0", tagged_payload(40, 300))
+        d.put(a, EDGE, "r1", tagged_payload(41, 1500))
         d.close_producer(a)
         d.start_producer(dead)
-        d.put(dead, EDGE, "r2", tagged(42, 300))
+        d.put(dead, EDGE, "r2", tagged_payload(42, 300))
         d.exit_producer(dead)
         d.start_producer(b)  # the restarted producer
-        d.put(b, EDGE, "r0", tagged(43, 200))
-        d.put(b, EDGE, "r1", tagged(44, 300))
+        d.put(b, EDGE, "r0", tagged_payload(43, 200))
+        d.put(b, EDGE, "r1", tagged_payload(44, 300))
         d.get("r", EDGE, "r0", old)  # the closed producer's descriptor
         d.get("r", EDGE, "r0")
         d.get("r", EDGE, "r2")  # the dead producer's key: never delivered
-        d.put(b, EDGE, "r2", tagged(45, 1500))
+        d.put(b, EDGE, "r2", tagged_payload(45, 1500))
         d.get("r", EDGE, "r2")
 
     return _run_deployment("restart", env, SMALL_CAPACITY, 1 << 20, body)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import subprocess
 import sys
 
@@ -12,9 +11,11 @@ import pytest
 import torch
 
 from shmring.fault_injection import crash
+from shmring.fault_injection.kit.processes import ForkedChild, die, killed_by_sigkill
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.plans import FaultyCudaDriver
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena, is_holder_alive
-from shmring.impl.os_seam import DEFAULT_OS, SITE_OPEN, SITE_PIDFD, OsFacade
+from shmring.impl.os_seam import DEFAULT_OS, SITE_OPEN, SITE_PIDFD
 from shmring.impl.registration import Registry
 from shmring.spec.layout import FRAME_STATE_CLAIMED
 
@@ -56,11 +57,10 @@ def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detecte
                 reader = ArenaReader(registry.directory, arena.name)
                 view = reader.borrow(descriptor, "uint8", (64,))
                 report({"held": int(view[1])})  # type: ignore[operator]
-                os.kill(os.getpid(), signal.SIGKILL)
+                die()
 
-            pid, pipe = crash._fork(hold)
-            status, reports = crash._reap(pid, pipe)
-            assert crash._killed(status) and reports == [{"held": 1}]
+            status, reports = ForkedChild(hold).reap()  # type: ignore[arg-type]
+            assert killed_by_sigkill(status) and reports == [{"held": 1}]
             assert arena.frame_state(descriptor.position) == FRAME_STATE_CLAIMED
             arena.reclaim()
             assert arena.tail > descriptor.position, "the dead holder's frame was not reclaimed"
@@ -69,12 +69,12 @@ def test_killed_lease_holders_arena_frame_is_reclaimed_once_its_death_is_detecte
             arena.close()
 
 
-class _NoLivenessAnswers(OsFacade):
+def _no_liveness_answers() -> FaultyOs:
     """Every pidfd call and every open fails with EMFILE: the OS cannot say."""
-
-    def _enter(self, site: str) -> None:
-        if site in (SITE_PIDFD, SITE_OPEN):
-            raise OSError(errno.EMFILE, "injected")
+    seam = FaultyOs()
+    for site in (SITE_PIDFD, SITE_OPEN):
+        seam.fail_every(site, errno.EMFILE)
+    return seam
 
 
 def test_a_holder_is_dead_only_when_the_os_says_so() -> None:
@@ -86,4 +86,4 @@ def test_a_holder_is_dead_only_when_the_os_says_so() -> None:
     assert is_holder_alive(os.getppid(), DEFAULT_OS)
     assert is_holder_alive(0, DEFAULT_OS)  # no holder recorded: never freed
     # Neither a pidfd nor /proc answers: the holder counts as alive (late, never unsafe).
-    assert is_holder_alive(dead_pid, _NoLivenessAnswers())
+    assert is_holder_alive(dead_pid, _no_liveness_answers())

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 
 import pytest
 
 from shmring.fault_injection import crashloop
+from shmring.fault_injection.kit.processes import ForkedChild
 from shmring.impl.connector import Connector
 
 # One dead producer's files (ring, marker, live file, two segments) may still be
@@ -41,14 +41,12 @@ def test_a_killed_producers_files_go_at_the_periodic_rescan_without_any_stamp_mo
     scope = f"cl{uuid.uuid4().hex[:8]}"
     with Connector(scope, ring_capacity=crashloop.RING_CAPACITY, rescan_seconds=0.2) as receiver:
         receiver.get(crashloop.EDGE, "join")
-        pid, out = crashloop._fork_child(lambda w: crashloop._doomed(scope, 0, w))
+        doomed = ForkedChild(lambda report: crashloop._doomed(scope, 0, report))
         try:
-            assert crashloop._read_line(out) == "ready"
+            assert doomed.next_report() == {"ready": 0}
             receiver.get(crashloop.DEAD_EDGE, "nothing")  # scans: the producer is alive
         finally:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(out)
+            doomed.kill()
         own = {"stamp", "members"}
         assert set(os.listdir(receiver.directory)) > own  # the dead producer's files
         receiver.get(crashloop.DEAD_EDGE, "nothing")  # within the period: no scan, still there

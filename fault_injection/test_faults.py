@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from shmring.fault_injection import fault_cells
-from shmring.fault_injection.faulty_os import FaultyOs
 from shmring.fault_injection.identities import borrowed_identities
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
 from shmring.fault_injection.scenarios import SCENARIOS
 from shmring.fault_injection.sites import (

@@ -16,17 +16,16 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import signal
 import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-from shmring.fault_injection.crash import _fork, _reap
-from shmring.fault_injection.faulty_os import FaultyOs
+from shmring.fault_injection.kit.processes import LockHolder
+from shmring.fault_injection.kit.processes import watchdog as bounded
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT, MODE_TRANSIENT
 from shmring.impl import codec
@@ -174,50 +173,11 @@ def test_enospc_in_the_arena_disables_it_and_segments_carry(scope: str) -> None:
 # -- locked readers ----------------------------------------------------------------------------
 
 
-class LockHolder:
-    """Another process holding the exclusive flock of one file until told to let go."""
-
-    def __init__(self, path: str) -> None:
-        self._go_read, self._go_write = os.pipe()
-        go_read = self._go_read
-
-        def hold(report: object) -> None:
-            fd = os.open(path, os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            report({"locked": True})  # type: ignore[operator]
-            os.read(go_read, 1)  # until the test lets go (or the pipe closes)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-        self.pid, self._reports = _fork(hold)
-        os.close(self._go_read)
-        ready = os.read(self._reports, 4096)
-        assert b"locked" in ready, f"lock holder did not start: {ready!r}"
-
-    def release(self) -> None:
-        if self._go_write >= 0:
-            os.write(self._go_write, b"x")
-            os.close(self._go_write)
-            self._go_write = -1
-            status, _ = _reap(self.pid, self._reports)
-            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-
-    def kill(self) -> None:
-        if self._go_write >= 0:
-            os.kill(self.pid, signal.SIGKILL)
-            os.close(self._go_write)
-            self._go_write = -1
-            _reap(self.pid, self._reports)
-
-
 @pytest.fixture
 def watchdog() -> Iterator[None]:
-    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("a locked-reader test hung"))
-    signal.alarm(60)
-    try:
+    """A locked-reader test that hangs fails after a minute instead."""
+    with bounded(60):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_another_process_holding_the_ring_lock_makes_receivers_busy_not_wait(

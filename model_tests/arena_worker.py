@@ -11,21 +11,20 @@ one table (`derive`), so both places make the same kinds of objects:
     tensor  (torch tensor)           -> slice, reshape, dtype: tensor; asarray: array
     frame   (PyAV VideoFrame)        -> nothing
 
-Every call to the worker is answered within WORKER_TIMEOUT seconds or the
-worker is killed and the call fails, so no test can hang on it.
+The worker is the kit's `WorkerProcess` (spawned: it imports torch). Every
+call to it is answered within WORKER_TIMEOUT seconds or the worker is killed
+and the call fails, so no test can hang on it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Final
 
 import numpy as np
 import torch
 
+from shmring.fault_injection.kit.processes import WorkerProcess, serve
 from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.spec import leases
 
@@ -137,33 +136,26 @@ class LocalPlace(Holder):
 # -- a second process ------------------------------------------------------------------
 
 
-def serve(conn: Connection) -> None:
-    """Worker loop: run each (method, args) on a Holder and answer ("ok", result) or ("error", text)."""
+def serve_holder(conn: Connection) -> None:
+    """Worker loop: run each (method, *args) on a Holder (made by "attach"), answer through `serve`."""
     holder: Holder | None = None
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        method, args = request
-        if method == "stop":
+
+    def handle(command: tuple[Any, ...]) -> Any:
+        nonlocal holder
+        method, args = command[0], command[1:]
+        if method == "attach":
             if holder is not None:
                 holder.reset()
-            conn.send(("ok", None))
-            return
-        try:
-            if method == "attach":
-                if holder is not None:
-                    holder.reset()
-                holder = Holder(args[0])
-                result = None
-            else:
-                assert holder is not None, "attach first"
-                result = getattr(holder, method)(*args)
-        except BaseException:
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", result))
+            holder = Holder(args[0])
+            return None
+        assert holder is not None, "attach first"
+        return getattr(holder, method)(*args)
+
+    try:
+        serve(conn, handle)
+    finally:
+        if holder is not None:
+            holder.reset()
 
 
 class RemotePlace:
@@ -172,21 +164,14 @@ class RemotePlace:
     name = "remote"
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=serve, args=(child,), daemon=True)
-        self._process.start()
-        child.close()
+        self._worker = WorkerProcess(serve_holder, timeout=WORKER_TIMEOUT, method="spawn")
 
     def _call(self, method: str, *args: Any) -> Any:
-        self._conn.send((method, args))
-        if not self._conn.poll(WORKER_TIMEOUT):
+        try:
+            return self._worker.call(method, *args)
+        except TimeoutError:
             self.kill()
-            raise TimeoutError(f"worker did not answer {method} within {WORKER_TIMEOUT} s")
-        status, result = self._conn.recv()
-        if status != "ok":
-            raise RuntimeError(f"worker failed in {method}:\n{result}")
-        return result
+            raise
 
     def attach(self, directory: str) -> None:
         self._call("attach", directory)
@@ -208,17 +193,10 @@ class RemotePlace:
         self._call("reset")
 
     def stop(self) -> None:
-        if self._process.is_alive():
-            with contextlib.suppress(TimeoutError, RuntimeError, OSError):
-                self._call("stop")
-        self._process.join(WORKER_TIMEOUT)
-        self.kill()
-        self._conn.close()
+        self._worker.stop()
 
     def kill(self) -> None:
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(WORKER_TIMEOUT)
+        self._worker.kill()
 
 
 __all__ = [
@@ -232,5 +210,5 @@ __all__ = [
     "RemotePlace",
     "derive",
     "first_bytes",
-    "serve",
+    "serve_holder",
 ]

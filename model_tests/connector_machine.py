@@ -39,10 +39,9 @@ import errno
 import itertools
 import os
 import uuid
-from collections import Counter
 from typing import Any
 
-from hypothesis import HealthCheck, event, note, settings
+from hypothesis import HealthCheck, note
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -54,10 +53,12 @@ from hypothesis.stateful import (
     rule,
 )
 
+from shmring.fault_injection.kit.machines import Tally, rarely, register_profiles
+from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.impl import codec
 from shmring.impl.connector import Connector, FallbackDescriptor, GetStatus, RingDescriptor
 from shmring.impl.errors import BackPressureError, ClosedError, NoSpaceError
-from shmring.model_tests.connector_support import FaultyOs, payload_tag, tagged_payload
 from shmring.spec import connector as connector_spec
 from shmring.spec import invariants
 from shmring.spec import ring as ring_spec
@@ -108,32 +109,17 @@ EVENT_LABELS = (
     "sibling closed",
     "closed sibling's rings unmapped",
 )
-EVENTS_SEEN: Counter[str] = Counter()
-STEPS: Counter[str] = Counter()
+TALLY = Tally()  # labels reached and rules run in this process
 
 CI_PROFILE = "connector-ci"
 LONG_PROFILE = "connector-long"
-settings.register_profile(
+register_profiles(
     CI_PROFILE,
-    max_examples=150,
-    stateful_step_count=60,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-settings.register_profile(
     LONG_PROFILE,
-    max_examples=1500,
-    stateful_step_count=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    ci={"max_examples": 150, "stateful_step_count": 60},
+    long={"max_examples": 1500, "stateful_step_count": 80},
+    health_checks=(HealthCheck.too_slow, HealthCheck.filter_too_much),
 )
-
-
-def _label(name: str) -> None:
-    event(name)
-    EVENTS_SEEN[name] += 1
 
 
 def _mapped(path: str) -> bool:
@@ -261,7 +247,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         size: int,
         fault: tuple[str, str, int] | None,
     ) -> tuple[Any, Any] | None:
-        STEPS["put"] += 1
+        TALLY.step("put")
         connector, model = self._conn()
         tag = next(self.tags)
         payload = tagged_payload(tag, size)
@@ -293,11 +279,11 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             assert not armed and sum(self.os.fired.values()) == fired_before + 1, (
                 f"planned setup fault {fault} did not fire"
             )
-            _label("ring setup failure")
+            TALLY.label("ring setup failure")
         if expected.status is not ConnectorPutStatus.ACCEPTED:
             assert got is expected.status, f"model {expected.status}, implementation {got!r}"
             if got is ConnectorPutStatus.REFUSED:
-                _label("back-pressure")
+                TALLY.label("back-pressure")
             return None
         assert isinstance(got, (RingDescriptor, FallbackDescriptor)), (
             f"model accepted on {expected.route}, implementation answered {got!r}"
@@ -312,22 +298,22 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
                 f"ring position: model {expected.descriptor.position}, implementation {got.position}"
             )
         else:
-            _label("fallback")
+            TALLY.label("fallback")
             if connector.health().fallback_reused > reused_before:
-                _label("fallback file reused")
+                TALLY.label("fallback file reused")
             if expected.ring_status is PutStatus.NOT_ADMITTED:
-                _label("fallback: not admitted")
+                TALLY.label("fallback: not admitted")
             elif expected.ring_status is PutStatus.FULL:
-                _label("fallback: full")
+                TALLY.label("fallback: full")
         if previous_route is not None and previous_route is not expected.route:
-            _label("re-put across routes")
+            TALLY.label("re-put across routes")
         return (expected.descriptor, got)
 
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS), size=SIZES)
     def put_without_space(self, edge: tuple[str, str], key: str, size: int) -> None:
         """A fallback put meets ENOSPC: NoSpaceError, and nothing changes anywhere."""
-        STEPS["put_without_space"] += 1
+        TALLY.step("put_without_space")
         connector, model = self._conn()
         if self._is_fresh(edge):
             return  # its first fallocate would be the ring's: covered by `put`'s faults
@@ -359,9 +345,9 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             assert got.route is Route.FALLBACK, f"put without space took {got.route}"
             accepted = connector_spec.process_put(model, edge, key, payload_length, tag)
             assert accepted == expected, f"model {accepted}, rehearsed {expected}"
-            _label("fallback file reused")
+            TALLY.label("fallback file reused")
             return
-        _label("no space")
+        TALLY.label("no space")
         # The model is not stepped, except that the ring's put reclaimed before
         # it answered FULL or NOT_ADMITTED (a step the model allows any time).
         if expected.ring_status is PutStatus.FULL:
@@ -369,7 +355,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
 
     @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS))
     def get(self, edge: tuple[str, str], key: str) -> None:
-        STEPS["get"] += 1
+        TALLY.step("get")
         connector, model = self._conn()
         expected = connector_spec.process_get(model, edge, key)
         note(f"get({edge}, {key!r}) -> model {expected.status.value}")
@@ -377,7 +363,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
 
     @rule(pair=descriptors)
     def get_with_descriptor(self, pair: tuple[Any, Any]) -> None:
-        STEPS["get_with_descriptor"] += 1
+        TALLY.step("get_with_descriptor")
         connector, model = self._conn()
         model_descriptor, descriptor = pair
         if (
@@ -407,7 +393,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             lambda: connector.get(descriptor.edge, descriptor.key, descriptor=descriptor),
         )
         if expected.status is ConnectorGetStatus.STALE:
-            _label("stale descriptor")
+            TALLY.label("stale descriptor")
 
     def _compare_get(self, expected: connector_spec.ConnectorGetResult, call: Any) -> None:
         try:
@@ -416,7 +402,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             assert expected.status is ConnectorGetStatus.CLOSED, (
                 f"ClosedError, model {expected.status}"
             )
-            _label("get after close")
+            TALLY.label("get after close")
             return
         assert got.status.value == expected.status.value, (
             f"get: model {expected.status.value}, implementation {got.status.value}"
@@ -430,19 +416,19 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(key=st.sampled_from(KEYS))
     def cleanup(self, key: str) -> None:
-        STEPS["cleanup"] += 1
+        TALLY.step("cleanup")
         connector, model = self._conn()
         expected = connector_spec.process_cleanup(model, key)
         got = connector.cleanup(key)
         note(f"cleanup({key!r}) -> {got}, model {expected}")
         assert got == expected, f"cleanup({key!r}): model {expected}, implementation {got}"
         if got:
-            _label("cleanup")
+            TALLY.label("cleanup")
 
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(prefix=st.sampled_from(PREFIXES))
     def cleanup_prefix(self, prefix: str) -> None:
-        STEPS["cleanup_prefix"] += 1
+        TALLY.step("cleanup_prefix")
         connector, model = self._conn()
         expected = connector_spec.process_cleanup_prefix(model, prefix)
         got = connector.cleanup_prefix(prefix)
@@ -451,7 +437,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             f"cleanup_prefix({prefix!r}): model {expected}, implementation {got}"
         )
         if got:
-            _label("prefix cleanup")
+            TALLY.label("prefix cleanup")
 
     # -- the second connector in the same process ------------------------------------------
 
@@ -465,7 +451,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
     @rule()
     def open_sibling(self) -> None:
         """Open another connector of this process on the same deployment."""
-        STEPS["open_sibling"] += 1
+        TALLY.step("open_sibling")
         connector, model = self._conn()
         self.sibling = Connector(
             connector.scope,
@@ -478,7 +464,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         assert self.sibling.identity[:2] == connector.identity[:2]
         assert self.sibling.identity != connector.identity
         note(f"open_sibling() -> {self.sibling.identity}")
-        _label("second connector in the same process")
+        TALLY.label("second connector in the same process")
 
     @precondition(lambda self: self._sibling_open() and self._main_open())
     @rule(
@@ -488,7 +474,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         size=SIZES,
     )
     def sibling_put(self, edge: tuple[str, str], key: str, size: int) -> Any:
-        STEPS["sibling_put"] += 1
+        TALLY.step("sibling_put")
         sibling, model = self.sibling, self.sibling_model
         assert sibling is not None and model is not None
         tag = next(self.tags)
@@ -518,7 +504,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
     @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(SIBLING_KEYS))
     def get_sibling_key(self, edge: tuple[str, str], key: str) -> None:
         """The main connector gets a key only the sibling publishes."""
-        STEPS["get_sibling_key"] += 1
+        TALLY.step("get_sibling_key")
         connector, _ = self._conn()
         model = self.sibling_model
         assert model is not None
@@ -532,15 +518,13 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if got.delivered:
             assert got.producer == self.sibling.identity if self.sibling else False
             if got.route is Route.RING:
-                _label("delivered from the sibling's ring")
+                TALLY.label("delivered from the sibling's ring")
 
     @precondition(lambda self: self._sibling_open())
-    @rule(now=st.sampled_from([False] * 4 + [True]))
-    def close_sibling(self, now: bool) -> None:
-        """The sibling closes; the main connector keeps going and unmaps its rings."""
-        if not now:
-            return
-        STEPS["close_sibling"] += 1
+    @rarely(5)
+    def close_sibling(self) -> None:
+        """The sibling closes (on one draw in five); the main connector keeps going and unmaps its rings."""
+        TALLY.step("close_sibling")
         sibling, model = self.sibling, self.sibling_model
         assert sibling is not None and model is not None
         ring_files = [ring.path for edge in EDGES if (ring := sibling.ring(edge)) is not None]
@@ -555,7 +539,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         got = sibling.close()
         note(f"sibling.close() -> {got}, model {expected}")
         assert got == expected, f"sibling close: model retired {expected}, implementation {got}"
-        _label("sibling closed")
+        TALLY.label("sibling closed")
         if self._main_open():
             # The main connector's next get scans (the stamp moved) and unmaps the sibling's rings.
             connector, main_model = self._conn()
@@ -564,21 +548,19 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             mapped = [path for path in ring_files if _mapped(path)]
             assert not mapped, f"a closed sibling's rings are still mapped: {mapped}"
             if ring_files:
-                _label("closed sibling's rings unmapped")
+                TALLY.label("closed sibling's rings unmapped")
 
-    @rule(now=st.sampled_from([False] * 19 + [True]))
-    def close(self, now: bool) -> None:
+    @rarely(20)
+    def close(self) -> None:
         """Close, rarely (one draw in twenty), so most runs keep going."""
-        if not now:
-            return
-        STEPS["close"] += 1
+        TALLY.step("close")
         connector, model = self._conn()
         expected = connector_spec.process_close(model)
         got = connector.close()
         note(f"close() -> {got}, model {expected}")
         assert got == expected, f"close: model retired {expected}, implementation {got}"
         assert connector.close() == 0  # idempotent
-        _label("close")
+        TALLY.label("close")
 
     # -- invariants --------------------------------------------------------------------
 
@@ -640,8 +622,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
 __all__ = [
     "CI_PROFILE",
     "EVENT_LABELS",
-    "EVENTS_SEEN",
     "LONG_PROFILE",
-    "STEPS",
+    "TALLY",
     "ConnectorLockstepMachine",
 ]

@@ -36,10 +36,9 @@ import itertools
 import os
 import struct
 import uuid
-from collections import Counter
 from typing import Any
 
-from hypothesis import HealthCheck, event, note, settings
+from hypothesis import HealthCheck, note
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -51,18 +50,15 @@ from hypothesis.stateful import (
     rule,
 )
 
+from shmring.fault_injection.kit.machines import Tally, rarely, register_profiles
+from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
+from shmring.fault_injection.kit.seams import CountingOs
 from shmring.impl import codec
 from shmring.impl.connector import Connector, descriptor_from_dict
 from shmring.impl.discovery import collect_orphans
 from shmring.impl.names import STAMP_FILE_NAME, parse_marker_file_name
 from shmring.impl.os_seam import DEFAULT_OS
-from shmring.model_tests.connector_support import (
-    CountingOs,
-    SiblingWorker,
-    Worker,
-    payload_tag,
-    tagged_payload,
-)
+from shmring.model_tests.connector_support import SiblingWorker, Worker
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
 from shmring.spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
@@ -91,42 +87,29 @@ EVENT_LABELS = (
     "rescan",
     "stale marker pruned",
 )
-EVENTS_SEEN: Counter[str] = Counter()
-STEPS: Counter[str] = Counter()
+TALLY = Tally()  # labels reached and rules run in this process (both machines)
 
 CI_PROFILE = "discovery-ci"
 LONG_PROFILE = "discovery-long"
 RESTART_CI_PROFILE = "restart-ci"
 RESTART_LONG_PROFILE = "restart-long"
-_COMMON: dict[str, Any] = {
-    "deadline": None,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
-}
-settings.register_profile(
-    CI_PROFILE, max_examples=80, stateful_step_count=50, derandomize=True, database=None, **_COMMON
+_HEALTH_CHECKS = (HealthCheck.too_slow, HealthCheck.filter_too_much)
+register_profiles(
+    CI_PROFILE,
+    LONG_PROFILE,
+    ci={"max_examples": 80, "stateful_step_count": 50},
+    long={"max_examples": 200, "stateful_step_count": 60},
+    health_checks=_HEALTH_CHECKS,
 )
-settings.register_profile(LONG_PROFILE, max_examples=200, stateful_step_count=60, **_COMMON)
-settings.register_profile(
+register_profiles(
     RESTART_CI_PROFILE,
-    max_examples=40,
-    stateful_step_count=50,
-    derandomize=True,
-    database=None,
-    **_COMMON,
+    RESTART_LONG_PROFILE,
+    ci={"max_examples": 40, "stateful_step_count": 50},
+    long={"max_examples": 150, "stateful_step_count": 60},
+    health_checks=_HEALTH_CHECKS,
 )
-settings.register_profile(RESTART_LONG_PROFILE, max_examples=150, stateful_step_count=60, **_COMMON)
 
 _U64 = struct.Struct(U64_FORMAT)
-
-
-def _label(name: str) -> None:
-    event(name)
-    EVENTS_SEEN[name] += 1
-
-
-def _one_in(odds: int) -> st.SearchStrategy[bool]:
-    """True about once in `odds` draws; shrinks to False (the rule does nothing)."""
-    return st.sampled_from([False] * (odds - 1) + [True])
 
 
 def slot_keys(slot: int) -> tuple[str, ...]:
@@ -140,6 +123,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
     SLOTS: int = 3
     LIFECYCLE_ODDS: int = 4  # a kill rule acts on one draw in this many
     CLOSE_ODDS: int = 4  # a close rule acts on one draw in this many
+    START_ODDS: int = 3  # with someone publishing already, a start acts on one draw in this many
     published = Bundle("published")  # (model PublishedDescriptor, descriptor dict, route)
 
     def __init__(self) -> None:
@@ -198,12 +182,20 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
 
     # -- producers ----------------------------------------------------------------------
 
-    @precondition(lambda self: self.dep is not None and len(self.live_in_slot) < self.SLOTS)
+    @precondition(lambda self: self.dep is not None and not self.live_in_slot)
     @rule(data=st.data())
+    def start_first_producer(self, data: st.DataObject) -> None:
+        """Nobody publishes: a producer starts at once."""
+        self._start_producer(data)
+
+    @precondition(lambda self: self.dep is not None and 0 < len(self.live_in_slot) < self.SLOTS)
+    @rarely("START_ODDS", data=st.data())
     def start_producer(self, data: st.DataObject) -> None:
-        if self.live_in_slot and not data.draw(_one_in(3), label="start now?"):
-            return  # with someone publishing already, start more rarely
-        STEPS["start_producer"] += 1
+        """Someone publishes already: another producer starts, more rarely."""
+        self._start_producer(data)
+
+    def _start_producer(self, data: st.DataObject) -> None:
+        TALLY.step("start_producer")
         dep = self._model()
         slot = data.draw(
             st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot])
@@ -217,18 +209,16 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_producer(slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
-        _label("producer started")
+        TALLY.label("producer started")
         if slot in self.used_slots:
-            _label("producer restarted in a used slot")
+            TALLY.label("producer restarted in a used slot")
         self.used_slots.add(slot)
 
     @precondition(lambda self: self.dep is not None and 0 < len(self.live_in_slot) < self.SLOTS)
-    @rule(data=st.data())
+    @rarely(2, data=st.data())
     def start_sibling_producer(self, data: st.DataObject) -> None:
         """A second connector in a live producer's process: another producer, same process."""
-        if not data.draw(_one_in(2), label="open a sibling now?"):
-            return
-        STEPS["start_sibling_producer"] += 1
+        TALLY.step("start_sibling_producer")
         dep = self._model()
         host = data.draw(st.sampled_from(self._alive()))
         slot = data.draw(
@@ -243,9 +233,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_sibling_producer(of={host}, slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
-        _label("second connector in the same process")
+        TALLY.label("second connector in the same process")
         if slot in self.used_slots:
-            _label("producer restarted in a used slot")
+            TALLY.label("producer restarted in a used slot")
         self.used_slots.add(slot)
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
@@ -256,7 +246,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         size=SIZES,
     )
     def put(self, data: st.DataObject, edge: tuple[str, str], size: int) -> Any:
-        STEPS["put"] += 1
+        TALLY.step("put")
         dep = self._model()
         identity = data.draw(st.sampled_from(self._alive()))
         key = data.draw(st.sampled_from(slot_keys(self.slot_of[identity])))
@@ -275,7 +265,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         )
         self.tag_owner[tag] = identity
         if sum(1 for p, e in dep.directory.markers if e == edge) > 1:
-            _label("several producers on an edge")
+            TALLY.label("several producers on an edge")
         assert published is not None
         return (published, descriptor, route)
 
@@ -298,11 +288,13 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         return entry
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
-    @rule(data=st.data())
+    @rarely("LIFECYCLE_ODDS", data=st.data())
     def kill_producer(self, data: st.DataObject) -> None:
-        if not data.draw(_one_in(self.LIFECYCLE_ODDS), label="kill now?"):
-            return  # most draws keep the producer: runs should also deliver things
-        STEPS["kill_producer"] += 1
+        """Most draws keep the producer: runs should also deliver things."""
+        self._kill_producer(data)
+
+    def _kill_producer(self, data: st.DataObject) -> None:
+        TALLY.step("kill_producer")
         dep = self._model()
         identity = data.draw(st.sampled_from(self._alive()))
         note(f"kill(process of {identity})")
@@ -311,17 +303,15 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         gone = discovery_spec.process_exit_process(dep, (identity[0], identity[1]))
         for producer in gone:
             del self.live_in_slot[self.slot_of[producer]]
-        _label("producer killed")
+        TALLY.label("producer killed")
         if len(gone) > 1:
-            _label("killed process ran several producers")
+            TALLY.label("killed process ran several producers")
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
-    @rule(data=st.data())
+    @rarely("CLOSE_ODDS", data=st.data())
     def close_producer(self, data: st.DataObject) -> None:
         """The producer closes its connector; its process keeps running (and is stopped at teardown)."""
-        if not data.draw(_one_in(self.CLOSE_ODDS), label="close now?"):
-            return
-        STEPS["close_producer"] += 1
+        TALLY.step("close_producer")
         dep = self._model()
         identity = data.draw(st.sampled_from(self._alive()))
         expected = discovery_spec.process_close(dep, identity)
@@ -329,7 +319,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         note(f"close({identity}) -> {retired}, model {expected}")
         assert retired == expected, f"close retired: model {expected}, implementation {retired}"
         del self.live_in_slot[self.slot_of[identity]]
-        _label("producer closed")
+        TALLY.label("producer closed")
 
     # -- receivers ---------------------------------------------------------------------
 
@@ -340,7 +330,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         data=st.data(),
     )
     def get(self, receiver: str, edge: tuple[str, str], data: st.DataObject) -> None:
-        STEPS["get"] += 1
+        TALLY.step("get")
         slot = data.draw(st.integers(0, self.SLOTS - 1))
         self._get_by_key(receiver, edge, data.draw(st.sampled_from(slot_keys(slot))))
 
@@ -349,7 +339,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]
     ) -> None:
         """A get by key (no descriptor) of a key something was published under."""
-        STEPS["get_published_key"] += 1
+        TALLY.step("get_published_key")
         model_descriptor, _, _ = entry
         descriptor = model_descriptor.descriptor
         self._get_by_key(receiver, descriptor.edge, descriptor.key)
@@ -369,7 +359,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
     @rule(receiver=st.sampled_from(RECEIVERS), data=st.data())
     def get_dead_key(self, receiver: str, data: st.DataObject) -> None:
         """A get by key of a key whose only (or older) version belongs to a dead producer."""
-        STEPS["get_dead_key"] += 1
+        TALLY.step("get_dead_key")
         edge, key = data.draw(st.sampled_from(self._dead_versions()))
         self._get_by_key(receiver, edge, key)
 
@@ -384,19 +374,19 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         )
         self._compare(expected, got)
         if dep.directory.stamp != stamp_before:
-            _label("stale marker pruned")
+            TALLY.label("stale marker pruned")
         if scans_before and self.seams[receiver].calls["scandir"] > scans_before:
-            _label("rescan")
+            TALLY.label("rescan")
         if expected.status is DeploymentGetStatus.NOT_FOUND and any(
             not p.alive and get_route_of(p.connector, edge, key) for p in dep.producers.values()
         ):
-            _label("dead producer's key not delivered")
+            TALLY.label("dead producer's key not delivered")
 
     @rule(receiver=st.sampled_from(RECEIVERS), entry=published)
     def get_with_descriptor(
         self, receiver: str, entry: tuple[PublishedDescriptor, dict[str, Any], str]
     ) -> None:
-        STEPS["get_with_descriptor"] += 1
+        TALLY.step("get_with_descriptor")
         dep = self._model()
         model_descriptor, data, route = entry
         descriptor = descriptor_from_dict(Route(route), data)
@@ -406,9 +396,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         note(f"{receiver}.get({descriptor}) -> {got.status.value}, model {expected.status.value}")
         self._compare(expected, got)
         if expected.status is DeploymentGetStatus.PRODUCER_GONE:
-            _label("producer gone")
+            TALLY.label("producer gone")
         elif expected.status is DeploymentGetStatus.STALE:
-            _label("stale descriptor")
+            TALLY.label("stale descriptor")
 
     def _compare(self, expected: discovery_spec.DeploymentGetResult, got: Any) -> None:
         assert got.status.value == expected.status.value, (
@@ -430,7 +420,7 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         assert owner == got.producer and owner in self.live_in_slot.values(), (
             f"tag {tag} of producer {owner} delivered; live producers {self._alive()}"
         )
-        _label("delivered from ring" if got.route is Route.RING else "delivered from fallback")
+        TALLY.label("delivered from ring" if got.route is Route.RING else "delivered from fallback")
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -488,21 +478,20 @@ class RestartLockstepMachine(DiscoveryLockstepMachine):
     CLOSE_ODDS = 8
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
-    @rule(data=st.data())
+    @rarely("LIFECYCLE_ODDS", data=st.data())
     def kill_producer_again(self, data: st.DataObject) -> None:
         """A second kill rule: restarts happen several times per run."""
-        self.kill_producer(data)
+        self._kill_producer(data)
 
 
 __all__ = [
     "CI_PROFILE",
-    "EVENTS_SEEN",
     "EVENT_LABELS",
     "LONG_PROFILE",
     "RESTART_CI_PROFILE",
     "RESTART_EVENT_LABELS",
     "RESTART_LONG_PROFILE",
-    "STEPS",
+    "TALLY",
     "DiscoveryLockstepMachine",
     "RestartLockstepMachine",
     "slot_keys",

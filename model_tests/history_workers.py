@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shmring.model_tests.connector_support import payload_tag, tagged_payload
+from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
 
 Edge = tuple[str, str]
 

@@ -2,8 +2,9 @@
 
 Each lockstep test module runs its machine once per profile (a module-scoped
 fixture) and asks two things of the run: did model and implementation ever
-disagree, and was every labelled state reached. The machines count their own
-steps (`STEPS`) and labels (`EVENTS_SEEN`); this module resets and reads them.
+disagree, and was every labelled state reached. Each machine module counts
+its labels and steps in its `TALLY` (the kit's `lockstep.Tally`); this module
+clears and reads it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from types import ModuleType
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from shmring.model_tests.workers import watchdog
+from shmring.fault_injection.kit.processes import watchdog
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ def run_machine(
     watchdog_seconds: float | None = None,
 ) -> MachineRun:
     """Run `machine` under the named settings profile; never raises (the run records it)."""
-    module.EVENTS_SEEN.clear()
-    module.STEPS.clear()
+    tally = module.TALLY
+    tally.clear()
     guard = watchdog(watchdog_seconds) if watchdog_seconds else contextlib.nullcontext()
     started = time.perf_counter()
     error: BaseException | None = None
@@ -46,7 +47,7 @@ def run_machine(
     except BaseException as raised:  # reported by the caller's tests
         error = raised
     seconds = time.perf_counter() - started
-    return MachineRun(Counter(module.EVENTS_SEEN), sum(module.STEPS.values()), seconds, error)
+    return MachineRun(Counter(tally.events), sum(tally.steps.values()), seconds, error)
 
 
 def report(name: str, run: MachineRun) -> None:

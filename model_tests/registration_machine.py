@@ -26,9 +26,11 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from shmring.fault_injection.kit.machines import register_profiles
+from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.impl.cuda_driver import CudaDriver, SimulatedCudaDriver
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
-from shmring.impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN, OsFacade
+from shmring.impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
 from shmring.impl.registration import RegisteredSegment, Registry
 from shmring.impl.views import copy_segment
 from shmring.spec import invariants
@@ -37,21 +39,12 @@ from shmring.spec.registration import StepStatus, TransferStatus
 
 # -- Hypothesis profiles -------------------------------------------------------------
 
-settings.register_profile(
+register_profiles(
     "ci",
-    derandomize=True,
-    deadline=None,
-    max_examples=25,
-    stateful_step_count=25,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    print_blob=True,
-)
-settings.register_profile(
     "long",
-    deadline=None,
-    max_examples=1000,
-    stateful_step_count=60,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    ci={"max_examples": 25, "stateful_step_count": 25, "print_blob": True},
+    long={"max_examples": 1000, "stateful_step_count": 60},
+    health_checks=(HealthCheck.too_slow, HealthCheck.filter_too_much),
 )
 
 
@@ -73,29 +66,6 @@ CUDA_FAULT_ERRORS = (
     spec.CUDA_ERROR_INVALID_VALUE,
 )
 PAGE = mmap.PAGESIZE
-
-
-class FaultyOs(OsFacade):
-    """An OsFacade that fails the nth call to one site from now (then behaves)."""
-
-    def __init__(self) -> None:
-        self._plans: list[list[object]] = []  # [site, errno, calls left before it fires]
-
-    def fail_nth(self, site: str, code: int, nth: int = 1) -> None:
-        self._plans.append([site, code, nth])
-
-    def clear(self) -> None:
-        self._plans.clear()
-
-    def _enter(self, site: str) -> None:
-        for plan in self._plans:
-            if plan[0] != site:
-                continue
-            plan[2] = int(plan[2]) - 1  # type: ignore[call-overload]
-            if plan[2] == 0:
-                self._plans.remove(plan)
-                code = int(plan[1])  # type: ignore[call-overload]
-                raise OSError(code, os.strerror(code))
 
 
 def error_name(error: BaseException) -> str | None:
@@ -310,13 +280,13 @@ class RegistryMachine(RuleBasedStateMachine):
         note(f"allocate(length={length}, os fault={fault})")
         os_error = None
         if fault is not None:
-            self.os.fail_nth(fault[0], fault[1])
+            self.os.fail_next(fault[0], fault[1])
             os_error = errno.errorcode[fault[1]]
         expected = spec.process_allocate(self.model, length, os_error)
         try:
             got = self.step_outcome(lambda: self.registry.allocate(length), StepStatus.REFUSED)
         finally:
-            self.os.clear()
+            self.os.disarm()
         assert got == (expected.status, expected.error), f"allocate: impl {got}, model {expected}"
 
     @precondition(lambda self: bool(self.ids_in(spec.SEGMENT_ALLOCATED)))
@@ -420,7 +390,7 @@ class RegistryMachine(RuleBasedStateMachine):
         os_errors: dict[int, str] = {}
         if fault is not None:
             index, site, code = fault
-            self.os.fail_nth(site, code, index + 1)
+            self.os.fail_next(site, code, index + 1)
             os_errors[index] = errno.errorcode[code]
         sources = [self.source(length) for length in lengths]
         expected = spec.process_transfer(self.model, lengths, os_errors)
@@ -437,7 +407,7 @@ class RegistryMachine(RuleBasedStateMachine):
         else:
             got = (TransferStatus.PUBLISHED, None)
         finally:
-            self.os.clear()
+            self.os.disarm()
         assert got == (expected.status, expected.error), f"transfer: impl {got}, model {expected}"
         if expected.status is TransferStatus.PUBLISHED:
             for sid, src in zip(expected.segment_ids, sources, strict=True):
@@ -527,7 +497,6 @@ class RegistryMachine(RuleBasedStateMachine):
 
 __all__ = [
     "DriverMachine",
-    "FaultyOs",
     "RegistryMachine",
     "TrackingRegistry",
     "driver_outcome",

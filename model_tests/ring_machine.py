@@ -22,9 +22,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import uuid
-from collections import Counter
 
-from hypothesis import HealthCheck, event, note, settings
+from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -37,6 +36,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from shmring.fault_injection.kit.machines import Tally, register_profiles
+from shmring.fault_injection.kit.payloads import tagged_payload
 from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
@@ -46,7 +47,6 @@ from shmring.impl.ring.borrow import Lease
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
-from shmring.model_tests.workers import payload_for
 from shmring.spec import ring as ring_spec
 from shmring.spec.invariants import check_ring
 from shmring.spec.layout import (
@@ -71,29 +71,15 @@ EVENT_LABELS = (
     "cancel after wrap",
     "lease released out of order",
 )
-# Labels reached and rules run in this process, for statistics runs and
-# steps-per-second figures (hypothesis.event() alone only reaches the
-# statistics printout).
-EVENTS_SEEN: Counter[str] = Counter()
-STEPS: Counter[str] = Counter()
+TALLY = Tally()  # labels reached and rules run in this process
 
 CI_PROFILE = "ring-ci"
 LONG_PROFILE = "ring-long"
-settings.register_profile(
+register_profiles(
     CI_PROFILE,
-    max_examples=100,
-    stateful_step_count=80,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
     LONG_PROFILE,
-    max_examples=2000,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    ci={"max_examples": 100, "stateful_step_count": 80},
+    long={"max_examples": 2000, "stateful_step_count": 100},
 )
 
 # Payload size draws: a byte count, or a target the rule turns into one.
@@ -109,11 +95,6 @@ LARGE_PAYLOAD_SIZES = st.one_of(
     st.integers(600, 1100),
     st.sampled_from([EXACT_FIT, AT_LIMIT]),
 )
-
-
-def _label(name: str) -> None:
-    event(name)
-    EVENTS_SEEN[name] += 1
 
 
 def _model_put_fields(result: ring_spec.PutResult) -> tuple[object, ...]:
@@ -221,28 +202,28 @@ class RingLockstepMachine(RuleBasedStateMachine):
             self.get(FILLER_KEY, other=False)
 
     def _put(self, key: str, size: int | str) -> object:
-        STEPS["put"] += 1
+        TALLY.step("put")
         assert self.channel is not None
         ring = self.ring
         payload_length = self._payload_length(key, size)
         self.serial += 1
-        payload = payload_for(f"{self.serial}", payload_length)
+        payload = tagged_payload(f"{self.serial}", payload_length)
         note(f"put({key!r}, {payload_length} bytes) at head={ring.head} tail={ring.tail}")
         expected = ring_spec.process_put(ring, key, payload_length, payload)
         outcome = self.channel.put(key, payload)
         note(f"  -> {outcome}")
         assert tuple(outcome) == _model_put_fields(expected), (outcome, expected)
         if outcome.status is PutStatus.NOT_ADMITTED:
-            _label("not admitted")
+            TALLY.label("not admitted")
         elif outcome.status is PutStatus.FULL:
-            _label("full")
+            TALLY.label("full")
         elif outcome.status is PutStatus.PUBLISHED:
             assert outcome.position is not None
             offset = outcome.position % ring.capacity
             if outcome.padding or (offset == 0 and outcome.position > 0):
-                _label("wrap")
+                TALLY.label("wrap")
             if offset + outcome.frame_length == ring.capacity:
-                _label("exact fit")
+                TALLY.label("exact fit")
             return Descriptor(key, outcome.position, payload)
         return multiple()
 
@@ -253,7 +234,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS), other=st.booleans())
     def get(self, key: str, other: bool) -> None:
-        STEPS["get"] += 1
+        TALLY.step("get")
         note(f"get({key!r}){' by the other reader' if other else ''}")
         expected = ring_spec.process_get(self.ring, key)
         got = self._pick_reader(other).get(key)
@@ -264,7 +245,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
 
     @rule(descriptor=descriptors, other_key=st.sampled_from((None, *KEYS)), other=st.booleans())
     def get_by_descriptor(self, descriptor: Descriptor, other_key: str | None, other: bool) -> None:
-        STEPS["get_by_descriptor"] += 1
+        TALLY.step("get_by_descriptor")
         key = descriptor.key if other_key is None else other_key
         note(
             f"get({key!r}, position={descriptor.position}){' by the other reader' if other else ''}"
@@ -274,7 +255,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         note(f"  -> {got.status.value}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.STALE:
-            _label("stale descriptor")
+            TALLY.label("stale descriptor")
         else:
             assert got.payload == expected.payload == descriptor.payload
 
@@ -292,7 +273,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         return self._lease(key)
 
     def _lease(self, key: str) -> object:
-        STEPS["lease"] += 1
+        TALLY.step("lease")
         assert self.reader is not None
         note(f"lease({key!r})")
         expected = ring_spec.process_get(self.ring, key, mode=ConsumeMode.LEASE)
@@ -308,28 +289,28 @@ class RingLockstepMachine(RuleBasedStateMachine):
 
     @rule(lease=consumes(leases))
     def release(self, lease: Lease) -> None:
-        STEPS["release"] += 1
+        TALLY.step("release")
         note(f"release(position={lease.position})")
         if any(position < lease.position for position in self.outstanding):
-            _label("lease released out of order")
+            TALLY.label("lease released out of order")
         ring_spec.process_release(self.ring, lease.position)
         lease.release()
         self.outstanding.discard(lease.position)
 
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
-        STEPS["cancel"] += 1
+        TALLY.step("cancel")
         assert self.channel is not None
         note(f"cancel({key!r})")
         wrapped = self.ring.head > self.ring.capacity
         expected = ring_spec.process_cancel(self.ring, key)
         assert self.channel.cancel(key) == expected
         if wrapped and expected:
-            _label("cancel after wrap")
+            TALLY.label("cancel after wrap")
 
     @rule(prefix=st.sampled_from(PREFIXES))
     def cancel_prefix(self, prefix: str) -> None:
-        STEPS["cancel_prefix"] += 1
+        TALLY.step("cancel_prefix")
         assert self.channel is not None
         note(f"cancel_prefix({prefix!r})")
         expected = ring_spec.process_cancel_prefix(self.ring, prefix)
@@ -341,7 +322,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         # One draw in eight closes, so most runs stay open long enough to wrap.
         if draw:
             return
-        STEPS["close"] += 1
+        TALLY.step("close")
         assert self.channel is not None
         note("close()")
         expected = ring_spec.process_close(self.ring)
@@ -367,9 +348,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
 
 __all__ = [
     "CI_PROFILE",
-    "EVENTS_SEEN",
     "EVENT_LABELS",
     "LONG_PROFILE",
-    "STEPS",
+    "TALLY",
     "RingLockstepMachine",
 ]

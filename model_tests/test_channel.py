@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import multiprocessing
 import os
 import stat
 import subprocess
@@ -21,6 +20,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from shmring.fault_injection.kit.payloads import tagged_payload
+from shmring.fault_injection.kit.processes import lock_holder, watchdog
+from shmring.fault_injection.kit.seams import CountingOs, FaultyOs
 from shmring.impl.directory import ensure_deployment_directory
 from shmring.impl.errors import (
     ClosedError,
@@ -46,14 +48,7 @@ from shmring.impl.os_seam import SITE_FALLOCATE, OsFacade
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
-from shmring.model_tests.workers import (
-    CountingOs,
-    deployment_directory,
-    hold_ring_lock,
-    kill_and_reap,
-    payload_for,
-    watchdog,
-)
+from shmring.model_tests.workers import deployment_directory
 from shmring.spec import ring as ring_spec
 from shmring.spec.layout import (
     FRAME_HEADER_LENGTH,
@@ -115,7 +110,7 @@ def _payload_for_frame(key: str, frame_length: int) -> bytes:
     """A payload that makes a frame of exactly `frame_length` bytes under `key`."""
     size = frame_length - FRAME_HEADER_LENGTH - len(key.encode())
     assert compute_frame_length(len(key.encode()), size) == frame_length
-    return payload_for(key, size)
+    return tagged_payload(key, size)
 
 
 # -- descriptors and staleness ---------------------------------------------------------
@@ -125,11 +120,11 @@ def test_stale_descriptor_never_reads_newer_frame(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         first = channel.put("k", _payload_for_frame("k", 64))
         assert first.position is not None
-        second = channel.put("k", payload_for("second", 31))
+        second = channel.put("k", tagged_payload("second", 31))
         assert second.retired == 1
         assert reader.get("k", first.position).status is STALE
         # Go once round the ring so that a newer "k" lands on first's bytes.
-        assert reader.get("k", second.position).payload == payload_for("second", 31)
+        assert reader.get("k", second.position).payload == tagged_payload("second", 31)
         while channel.head < first.position + SMALL:
             assert channel.put("x", _payload_for_frame("x", 64)).status is PutStatus.PUBLISHED
             assert reader.get("x").status is DELIVERED
@@ -424,28 +419,15 @@ def test_empty_poll_takes_no_lock(ring_dir: str) -> None:
 
 
 def test_reader_does_not_wait_for_a_held_lock(ring_dir: str) -> None:
-    context = multiprocessing.get_context("spawn")
     with _ring(ring_dir) as (channel, reader):
         put = channel.put("k", b"behind a lock")
-        parent_end, child_end = context.Pipe()
-        holder = context.Process(target=hold_ring_lock, args=(channel.path, child_end))
-        try:
-            with watchdog(60):
-                holder.start()
-                child_end.close()
-                assert parent_end.recv() == "locked"
-            with watchdog(10):  # a blocking flock would hang here
-                assert reader.get("k").status is BUSY
-                assert reader.get("k", put.position).status is BUSY
-            parent_end.send("release")
-            holder.join(30)
-            assert holder.exitcode == 0
-            assert reader.get("k").payload == b"behind a lock"
-            assert reader.statistics().busy == 2
-        finally:
-            parent_end.close()
-            kill_and_reap(holder)
-            holder.close()
+        # A blocking flock would hang here: the watchdog stops it.
+        with lock_holder(channel.path), watchdog(10):
+            assert reader.get("k").status is BUSY
+            assert reader.get("k", put.position).status is BUSY
+        # released: the holder exited cleanly (`lock_holder` checks it)
+        assert reader.get("k").payload == b"behind a lock"
+        assert reader.statistics().busy == 2
 
 
 # -- validation and corruption -------------------------------------------------------------
@@ -548,15 +530,11 @@ def test_disabled_capacity_has_no_channel(ring_dir: str) -> None:
     assert os.listdir(ring_dir) == []
 
 
-class _NoSpaceOs(OsFacade):
-    def _enter(self, site: str) -> None:
-        if site == SITE_FALLOCATE:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 def test_no_space_at_setup_is_a_typed_error_and_leaves_nothing(ring_dir: str) -> None:
+    no_space = FaultyOs()
+    no_space.fail_every(SITE_FALLOCATE, errno.ENOSPC)
     with pytest.raises(NoSpaceError) as raised:
-        RingChannel.create(_path(ring_dir), SMALL, os_facade=_NoSpaceOs())
+        RingChannel.create(_path(ring_dir), SMALL, os_facade=no_space)
     assert raised.value.errno == errno.ENOSPC
     assert os.listdir(ring_dir) == []
 

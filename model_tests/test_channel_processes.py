@@ -1,26 +1,25 @@
 """The ring channel across real processes: competing readers, and a producer
 killed in the middle of a put.
 
-Workers are spawned (fresh interpreters, `shmring.model_tests.workers`) and
-report over pipes. Every wait has a timeout and every worker is killed and
-reaped in `finally`, so a broken claim or publication fails the test instead
-of hanging it.
+Workers are spawned (fresh interpreters, `shmring.model_tests.workers`) in
+the kit's `WorkerProcess` and report over pipes. Every wait has a timeout
+and every worker is killed and reaped in `finally`, so a broken claim or
+publication fails the test instead of hanging it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import time
 from collections import Counter
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from shmring.fault_injection.kit.payloads import tagged_payload
+from shmring.fault_injection.kit.processes import WorkerProcess, watchdog
 from shmring.impl.names import current_producer_identity, ring_path
 from shmring.impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
@@ -30,18 +29,10 @@ from shmring.impl.ring.producer import (
 )
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
-from shmring.model_tests.workers import (
-    compete_for_keys,
-    deployment_directory,
-    kill_and_reap,
-    payload_for,
-    publish_then_stop,
-    watchdog,
-)
+from shmring.model_tests.workers import compete_for_keys, deployment_directory, publish_then_stop
 from shmring.spec.layout import compute_frame_length
 from shmring.spec.ring import PutStatus
 
-SPAWN = multiprocessing.get_context("spawn")
 WAIT_S = 60  # generous: spawning an interpreter on a loaded 2-core machine is slow
 
 
@@ -51,10 +42,8 @@ def ring_dir(scope: str) -> Iterator[str]:
         yield path
 
 
-def _recv(conn: Connection, timeout: float = WAIT_S) -> Any:
-    if not conn.poll(timeout):
-        raise TimeoutError(f"no message from worker within {timeout} s")
-    return conn.recv()
+def _spawn(target: object, *args: object) -> WorkerProcess:
+    return WorkerProcess(target, *args, timeout=WAIT_S, method="spawn")  # type: ignore[arg-type]
 
 
 def test_two_reader_processes_claim_each_frame_exactly_once(ring_dir: str, tmp_path: Path) -> None:
@@ -63,26 +52,18 @@ def test_two_reader_processes_claim_each_frame_exactly_once(ring_dir: str, tmp_p
     done_flag = str(tmp_path / "producer-done")
     path = ring_path(ring_dir, "s0", "s1", current_producer_identity())
     with RingChannel.create(path, 16 * 1024) as channel:
-        pipes: list[Connection] = []
-        readers = []
+        readers: list[WorkerProcess] = []
         try:
             for _ in range(2):
-                parent_end, child_end = SPAWN.Pipe()
-                reader = SPAWN.Process(
-                    target=compete_for_keys, args=(path, keys, child_end, done_flag)
-                )
-                reader.start()
-                child_end.close()
-                pipes.append(parent_end)
-                readers.append(reader)
-            for conn in pipes:
-                assert _recv(conn) == "attached"
+                readers.append(_spawn(compete_for_keys, path, keys, done_flag))
+            for reader in readers:
+                reader.expect("attached")
             positions = {}
             full = 0
             with watchdog(WAIT_S):
                 for key in keys:
                     while True:
-                        outcome = channel.put(key, payload_for(key, sizes[key]))
+                        outcome = channel.put(key, tagged_payload(key, sizes[key]))
                         if outcome.status is PutStatus.PUBLISHED:
                             positions[key] = outcome.position
                             break
@@ -90,16 +71,13 @@ def test_two_reader_processes_claim_each_frame_exactly_once(ring_dir: str, tmp_p
                         full += 1
                         time.sleep(0.0005)  # the readers drain the ring
             Path(done_flag).touch()
-            reports = [_recv(conn) for conn in pipes]
+            reports = [reader.expect("done") for reader in readers]
             for reader in readers:
-                reader.join(WAIT_S)
-                assert reader.exitcode == 0
+                reader.process.join(WAIT_S)
+                assert reader.process.exitcode == 0
         finally:
-            for conn in pipes:
-                conn.close()
             for reader in readers:
-                kill_and_reap(reader)
-                reader.close()
+                reader.kill()
         claims = Counter(key for claimed, _busy, _lost in reports for key, _, _ in claimed)
         assert set(claims) == set(keys), f"lost: {sorted(set(keys) - set(claims))[:10]}"
         duplicated = sorted(key for key, count in claims.items() if count > 1)
@@ -107,7 +85,7 @@ def test_two_reader_processes_claim_each_frame_exactly_once(ring_dir: str, tmp_p
         for claimed, _busy, _lost in reports:
             for key, position, digest in claimed:
                 assert position == positions[key]
-                expected = hashlib.blake2b(payload_for(key, sizes[key]), digest_size=16)
+                expected = hashlib.blake2b(tagged_payload(key, sizes[key]), digest_size=16)
                 assert digest == expected.hexdigest(), key
         # Everything was claimed, so a put reclaims the whole ring.
         assert channel.put("last", b"x").status is PutStatus.PUBLISHED
@@ -123,25 +101,21 @@ def test_two_reader_processes_claim_each_frame_exactly_once(ring_dir: str, tmp_p
     "stage", ["writer", HOOK_PAYLOAD_WRITTEN, HOOK_FIELDS_WRITTEN, HOOK_LENGTH_STORED]
 )
 def test_producer_killed_mid_put_never_exposes_a_torn_frame(ring_dir: str, stage: str) -> None:
-    parent_end, child_end = SPAWN.Pipe()
-    producer = SPAWN.Process(target=publish_then_stop, args=(ring_dir, 4096, stage, child_end))
+    producer = _spawn(publish_then_stop, ring_dir, 4096, stage)
+    pid = producer.process.pid
     path = None
     try:
-        producer.start()
-        child_end.close()
-        kind, path = _recv(parent_end)
-        assert kind == "path"
-        kind, positions = _recv(parent_end)
-        assert kind == "published"
+        path = producer.expect("path")
+        positions = producer.expect("published")
         early = RingReader.attach(path)  # attached while the producer is alive
         try:
-            assert _recv(parent_end) == ("stopped", stage)
-            kill_and_reap(producer)
+            assert producer.expect("stopped") == stage
+            producer.kill()
             assert producer.exitcode == -9
             late = RingReader.attach(path)  # attached after the kill
             try:
                 for reader in (early, late):
-                    assert reader.producer[0] == producer.pid
+                    assert reader.producer[0] == pid
                     statistics = reader.statistics()
                     assert statistics.head == positions[-1] + compute_frame_length(
                         len("done_2"), 300
@@ -154,15 +128,13 @@ def test_producer_killed_mid_put_never_exposes_a_torn_frame(ring_dir: str, stage
                     reader = early if index % 2 else late
                     got = reader.get(key, position)
                     assert got.status is ReceiveStatus.DELIVERED
-                    assert got.payload == payload_for(key, 300)
+                    assert got.payload == tagged_payload(key, 300)
                 assert late.statistics().published_frames == 0
             finally:
                 late.close()
         finally:
             early.close()
     finally:
-        parent_end.close()
-        kill_and_reap(producer)
-        producer.close()
+        producer.kill()
         if path is not None and os.path.exists(path):
             os.unlink(path)  # the killed producer could not remove its file

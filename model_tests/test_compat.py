@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from shmring import SharedMemoryConnector
+from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
 from shmring.impl.compat import scope_from_config
 from shmring.impl.errors import ConfigurationError
-from shmring.model_tests.connector_support import payload_tag, tagged_payload
 
 
 @pytest.fixture

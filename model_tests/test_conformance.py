@@ -36,10 +36,9 @@ from shmring import (
     register_type,
     unregister_type,
 )
+from shmring.fault_injection.kit.processes import lock_holder, watchdog
 from shmring.impl import codec, extensions
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
-from shmring.model_tests.connector_support import lock_holder
-from shmring.model_tests.workers import watchdog
 
 SHM_ROOT = DEFAULT_SHM_ROOT  # vllm-omni's tests look for files under /dev/shm
 RING_BYTES = 64 * 1024  # frames up to 16 KiB ride the ring

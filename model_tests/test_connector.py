@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
+from shmring.fault_injection.kit.processes import lock_holder, watchdog
+from shmring.fault_injection.kit.seams import CountingOs, FaultyOs
 from shmring.impl import codec
 from shmring.impl.connector import (
     Connector,
@@ -40,16 +43,7 @@ from shmring.impl.names import (
     ring_path,
 )
 from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_SCANDIR
-from shmring.model_tests.connector_support import (
-    CountingOs,
-    FaultyOs,
-    Worker,
-    lock_holder,
-    payload_tag,
-    stop_worker,
-    tagged_payload,
-    watchdog,
-)
+from shmring.model_tests.connector_support import Worker, stop_worker
 from shmring.spec.connector import compute_fallback_charge
 
 EDGE = ("enc", "dec")
@@ -468,10 +462,10 @@ def test_get_with_deadline_sleeps_until_a_late_put_arrives(scope: str) -> None:
             assert (
                 receiver.get_with_deadline(EDGE, "late", timeout=0.05).status is GetStatus.NOT_FOUND
             )
-            worker.send("put", *EDGE, "late", 42, 100)  # runs while we wait
+            worker.send(("put", *EDGE, "late", 42, 100))  # runs while we wait
             got = receiver.get_with_deadline(EDGE, "late", timeout=30)
             assert got.delivered and payload_tag(got.value) == 42
-            assert worker.receive()[0] == "ring"
+            assert worker.answer()[0] == "ring"
         finally:
             stop_worker(worker)
 

@@ -14,17 +14,16 @@ watchdog bounds the whole test. No timing is asserted.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from typing import Any
 
 import pytest
 
+from shmring.fault_injection.kit.processes import WorkerProcess, watchdog, worker_context
 from shmring.impl.discovery import collect_orphans
 from shmring.impl.names import deployment_directory
 from shmring.impl.os_seam import DEFAULT_OS
-from shmring.model_tests.connector_support import watchdog, worker_context
+from shmring.model_tests.connector_support import WORKER_PRELOAD
 from shmring.model_tests.history_workers import (
     check_histories,
     history_producer,
@@ -36,40 +35,9 @@ EDGE = ("talker", "codec")
 ANSWER_TIMEOUT = 120.0
 
 
-class _Process:
-    """A worker process and our end of its pipe."""
-
-    def __init__(self, target: Any, *args: Any) -> None:
-        context = worker_context()
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=target, args=(*args, child), daemon=True)
-        self.process.start()
-        child.close()
-
-    def expect(self, what: str) -> Any:
-        if not self.conn.poll(ANSWER_TIMEOUT):
-            raise TimeoutError(f"worker did not say {what!r} within {ANSWER_TIMEOUT}s")
-        said, value = self.conn.recv()
-        assert said == what, f"worker said {said!r}, expected {what!r}"
-        return value
-
-    def kill(self) -> int:
-        """SIGKILL, reap, and answer the monotonic ns at which it was certainly dead."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, 9)  # type: ignore[arg-type]
-        self.process.join(30)
-        return time.monotonic_ns()
-
-    def finish(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send("close")
-        self.process.join(30)
-        if self.process.exitcode is None:
-            self.process.kill()
-            self.process.join(30)
-        self.conn.close()
-        if self.process.exitcode is not None:
-            self.process.close()  # its sentinel pipe now, not at garbage collection
+def _process(target: Any, *args: Any) -> WorkerProcess:
+    """A history worker; it runs until told "close" (or killed)."""
+    return WorkerProcess(target, *args, timeout=ANSWER_TIMEOUT, preload=WORKER_PRELOAD)
 
 
 def _run_histories(
@@ -84,20 +52,20 @@ def _run_histories(
         "p1-restarted": make_plan(3, 1, 3_000_000, keys_per_slot),  # the same keys as p1
     }
     keys = sorted({step[1] for plan in plans.values() for step in plan})
-    done = worker_context().Event()
-    processes: list[_Process] = []
+    done = worker_context(preload=WORKER_PRELOAD).Event()
+    processes: list[WorkerProcess] = []
     try:
-        readers = [_Process(history_reader, scope, EDGE, keys, f"r{i}", done) for i in range(2)]
+        readers = [_process(history_reader, scope, EDGE, keys, f"r{i}", done) for i in range(2)]
         processes += readers
         for reader in readers:
             reader.expect("ready")
-        p0 = _Process(history_producer, scope, EDGE, plans["p0"], options)
-        p1 = _Process(history_producer, scope, EDGE, plans["p1"], options)
+        p0 = _process(history_producer, scope, EDGE, plans["p0"], options)
+        p1 = _process(history_producer, scope, EDGE, plans["p1"], options)
         processes += [p0, p1]
         identities = {"p0": p0.expect("identity"), "p1": p1.expect("identity")}
         p1.expect("half")
         killed = {identities["p1"]: p1.kill()}  # mid-stream: it keeps putting until the signal
-        restarted = _Process(history_producer, scope, EDGE, plans["p1-restarted"], options)
+        restarted = _process(history_producer, scope, EDGE, plans["p1-restarted"], options)
         processes.append(restarted)
         identities["p1-restarted"] = restarted.expect("identity")
         puts: list[Any] = []
@@ -117,7 +85,7 @@ def _run_histories(
             deliveries += got
     finally:
         for process in processes:
-            process.finish()
+            process.stop(goodbye="close")
         directory = deployment_directory(scope)
         if os.path.isdir(directory):
             collect_orphans(directory, DEFAULT_OS)  # what the killed producer left
