@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -120,6 +121,16 @@ def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
         prefix = package.replace(".", "/")
         expected |= {f"{prefix}/{p.name}" for p in folder.glob("*.py")}
         expected |= {f"{prefix}/{name}" for name in config.get("package-data", {}).get(package, [])}
+    # Built from a copy: setuptools reuses the checkout's build/lib, where a
+    # module that was moved or deleted would linger and ship again.
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".whl"
+        ),
+    )
     done = subprocess.run(
         [
             sys.executable,
@@ -131,7 +142,7 @@ def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
