@@ -74,13 +74,13 @@ class Variant:
     name: str
     registered: bool  # D2H straight into registered shm
     borrowed: bool  # receiver borrows instead of copying out
-    frame_input: str  # PyAV frame input (see shmring.impl.video)
+    frame_input: str  # PyAV frame input (see shmring.impl.registered.video)
     arena: bool  # registered arena on
     staging: bool  # pinned staging buffer before the shm copy (the seed's A)
 
 
 def variants() -> dict[str, Variant]:
-    from shmring.impl.video import FRAME_INPUT_BORROWED, FRAME_INPUT_PLANAR
+    from shmring.impl.registered.video import FRAME_INPUT_BORROWED, FRAME_INPUT_PLANAR
 
     return {
         "A": Variant(
@@ -167,8 +167,12 @@ def fit_shapes(
 
 def consume(conn: Connection, scope: str) -> None:
     """Receive, encode, release; answer (mp4 length, crc32, receive s, encode s, release s)."""
-    from shmring.impl.transfer import TransferDescriptor, TransferOptions, TransferReceiver
-    from shmring.impl.video import encode_rgb_to_mp4
+    from shmring.impl.registered.transfer import (
+        TransferDescriptor,
+        TransferOptions,
+        TransferReceiver,
+    )
+    from shmring.impl.registered.video import encode_rgb_to_mp4
 
     receivers = {
         borrowed: TransferReceiver(scope, TransferOptions(enable_borrowed_frames=borrowed))
@@ -208,8 +212,8 @@ class Producer:
     """One sender per variant, kept for the whole run (the arena persists)."""
 
     def __init__(self, scope: str, device: str, arena_bytes: int) -> None:
-        from shmring.impl.cuda_driver import SimulatedCudaDriver
-        from shmring.impl.transfer import TransferOptions, TransferSender
+        from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+        from shmring.impl.registered.transfer import TransferOptions, TransferSender
 
         self.device = device
         driver = None if device == "cuda" else SimulatedCudaDriver()

@@ -600,7 +600,11 @@ _FORGED_INTS = st.one_of(
 def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Forged descriptors: typed errors or a plain status, nothing opened outside the directory."""
     from shmring.impl.connector import Connector, Route, descriptor_from_dict
-    from shmring.impl.transfer import FieldDescriptor, TransferDescriptor, TransferReceiver
+    from shmring.impl.registered.transfer import (
+        FieldDescriptor,
+        TransferDescriptor,
+        TransferReceiver,
+    )
 
     scope = f"fd{uuid.uuid4().hex[:10]}"
     seam = RecordingOs()

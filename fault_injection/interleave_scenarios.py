@@ -794,9 +794,9 @@ class ArenaWorld:
         import numpy as np
         import torch
 
-        from shmring.impl.arena import ArenaReader, RegisteredArena
-        from shmring.impl.cuda_driver import SimulatedCudaDriver
-        from shmring.impl.registration import Registry
+        from shmring.impl.registered.arena import ArenaReader, RegisteredArena
+        from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+        from shmring.impl.registered.registration import Registry
 
         self.np = np
         self.torch = torch
@@ -823,7 +823,7 @@ class ArenaWorld:
         self._snapshot: tuple[bytes, int] | None = None
 
     def put(self, *, scheduled: bool = True, retries: int = RETRIES) -> None:
-        from shmring.impl.arena import ArenaFrameDescriptor
+        from shmring.impl.registered.arena import ArenaFrameDescriptor
 
         fill = len(self.descriptors) + 1
         source = self.torch.full((self.NBYTES,), fill, dtype=self.torch.uint8)

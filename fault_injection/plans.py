@@ -35,7 +35,7 @@ from shmring.fault_injection.sites import (
     parse_error,
     site,
 )
-from shmring.impl.cuda_driver import SimulatedCudaDriver, driver_error
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver, driver_error
 
 _SEPARATOR: Final = ":"
 

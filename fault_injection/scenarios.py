@@ -339,7 +339,7 @@ def _entries(directory: str) -> set[str]:
 def registered_transfer(env: Env) -> Outcome:
     """Registered transfers through per-transfer segments, in lockstep with `spec.registration`."""
     from shmring.impl.errors import RegistryPoisonedError
-    from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
+    from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
     from shmring.spec import registration as spec
 
     ledger = Ledger()
@@ -464,8 +464,8 @@ def arena_leases(env: Env) -> Outcome:
     """The registered arena in lease mode, against `spec.ring`: leases pin frames, a full arena refuses."""
     import torch
 
-    from shmring.impl.arena import ArenaReader, RegisteredArena
-    from shmring.impl.registration import Registry
+    from shmring.impl.registered.arena import ArenaReader, RegisteredArena
+    from shmring.impl.registered.registration import Registry
     from shmring.spec import ring as ring_spec
     from shmring.spec.layout import FRAME_STATE_DONE
     from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus

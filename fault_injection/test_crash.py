@@ -14,9 +14,14 @@ from shmring.fault_injection import crash
 from shmring.fault_injection.kit.processes import ForkedChild, die, killed_by_sigkill
 from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.fault_injection.plans import FaultyCudaDriver
-from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena, is_holder_alive
 from shmring.impl.os_seam import DEFAULT_OS, SITE_OPEN, SITE_PIDFD
-from shmring.impl.registration import Registry
+from shmring.impl.registered.arena import (
+    ArenaFrameDescriptor,
+    ArenaReader,
+    RegisteredArena,
+    is_holder_alive,
+)
+from shmring.impl.registered.registration import Registry
 from shmring.spec.layout import FRAME_STATE_CLAIMED
 
 CELLS = crash.enumerate_crash_cells("quick")

@@ -30,9 +30,9 @@ from shmring.fault_injection.interleave import (
     replay,
     run_schedule,
 )
-from shmring.impl import arena as arena_module
 from shmring.impl.fallback import claim as fallback_module
 from shmring.impl.frame_io import SharedWords
+from shmring.impl.registered import arena as arena_module
 from shmring.impl.ring.engine import RingProducer
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader

@@ -32,8 +32,8 @@ from shmring.impl import codec
 from shmring.impl.connector import Connector, GetStatus, RingDescriptor, Route
 from shmring.impl.errors import NoSpaceError, RegistryPoisonedError
 from shmring.impl.names import fallback_segment_path
-from shmring.impl.registration import Registry
-from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
 from shmring.spec import connector as connector_spec
 from shmring.spec.connector import ConnectorPutStatus
 from shmring.spec.registration import CALL_HOST_UNREGISTER, CUDA_ERROR_UNKNOWN

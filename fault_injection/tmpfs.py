@@ -116,7 +116,7 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
     import torch
 
     from shmring.fault_injection.plans import FaultyCudaDriver
-    from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
+    from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
 
     driver = FaultyCudaDriver()
     options = TransferOptions(enable_registered_shm=True, arena_capacity=1024 * 1024)

@@ -22,11 +22,16 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader, RegisteredArena, arena_key
-from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import RegistrationError
-from shmring.impl.registration import Registry
-from shmring.impl.views import lease_statistics
+from shmring.impl.registered.arena import (
+    ArenaFrameDescriptor,
+    ArenaReader,
+    RegisteredArena,
+    arena_key,
+)
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.views import lease_statistics
 from shmring.model_tests.arena_worker import DERIVATIONS, TAG_RGB, LocalPlace, RemotePlace
 from shmring.spec import invariants, leases
 from shmring.spec import ring as ring_spec

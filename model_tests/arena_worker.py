@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from shmring.fault_injection.kit.processes import WorkerProcess, serve
-from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
+from shmring.impl.registered.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.spec import leases
 
 try:  # PyAV frames are one derivation among many: without PyAV the others still run

@@ -28,11 +28,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from shmring.fault_injection.kit.machines import register_profiles
 from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.impl.cuda_driver import CudaDriver, SimulatedCudaDriver
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
 from shmring.impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
-from shmring.impl.registration import RegisteredSegment, Registry
-from shmring.impl.views import copy_segment
+from shmring.impl.registered.cuda_driver import CudaDriver, SimulatedCudaDriver
+from shmring.impl.registered.registration import RegisteredSegment, Registry
+from shmring.impl.registered.views import copy_segment
 from shmring.spec import invariants
 from shmring.spec import registration as spec
 from shmring.spec.registration import StepStatus, TransferStatus
@@ -221,7 +221,7 @@ class TrackingRegistry(Registry):
 
 
 class RegistryMachine(RuleBasedStateMachine):
-    """`spec.registration` registry part vs `impl.registration.Registry`."""
+    """`spec.registration` registry part vs `impl.registered.registration.Registry`."""
 
     driver_factory: Callable[[], CudaDriver] = SimulatedCudaDriver
     simulated = True

@@ -14,15 +14,15 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from shmring.impl.arena import RegisteredArena
-from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
     RegistryPoisonedError,
     StaleDescriptorError,
 )
-from shmring.impl.registration import Registry
+from shmring.impl.registered.arena import RegisteredArena
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
 from shmring.model_tests.arena_machine import (
     ArenaMachine,
     borrow_in_reader,

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from shmring.impl.cuda_driver import CudaRuntimeDriver
 from shmring.impl.errors import RegistrationError, RegistryPoisonedError
-from shmring.impl.registration import Registry
-from shmring.impl.transfer import (
+from shmring.impl.registered.cuda_driver import CudaRuntimeDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.transfer import (
     CARRIER_ARENA,
     CARRIER_SEGMENT,
     TransferOptions,
@@ -207,7 +207,7 @@ def test_registered_copy_is_asynchronous_and_page_locked(registry: Registry) -> 
 
 def test_gpu_video_pipeline_matches_cpu_encoding(scope: str) -> None:
     pytest.importorskip("av", reason="the video encoder needs PyAV")
-    from shmring.impl.video import encode_rgb_to_mp4  # PyAV costs only this test
+    from shmring.impl.registered.video import encode_rgb_to_mp4  # PyAV costs only this test
 
     frames = torch.randint(0, 256, (4, 48, 64, 3), dtype=torch.uint8)
     options = TransferOptions(enable_registered_shm=True, enable_borrowed_frames=True)

@@ -165,9 +165,9 @@ def test_registered_transfer_readers_refuse_files_that_are_not_ours_issue_12(
     scope: str,
 ) -> None:
     """Arena and segment readers check owner and mode before trusting the bytes."""
-    from shmring.impl.arena import ArenaReader
     from shmring.impl.directory import ensure_deployment_directory
-    from shmring.impl.views import map_segment
+    from shmring.impl.registered.arena import ArenaReader
+    from shmring.impl.registered.views import map_segment
 
     directory = ensure_deployment_directory(scope)
     arena, segment = _untrusted_transfer_files(directory)

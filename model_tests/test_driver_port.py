@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from shmring.impl.cuda_driver import (
+from shmring.impl.errors import RegistrationError
+from shmring.impl.registered.cuda_driver import (
     CUDA_ERROR_INSUFFICIENT_DRIVER,
     CUDA_PYTHON_REQUIREMENT,
     SimulatedCudaDriver,
@@ -26,9 +27,8 @@ from shmring.impl.cuda_driver import (
     driver_error,
     torch_cuda_error_name,
 )
-from shmring.impl.errors import RegistrationError
-from shmring.impl.host_copy import copy_to_host_or_gather, gather_through_host
-from shmring.impl.transfer import (
+from shmring.impl.registered.host_copy import copy_to_host_or_gather, gather_through_host
+from shmring.impl.registered.transfer import (
     CARRIER_SEGMENT,
     TransferOptions,
     TransferReceiver,
@@ -131,9 +131,9 @@ _WITHOUT_CUDA_PYTHON = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, HideCudaPython())
-    from shmring.impl.cuda_driver import CudaRuntimeDriver, load_runtime
+    from shmring.impl.registered.cuda_driver import CudaRuntimeDriver, load_runtime
     from shmring.impl.errors import ConfigurationError
-    from shmring.impl.transfer import TransferOptions, TransferSender
+    from shmring.impl.registered.transfer import TransferOptions, TransferSender
 
     for make in (load_runtime, CudaRuntimeDriver):
         try:
@@ -382,7 +382,7 @@ def test_real_driver_copies_on_the_stream_of_the_source_device() -> None:
     waits for both streams."""
     from types import SimpleNamespace
 
-    from shmring.impl.cuda_driver import CudaRuntimeDriver
+    from shmring.impl.registered.cuda_driver import CudaRuntimeDriver
 
     cuda = FakeTorchCuda()
     driver = object.__new__(CudaRuntimeDriver)  # no device here: build it around the seam

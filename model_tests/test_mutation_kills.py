@@ -19,9 +19,7 @@ import pytest
 import torch
 from msgspec.msgpack import Ext
 
-from shmring.impl import codec, views
-from shmring.impl.arena import ArenaReader, RegisteredArena
-from shmring.impl.cuda_driver import SimulatedCudaDriver
+from shmring.impl import codec
 from shmring.impl.errors import (
     CorruptFrameError,
     NoSpaceError,
@@ -31,9 +29,12 @@ from shmring.impl.errors import (
 from shmring.impl.liveness import Liveness
 from shmring.impl.names import read_start_time
 from shmring.impl.os_seam import DEFAULT_OS
-from shmring.impl.registration import Registry
+from shmring.impl.registered import views
+from shmring.impl.registered.arena import ArenaReader, RegisteredArena
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.transfer import CARRIER_SEGMENT, FieldDescriptor
 from shmring.impl.ring.producer import RingChannel
-from shmring.impl.transfer import CARRIER_SEGMENT, FieldDescriptor
 from shmring.spec import layout
 from shmring.spec.ring import PutStatus
 

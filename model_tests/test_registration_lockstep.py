@@ -12,10 +12,10 @@ import os
 import pytest
 import torch
 
-from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
-from shmring.impl.registration import Registry
-from shmring.impl.views import copy_segment
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.views import copy_segment
 from shmring.model_tests.registration_machine import DriverMachine, RegistryMachine, profile
 from shmring.spec import registration as spec
 
@@ -179,8 +179,8 @@ def test_runtime_driver_without_a_device_fails_clearly() -> None:
 
     from cuda.bindings import runtime
 
-    from shmring.impl.cuda_driver import CudaRuntimeDriver, default_driver
     from shmring.impl.errors import ConfigurationError
+    from shmring.impl.registered.cuda_driver import CudaRuntimeDriver, default_driver
 
     assert default_driver() is None
     with pytest.raises(ConfigurationError, match="is_available"):

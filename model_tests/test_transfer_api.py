@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
@@ -17,7 +16,8 @@ from shmring.impl.errors import (
     StaleDescriptorError,
     UnsupportedPayloadError,
 )
-from shmring.impl.transfer import (
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.transfer import (
     CARRIER_ARENA,
     CARRIER_SEGMENT,
     TransferDescriptor,
@@ -26,7 +26,7 @@ from shmring.impl.transfer import (
     TransferSender,
     restore_tensor,
 )
-from shmring.impl.views import lease_owner_of
+from shmring.impl.registered.views import lease_owner_of
 
 REGISTERED = TransferOptions(
     enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384

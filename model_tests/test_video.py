@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("av", reason="the video tests need PyAV")
 
-from shmring.impl.cuda_driver import SimulatedCudaDriver
 from shmring.impl.errors import ConfigurationError
-from shmring.impl.registration import Registry
-from shmring.impl.video import (
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.video import (
     FRAME_INPUT_BORROWED,
     FRAME_INPUT_COPY,
     VideoSettings,
@@ -19,7 +19,7 @@ from shmring.impl.video import (
     encode_rgb_to_mp4,
     is_borrowable_frame,
 )
-from shmring.impl.views import borrow_segment, lease_statistics
+from shmring.impl.registered.views import borrow_segment, lease_statistics
 
 LOSSLESS = VideoSettings(codec="libx264rgb", pix_fmt="rgb24", qp=0)
 

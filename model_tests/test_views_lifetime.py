@@ -19,11 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-from shmring.impl.arena import RegisteredArena, compute_arena_frame_length
-from shmring.impl.cuda_driver import SimulatedCudaDriver
-from shmring.impl.registration import Registry
-from shmring.impl.transfer import TransferOptions, TransferReceiver, TransferSender
-from shmring.impl.views import LeaseOwner, borrow_segment, lease_owner_of, lease_statistics
+from shmring.impl.registered.arena import RegisteredArena, compute_arena_frame_length
+from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
+from shmring.impl.registered.views import (
+    LeaseOwner,
+    borrow_segment,
+    lease_owner_of,
+    lease_statistics,
+)
 from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE
 from shmring.spec.ring import PutStatus
 
@@ -172,7 +177,7 @@ def test_receiver_killed_after_mapping_leaves_no_name(scope: str) -> None:
     assert descriptor.fields[0].carrier == "segment"
     code = (
         "import sys, signal, os\n"
-        "from shmring.impl.transfer import TransferReceiver, TransferOptions, TransferDescriptor\n"
+        "from shmring.impl.registered.transfer import TransferReceiver, TransferOptions, TransferDescriptor\n"
         "d = TransferDescriptor.from_wire(eval(sys.argv[1]))\n"
         "v = TransferReceiver(d.scope, TransferOptions(enable_borrowed_frames=True)).receive(d)\n"
         "assert int(v['x'].sum()) == 1024\n"
@@ -205,7 +210,7 @@ def test_arena_frame_claimed_by_killed_receiver_is_reused_once_its_death_is_dete
     assert descriptor.fields[0].carrier == "arena"
     code = (
         "import sys, os, signal\n"
-        "from shmring.impl.transfer import TransferReceiver, TransferOptions, TransferDescriptor\n"
+        "from shmring.impl.registered.transfer import TransferReceiver, TransferOptions, TransferDescriptor\n"
         "d = TransferDescriptor.from_wire(eval(sys.argv[1]))\n"
         "v = TransferReceiver(d.scope, TransferOptions(enable_borrowed_frames=True)).receive(d)\n"
         "print('claimed', flush=True)\n"

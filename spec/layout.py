@@ -268,7 +268,7 @@ STAMP_OFFSET: Final = 0
 DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
 STAMP_FILE_LENGTH: Final = 64
 
-# -- registered arena frames (`shmring.impl.arena`) --------------------------
+# -- registered arena frames (`shmring.impl.registered.arena`) --------------------------
 #
 # An arena is a ring file (the layout above) whose frame keys are the
 # ARENA_KEY_LENGTH lower-case hex digits of a sequence number, so every

@@ -1,7 +1,7 @@
 """The producer engine: one ring's producer half of `spec.ring`, over shared memory.
 
 Both producers of the ring layout run on it: the host ring (`RingChannel`,
-`producer.py`) and the registered arena (`RegisteredArena`, `impl/arena.py`).
+`producer.py`) and the registered arena (`RegisteredArena`, `impl/registered/arena.py`).
 Each owner maps its file and hands the engine four things: `_words` (the
 mapping's `frame_io.SharedWords`), `_buf` (a writable view of the whole
 mapping), `_capacity` and `_os`; the engine keeps the rest, the producer's

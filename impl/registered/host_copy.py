@@ -2,7 +2,7 @@
 
 Both transfer paths land a tensor's bits in shared memory the same way: the
 registered path through the CUDA driver port (`copy_into_host`, used by the
-per-transfer segments of `shmring.impl.registration` and by the registered
+per-transfer segments of `shmring.impl.registered.registration` and by the registered
 arena), the copying path through torch's own ``copy_``
 (`copy_to_host_or_gather`). bfloat16 travels as its uint16 bits: the copy
 reinterprets (`copy_source`), nothing is widened on the device.
@@ -14,8 +14,8 @@ from typing import Final
 
 import torch
 
-from shmring.impl.cuda_driver import CudaDriver
 from shmring.impl.errors import RegistrationError, UnsupportedPayloadError
+from shmring.impl.registered.cuda_driver import CudaDriver
 
 # What travels for each torch dtype: the numpy dtype name of the bits. bfloat16
 # has no numpy dtype; its bits travel as uint16 and a dtype view restores it.

@@ -60,7 +60,14 @@ from shmring.impl.names import (
     validate_transfer_file_name,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
-from shmring.impl.registration import RegisteredRange, Registry, ShmFile, copy_into_host, host_view
+from shmring.impl.registered.registration import (
+    RegisteredRange,
+    Registry,
+    ShmFile,
+    copy_into_host,
+    host_view,
+)
+from shmring.impl.registered.views import borrow
 from shmring.impl.ring.borrow import mark_frame_done
 from shmring.impl.ring.engine import RingProducer
 from shmring.impl.ring.frames import (
@@ -71,7 +78,6 @@ from shmring.impl.ring.frames import (
     read_checked_ring_header,
 )
 from shmring.impl.ring.mapping import _data_offset, _FrameShapes
-from shmring.impl.views import borrow
 from shmring.spec.layout import (
     ARENA_KEY_LENGTH,
     ARENA_PAYLOAD_OFFSET,

@@ -1,7 +1,7 @@
 """One shared-memory file this process created and maps read-write (`ShmFile`).
 
-Per-transfer segments (`shmring.impl.registration`), the copying path's
-unregistered segments (`shmring.impl.transfer`) and the registered arena's
+Per-transfer segments (`shmring.impl.registered.registration`), the copying path's
+unregistered segments (`shmring.impl.registered.transfer`) and the registered arena's
 file are each one of these. Every OS call goes through the `OsFacade`.
 """
 

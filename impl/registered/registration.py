@@ -32,9 +32,9 @@ Model steps (`shmring.spec.registration`) and where they are done here:
 `process_allocate` / `process_register` / `process_copy` / `process_unregister`
 / `process_remove` / `process_publish` / `process_transfer` / `process_close`
 are the `Registry` methods of the same names (`_abort` is `Registry.abort`);
-`process_receive` is the receiver's (`shmring.impl.transfer_receiver`); the
-driver steps (`process_host_register` ...) are `shmring.impl.cuda_driver`'s.
-The copies are `shmring.impl.host_copy`'s, the files `shmring.impl.shm_file`'s.
+`process_receive` is the receiver's (`shmring.impl.registered.transfer_receiver`); the
+driver steps (`process_host_register` ...) are `shmring.impl.registered.cuda_driver`'s.
+The copies are `shmring.impl.registered.host_copy`'s, the files `shmring.impl.registered.shm_file`'s.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from typing import Final
 
 import torch
 
-from shmring.impl.cuda_driver import CudaDriver
 from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
@@ -59,10 +58,13 @@ from shmring.impl.errors import (
     RegistryPoisonedError,
     describe_errno,
 )
+from shmring.impl.names import DEFAULT_SHM_ROOT, registered_segment_file_name
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
+from shmring.impl.registered.cuda_driver import CudaDriver
 
 # The copy helpers and ShmFile have their own modules; they are re-exported
 # here (see __all__) for the importers that still take them from registration.
-from shmring.impl.host_copy import (
+from shmring.impl.registered.host_copy import (
     WIRE_DTYPES,
     copy_into_host,
     copy_source,
@@ -72,9 +74,7 @@ from shmring.impl.host_copy import (
     host_view,
     wire_dtype_of,
 )
-from shmring.impl.names import DEFAULT_SHM_ROOT, registered_segment_file_name
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.shm_file import ShmFile
+from shmring.impl.registered.shm_file import ShmFile
 from shmring.spec.registration import (
     SEGMENT_ALLOCATED,
     SEGMENT_COPIED,

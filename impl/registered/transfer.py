@@ -28,11 +28,11 @@ Both are counted in `SenderStatistics`.
 
 The API in three modules: this one is the producer side (`TransferSender`)
 and the one import point of every public name; the options and the
-descriptors are `shmring.impl.transfer_descriptor`'s, the consumer side
-`shmring.impl.transfer_receiver`'s. A registered send is
+descriptors are `shmring.impl.registered.transfer_descriptor`'s, the consumer side
+`shmring.impl.registered.transfer_receiver`'s. A registered send is
 `shmring.spec.registration.process_transfer` (`Registry.transfer`) for the
 fields the arena does not take, and the arena's reserve / copy / commit
-(`shmring.impl.arena.RegisteredArena`) for the fields it does.
+(`shmring.impl.registered.arena.RegisteredArena`) for the fields it does.
 """
 
 from __future__ import annotations
@@ -44,12 +44,6 @@ from dataclasses import dataclass
 
 import torch
 
-from shmring.impl.arena import (
-    ArenaFrameDescriptor,
-    ArenaReservation,
-    RegisteredArena,
-)
-from shmring.impl.cuda_driver import CUDA_ERROR_INSUFFICIENT_DRIVER, CudaDriver, default_driver
 from shmring.impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
@@ -60,16 +54,31 @@ from shmring.impl.errors import (
     RegistrationError,
     RegistryPoisonedError,
 )
-from shmring.impl.host_copy import copy_to_host_or_gather, dtype_name, host_view, wire_dtype_of
 from shmring.impl.names import (
     DEFAULT_SHM_ROOT,
     registered_segment_file_name,
     validate_scope,
 )
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registration import Registry, prune_taken_names
-from shmring.impl.shm_file import ShmFile
-from shmring.impl.transfer_descriptor import (
+from shmring.impl.registered.arena import (
+    ArenaFrameDescriptor,
+    ArenaReservation,
+    RegisteredArena,
+)
+from shmring.impl.registered.cuda_driver import (
+    CUDA_ERROR_INSUFFICIENT_DRIVER,
+    CudaDriver,
+    default_driver,
+)
+from shmring.impl.registered.host_copy import (
+    copy_to_host_or_gather,
+    dtype_name,
+    host_view,
+    wire_dtype_of,
+)
+from shmring.impl.registered.registration import Registry, prune_taken_names
+from shmring.impl.registered.shm_file import ShmFile
+from shmring.impl.registered.transfer_descriptor import (
     CARRIER_ARENA,
     CARRIER_SEGMENT,
     CARRIERS,
@@ -77,7 +86,7 @@ from shmring.impl.transfer_descriptor import (
     TransferDescriptor,
     TransferOptions,
 )
-from shmring.impl.transfer_receiver import TransferReceiver, restore_tensor
+from shmring.impl.registered.transfer_receiver import TransferReceiver, restore_tensor
 from shmring.spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 
 logger = logging.getLogger("shmring.transfer")

@@ -5,7 +5,7 @@ field (map, then unlink the name) and the arena reader's claim for each arena
 field; it takes all of a descriptor's fields or none: every system call comes
 first, so an OS failure takes nothing and the same descriptor may be received
 again. With `enable_borrowed_frames` the arrays are borrowed views
-(`shmring.impl.views`), otherwise independent copies.
+(`shmring.impl.registered.views`), otherwise independent copies.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from shmring.impl.arena import ArenaFrameDescriptor, ArenaReader
 from shmring.impl.errors import ClosedError, ConfigurationError, CorruptFrameError
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.transfer_descriptor import (
+from shmring.impl.registered.arena import ArenaFrameDescriptor, ArenaReader
+from shmring.impl.registered.transfer_descriptor import (
     _TORCH_DTYPES,
     CARRIER_ARENA,
     TransferDescriptor,
     TransferOptions,
 )
-from shmring.impl.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+from shmring.impl.registered.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
 
 
 def restore_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:

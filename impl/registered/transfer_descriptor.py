@@ -16,10 +16,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from shmring.impl.arena import DEFAULT_ARENA_CAPACITY
 from shmring.impl.errors import ConfigurationError, CorruptFrameError
-from shmring.impl.host_copy import WIRE_DTYPES, dtype_name
 from shmring.impl.names import validate_scope, validate_transfer_file_name
+from shmring.impl.registered.arena import DEFAULT_ARENA_CAPACITY
+from shmring.impl.registered.host_copy import WIRE_DTYPES, dtype_name
 from shmring.spec.ring import compute_capacity_error
 
 CARRIER_ARENA: Final = "arena"  # a frame of the registered arena
