@@ -19,9 +19,9 @@ import errno
 import os
 import stat
 
-from shmring.impl.errors import ConfigurationError, DirectoryReplacedError
+from shmring.impl.errors import ConfigurationError, CorruptFrameError, DirectoryReplacedError
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
-from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OsFacade
+from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
 
 # -- the deployment directory ----------------------------------------------------
 #
@@ -303,6 +303,24 @@ def check_private_file(path: str, info: os.stat_result) -> str | None:
     if stat.S_IMODE(info.st_mode) != FILE_MODE:
         return f"mode is not 0600: mode={oct(stat.S_IMODE(info.st_mode))} path={path!r}"
     return None
+
+
+def open_private_file(path: str, os_facade: OsFacade, what: str) -> tuple[int, os.stat_result]:
+    """Open an existing file whose bytes a reader will trust: (fd, its fstat), the caller closes.
+
+    CorruptFrameError (`what` names the file) when `check_private_file`
+    refuses it; the descriptor is closed then.
+    """
+    fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+    try:
+        info = os_facade.fstat(fd)
+        untrusted = check_private_file(path, info)  # a file another uid made or changed
+        if untrusted is not None:
+            raise CorruptFrameError(f"{what} not trusted: {untrusted}")
+    except BaseException:
+        os_facade.close(fd)
+        raise
+    return fd, info
 
 
 def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAULT_OS) -> bool:

@@ -62,8 +62,10 @@ def test_options_default_off_and_type_checked() -> None:
         TransferOptions(arena_capacity=True)
     with pytest.raises(ConfigurationError, match="capacity=1000"):
         TransferOptions(arena_capacity=1000)
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match="options must be TransferOptions"):
         TransferSender("s", {"enable_registered_shm": True})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="options must be TransferOptions"):
+        TransferReceiver("s", {"enable_borrowed_frames": True})  # type: ignore[arg-type]
     assert isinstance(ConfigurationError("x"), ValueError)
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from shmring.impl import frame_io
-from shmring.impl.directory import check_private_file
+from shmring.impl.directory import open_private_file
 from shmring.impl.errors import (
     ClosedError,
     ConfigurationError,
@@ -59,7 +59,7 @@ from shmring.impl.names import (
     current_producer_identity,
     validate_transfer_file_name,
 )
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.registered.registration import (
     RegisteredRange,
     Registry,
@@ -416,12 +416,8 @@ class ArenaReader:
         validate_transfer_file_name(name)
         self.name = name
         path = os.path.join(directory, name)
-        fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+        fd, info = open_private_file(path, os_facade, "arena file")
         try:
-            info = os_facade.fstat(fd)
-            untrusted = check_private_file(path, info)  # a file another uid made or changed
-            if untrusted is not None:
-                raise CorruptFrameError(f"arena file not trusted: {untrusted}")
             if info.st_size < RING_HEADER_LENGTH:
                 raise CorruptFrameError(f"arena file too short: path={path!r} size={info.st_size}")
             self._mapping = os_facade.mmap(fd, info.st_size)

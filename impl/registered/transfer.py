@@ -130,9 +130,7 @@ class TransferSender:
         os_facade: OsFacade = DEFAULT_OS,
         shm_root: str = DEFAULT_SHM_ROOT,
     ) -> None:
-        options = TransferOptions() if options is None else options
-        if not isinstance(options, TransferOptions):
-            raise ConfigurationError(f"options must be TransferOptions: options={options!r}")
+        options = TransferOptions.of(options)
         self.scope = validate_scope(scope)
         self.options = options
         self._os = os_facade

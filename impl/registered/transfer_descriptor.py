@@ -55,6 +55,15 @@ class TransferOptions:
         if error is not None:
             raise ConfigurationError(f"arena_capacity: {error}")
 
+    @classmethod
+    def of(cls, options: TransferOptions | None) -> TransferOptions:
+        """`options`, or the defaults for None; ConfigurationError for anything else."""
+        if options is None:
+            return cls()
+        if not isinstance(options, cls):
+            raise ConfigurationError(f"options must be TransferOptions: options={options!r}")
+        return options
+
 
 # -- descriptors ---------------------------------------------------------------------
 

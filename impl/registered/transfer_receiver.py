@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shmring.impl.errors import ClosedError, ConfigurationError, CorruptFrameError
+from shmring.impl.errors import ClosedError, CorruptFrameError
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.registered.arena import ArenaFrameDescriptor, ArenaReader
@@ -51,9 +51,7 @@ class TransferReceiver:
         os_facade: OsFacade = DEFAULT_OS,
         shm_root: str = DEFAULT_SHM_ROOT,
     ) -> None:
-        options = TransferOptions() if options is None else options
-        if not isinstance(options, TransferOptions):
-            raise ConfigurationError(f"options must be TransferOptions: options={options!r}")
+        options = TransferOptions.of(options)
         self.scope = validate_scope(scope)
         self.options = options
         self._os = os_facade

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from shmring.impl.directory import check_private_file
+from shmring.impl.directory import open_private_file
 from shmring.impl.errors import CorruptFrameError
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.os_seam import DEFAULT_OS, OsFacade
 from shmring.impl.ring.borrow import Lease, LeaseStatistics, ReleaseHook, lease_statistics
 
 
@@ -148,12 +148,8 @@ def map_segment(
     failure on a later one consumes none.
     """
     path = os.path.join(directory, name)
-    fd = os_facade.open(path, OPEN_FLAGS_EXISTING)
+    fd, info = open_private_file(path, os_facade, "segment")
     try:
-        info = os_facade.fstat(fd)
-        untrusted = check_private_file(path, info)  # a file another uid made or changed
-        if untrusted is not None:
-            raise CorruptFrameError(f"segment not trusted: {untrusted}")
         if info.st_size <= 0:
             raise CorruptFrameError(
                 f"segment is not a non-empty regular file: path={path!r} size={info.st_size}"
