@@ -51,13 +51,20 @@ from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
 from shmring.spec import leases as leases_spec
+from shmring.spec import pool as pool_spec
 from shmring.spec import producers as producers_spec
 from shmring.spec import registration as registration_spec
 from shmring.spec import ring as ring_spec
 from shmring.spec.connector import ConnectorPutStatus, Route
 from shmring.spec.discovery import DeploymentGetStatus, DeploymentState, PublishedDescriptor
 from shmring.spec.invariants import InvariantViolation
-from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE, FRAME_STATE_PUBLISHED
+from shmring.spec.layout import (
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    MIN_POOL_CLASS,
+)
+from shmring.spec.pool import compute_slot_charge
 from shmring.spec.ring import ConsumeMode
 
 # -- the machine -------------------------------------------------------------------------------
@@ -499,6 +506,23 @@ def _connector() -> connector_spec.ConnectorState:
     return conn
 
 
+def _pooled_connector() -> connector_spec.ConnectorState:
+    """A connector with a pool: one payload claimed (slot DONE), one published."""
+    conn = connector_spec.initialize_connector(
+        CAPACITY, BUDGET, MIN_POOL_CLASS, 2 * MIN_POOL_CLASS, 4 * compute_slot_charge(4096)
+    )
+    connector_spec.process_put(conn, EDGE, "big", 3000, "taken")
+    connector_spec.process_get(conn, EDGE, "big")
+    connector_spec.process_put(conn, EDGE, "big2", 5000, "waiting")
+    return conn
+
+
+def _pool_pair() -> tuple[pool_spec.PoolState, pool_spec.PoolState]:
+    pool = _pooled_connector().pool
+    assert pool is not None
+    return pool, copy.deepcopy(pool)
+
+
 def _copy_segment_to(conn: connector_spec.ConnectorState, key: str) -> None:
     segment = conn.fallback[(EDGE, "f")]
     conn.fallback[(EDGE, key)] = connector_spec.FallbackSegment(
@@ -721,6 +745,24 @@ VIOLATIONS: dict[
         lambda r: _set(r.segments[0], copied=False),
         invariants.check_registration,
         "was never copied into",
+    ),
+    "check_pool": (
+        lambda: _pooled_connector().pool,
+        lambda p: _set(p, used_bytes=p.used_bytes + 4096),
+        invariants.check_pool,
+        "but slots sum to",
+    ),
+    "check_pool_step": (
+        _pool_pair,
+        lambda pair: _set(pair[1].slots[1], generation=99, payload="rewritten"),
+        lambda pair: invariants.check_pool_step(*pair),
+        "rewritten while it may be read",
+    ),
+    "check_connector_pool": (
+        _pooled_connector,
+        lambda c: _set(c.pool.slots[1], state=pool_spec.SlotState.DONE, holder=1),
+        invariants.check_connector_pool,
+        "deliverable carrier of slot=1 in state",
     ),
     "check_leases_views": (
         _leases,

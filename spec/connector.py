@@ -7,16 +7,25 @@ the ring does not take. The routing rules, in the order a put applies them:
 1. The ring is disabled (capacity 0) or its setup failed for this edge
    (ENOSPC, EPERM, a discovery failure, ...): fallback. A failed setup is
    remembered; the edge is not retried.
-2. The ring says NOT_ADMITTED (frame too large, key too long) or FULL:
-   fallback.
-3. The fallback refuses with back-pressure when the segment would take the
+2. The ring says NOT_ADMITTED for the payload's frame (too large) but would
+   admit a pool reference for the key: the pool (`spec.pool`). A slot takes
+   the payload and the ring carries a small reference frame for the key, so
+   the key's rules stay the ring's (route POOL). No slot to be had
+   (`AcquireStatus.TOO_LARGE` / `EXHAUSTED`), or the ring FULL for the
+   reference: the slot is abandoned and the fallback carries it.
+3. The ring says NOT_ADMITTED (and no pool) or FULL: fallback.
+4. The fallback refuses with back-pressure when the segment would take the
    live fallback bytes past the budget; nothing changes then.
 
 Whichever route accepts, the key's older version on the *other* route is
 retired, so an (edge, key) has at most one deliverable version in total.
 
 A get with a descriptor reads only the route and place the descriptor names
-(a ring descriptor never falls back); a get by key looks at both routes.
+(a ring descriptor never falls back); a get by key looks at both routes. A
+ring frame that carries a pool reference is claimed like any ring frame;
+the payload is then claimed from its slot and released (copy-out), and the
+delivery's route is POOL. A pool put answers a `RingDescriptor`: the
+reference frame is what it names.
 """
 
 from __future__ import annotations
@@ -24,12 +33,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from shmring.spec import pool as pool_spec
 from shmring.spec import ring as ring_spec
 from shmring.spec.layout import (
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_PUBLISHED,
+    MIN_POOL_CLASS,
+    POOL_REF_LENGTH,
     compute_file_footprint,
     compute_frame_length,
     compute_ring_file_length,
 )
+from shmring.spec.pool import ClaimStatus, PoolState
 from shmring.spec.ring import (
     ConsumeMode,
     GetStatus,
@@ -38,6 +53,7 @@ from shmring.spec.ring import (
     compute_key_length,
     get_deliverable_frame,
     initialize_ring,
+    is_admitted,
     is_deliverable,
     is_prefix_match,
     is_valid_capacity,
@@ -68,6 +84,17 @@ class FallbackDescriptor:
 
 Descriptor = RingDescriptor | FallbackDescriptor
 
+# The pid the model's consumer claims pool slots as (one process's connector).
+MODEL_HOLDER_PID = 1
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The payload token of a ring frame that carries a pool slot's payload."""
+
+    index: int  # the slot
+    generation: int  # the publish it names
+
 
 @dataclass
 class FallbackSegment:
@@ -92,6 +119,9 @@ class ConnectorHealth:
     ring_gets: int = 0  # gets delivered from a ring
     fallbacks: int = 0  # puts carried by the fallback
     refusals: int = 0  # puts refused with back-pressure
+    pool_puts: int = 0  # puts carried by a pool slot (their reference on a ring)
+    pool_gets: int = 0  # gets delivered from a pool slot
+    pool_fallbacks: int = 0  # puts the pool could not take (no slot, ring full): the fallback's
 
 
 @dataclass
@@ -108,6 +138,9 @@ class ConnectorState:
     fallback: dict[tuple[Edge, str], FallbackSegment] = field(default_factory=dict)
     fallback_bytes: int = 0  # == sum of live segment lengths; <= fallback_budget
     next_generation: int = 1  # larger than every generation issued so far
+    pool: PoolState | None = None  # the producer's pool; None: no pool (every such put falls back)
+    # slot index -> (edge, position) of the ring frame carrying its reference
+    carriers: dict[int, tuple[Edge, int]] = field(default_factory=dict)
     health: ConnectorHealth = field(default_factory=ConnectorHealth)
     closed: bool = False  # set by close; nothing deliverable, nothing accepted afterwards
 
@@ -115,6 +148,7 @@ class ConnectorState:
 class Route(enum.Enum):
     RING = "ring"
     FALLBACK = "fallback"
+    POOL = "pool"  # a pool slot; its reference frame on the ring
 
 
 class ConnectorPutStatus(enum.Enum):
@@ -190,8 +224,10 @@ def is_ring_usable(conn: ConnectorState, edge: Edge) -> bool:
 def get_route_of(conn: ConnectorState, edge: Edge, key: str) -> Route | None:
     """Where the key's deliverable version lives, if anywhere."""
     ring = conn.rings.get(edge)
-    if ring is not None and get_deliverable_frame(ring, key) is not None:
-        return Route.RING
+    if ring is not None:
+        frame = get_deliverable_frame(ring, key)
+        if frame is not None:
+            return Route.POOL if isinstance(frame.payload, PoolRef) else Route.RING
     if (edge, key) in conn.fallback:
         return Route.FALLBACK
     return None
@@ -203,7 +239,8 @@ def get_deliverable(conn: ConnectorState) -> list[tuple[Edge, str, Route]]:
     for edge in sorted(conn.rings):
         for frame in conn.rings[edge].frames:
             if is_deliverable(frame):
-                found.append((edge, frame.key, Route.RING))
+                route = Route.POOL if isinstance(frame.payload, PoolRef) else Route.RING
+                found.append((edge, frame.key, route))
     for edge, key in sorted(conn.fallback):
         found.append((edge, key, Route.FALLBACK))
     return found
@@ -212,11 +249,94 @@ def get_deliverable(conn: ConnectorState) -> list[tuple[Edge, str, Route]]:
 # -- transitions -------------------------------------------------------------
 
 
-def initialize_connector(ring_capacity: int, fallback_budget: int) -> ConnectorState:
+def initialize_connector(
+    ring_capacity: int,
+    fallback_budget: int,
+    pool_min_class: int = MIN_POOL_CLASS,
+    pool_max_class: int = MIN_POOL_CLASS,
+    pool_budget: int = 0,
+) -> ConnectorState:
+    """A connector; a pool only when `pool_budget` > 0 (the model's default: none)."""
     # Verify the configuration (the implementation reports a ConfigurationError first)
     assert is_valid_capacity(ring_capacity)
     assert is_valid_budget(fallback_budget)
-    return ConnectorState(ring_capacity=ring_capacity, fallback_budget=fallback_budget)
+    assert pool_spec.is_valid_classes(pool_min_class, pool_max_class)
+    assert pool_budget >= 0
+    pool = (
+        pool_spec.initialize_pool(pool_min_class, pool_max_class, pool_budget)
+        if pool_budget > 0
+        else None
+    )
+    return ConnectorState(ring_capacity=ring_capacity, fallback_budget=fallback_budget, pool=pool)
+
+
+def is_carrier_pending(conn: ConnectorState, index: int) -> bool:
+    """Whether the ring frame carrying slot `index`'s reference may still be claimed."""
+    carrier = conn.carriers.get(index)
+    if carrier is None:
+        return False
+    ring = conn.rings.get(carrier[0])
+    if ring is None or ring.closed:
+        return False
+    frame = ring_spec.get_frame_at(ring, carrier[1])
+    return frame is not None and frame.state in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED)
+
+
+def process_sync_carriers(conn: ConnectorState) -> None:
+    """Tell the pool which carriers are gone (the producer reads its own frames' states)."""
+    pool = conn.pool
+    if pool is None:
+        return
+    for index in sorted(conn.carriers):
+        if not is_carrier_pending(conn, index):
+            pool_spec.process_pool_carrier_gone(pool, index)
+            del conn.carriers[index]
+
+
+def is_pool_candidate(conn: ConnectorState, key: str, put: ring_spec.PutResult) -> bool:
+    """The ring refused the payload as too large but admits the key's reference frame."""
+    if conn.pool is None or put.status is not PutStatus.NOT_ADMITTED:
+        return False
+    key_length = compute_key_length(key)
+    return is_admitted(
+        conn.ring_capacity, key_length, compute_frame_length(key_length, POOL_REF_LENGTH)
+    )
+
+
+def _put_pool(
+    conn: ConnectorState, edge: Edge, key: str, payload_length: int, payload: object
+) -> ConnectorPutResult | None:
+    """The pool half of `process_put`; None when the put falls back (slot abandoned)."""
+    pool = conn.pool
+    assert pool is not None
+    ring = conn.rings[edge]
+    process_sync_carriers(conn)
+    acquired = pool_spec.process_pool_acquire(pool, payload_length)
+    if acquired.index is None:
+        conn.health.pool_fallbacks += 1
+        return None
+    for index in acquired.evicted:
+        conn.carriers.pop(index, None)
+    generation = pool_spec.process_pool_publish(pool, acquired.index, payload_length, payload)
+    ref = PoolRef(acquired.index, generation)
+    put = ring_spec.process_put(ring, key, POOL_REF_LENGTH, ref)
+    if put.status is not PutStatus.PUBLISHED:
+        pool_spec.process_pool_abandon(pool, acquired.index)
+        conn.health.pool_fallbacks += 1
+        return None
+    assert put.position is not None
+    conn.carriers[acquired.index] = (edge, put.position)
+    _retire_fallback(conn, edge, key)
+    conn.health.puts += 1
+    conn.health.pool_puts += 1
+    conn.health.bytes_transferred += payload_length
+    return ConnectorPutResult(
+        ConnectorPutStatus.ACCEPTED,
+        Route.POOL,
+        RingDescriptor(edge, key, put.position),
+        put.status,
+        put.frame_length,
+    )
 
 
 def process_ring_setup(conn: ConnectorState, edge: Edge, setup_ok: bool) -> bool:
@@ -275,6 +395,10 @@ def process_put(
                 ring_status,
                 put.frame_length,
             )
+        if is_pool_candidate(conn, key, put):
+            pooled = _put_pool(conn, edge, key, payload_length, payload)
+            if pooled is not None:
+                return pooled
     length = compute_fallback_charge(key, payload_length)
     old = conn.fallback.get((edge, key))
     replaced = old.length if old is not None else 0
@@ -306,11 +430,28 @@ def process_put(
 def _deliver(
     conn: ConnectorState, route: Route, payload: object, payload_length: int
 ) -> ConnectorGetResult:
+    if route is Route.RING and isinstance(payload, PoolRef):
+        return _deliver_pool(conn, payload)
     conn.health.gets += 1
     conn.health.bytes_transferred += payload_length
     if route is Route.RING:
         conn.health.ring_gets += 1
     return ConnectorGetResult(ConnectorGetStatus.DELIVERED, route, payload)
+
+
+def _deliver_pool(conn: ConnectorState, ref: PoolRef) -> ConnectorGetResult:
+    """The claimed ring frame carries a pool reference: claim the slot, copy out, release."""
+    pool = conn.pool
+    # Verify the reference is one of this connector's pool (the model never forges one)
+    assert pool is not None
+    claimed = pool_spec.process_pool_claim(pool, ref.index, ref.generation, MODEL_HOLDER_PID)
+    assert claimed.status is ClaimStatus.DELIVERED
+    pool_spec.process_pool_release(pool, ref.index)
+    process_sync_carriers(conn)
+    conn.health.gets += 1
+    conn.health.pool_gets += 1
+    conn.health.bytes_transferred += claimed.payload_length
+    return ConnectorGetResult(ConnectorGetStatus.DELIVERED, Route.POOL, claimed.payload)
 
 
 def _get_fallback(
@@ -393,6 +534,9 @@ def process_close(conn: ConnectorState) -> int:
         retired += ring_spec.process_close(ring)
     for edge, key in sorted(conn.fallback):
         retired += _retire_fallback(conn, edge, key)
+    if conn.pool is not None:
+        pool_spec.process_pool_close(conn.pool)
+        conn.carriers.clear()
     conn.closed = True
     return retired
 

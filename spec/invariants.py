@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shmring.spec.connector import ConnectorState, compute_fallback_charge
+from shmring.spec.connector import ConnectorState, PoolRef, compute_fallback_charge
 from shmring.spec.discovery import DeploymentState, DirectoryState, get_candidates
 from shmring.spec.layout import (
     ADMISSION_DIVISOR,
@@ -21,10 +21,18 @@ from shmring.spec.layout import (
     PADDING_FRAME_TYPE,
     compute_frame_length,
 )
+from shmring.spec.pool import (
+    PoolState,
+    SlotState,
+    compute_slot_charge,
+    is_holder_alive,
+    is_power_of_two,
+)
 from shmring.spec.producers import ProducerId, is_delivering
 from shmring.spec.ring import (
     RingState,
     compute_key_length,
+    get_frame_at,
     is_deliverable,
     is_valid_capacity,
 )
@@ -155,10 +163,13 @@ def check_connector_health(conn: ConnectorState) -> None:
     """Every accepted put went one way; ring gets are gets."""
     h = conn.health
     _require(
-        h.puts == h.ring_puts + h.fallbacks,
-        f"puts={h.puts} != ring {h.ring_puts} + fallback {h.fallbacks}",
+        h.puts == h.ring_puts + h.fallbacks + h.pool_puts,
+        f"puts={h.puts} != ring {h.ring_puts} + fallback {h.fallbacks} + pool {h.pool_puts}",
     )
     _require(0 <= h.ring_gets <= h.gets, f"ring_gets={h.ring_gets} gets={h.gets}")
+    _require(
+        h.ring_gets + h.pool_gets <= h.gets, f"ring+pool gets > gets={h.gets}: pool={h.pool_gets}"
+    )
     _require(h.gets <= h.puts, f"more gets={h.gets} than puts={h.puts}")
 
 
@@ -169,13 +180,95 @@ def check_connector_closed(conn: ConnectorState) -> None:
             _require(ring.closed, "closed connector with an open ring")
 
 
+def check_connector_pool(conn: ConnectorState) -> None:
+    """The pool's invariants; a pending carrier names a slot that is PUBLISHED or being read."""
+    pool = conn.pool
+    if pool is None:
+        _require(not conn.carriers, f"carriers={sorted(conn.carriers)} without a pool")
+        return
+    check_pool(pool)
+    for index, (edge, position) in conn.carriers.items():
+        _require(index in pool.slots, f"carrier of a removed slot={index}")
+        ring = conn.rings.get(edge)
+        frame = get_frame_at(ring, position) if ring is not None else None
+        if frame is not None and is_deliverable(frame):
+            slot = pool.slots[index]
+            _require(
+                slot.carrier_pending and frame.payload == PoolRef(index, slot.generation),
+                f"deliverable carrier at position={position} names slot={index} "
+                f"generation={slot.generation} state={slot.state}",
+            )
+            _require(
+                slot.state is SlotState.PUBLISHED,
+                f"deliverable carrier of slot={index} in state={slot.state}",
+            )
+
+
 def check_connector(conn: ConnectorState) -> None:
     for ring in conn.rings.values():
         check_ring(ring)
+    check_connector_pool(conn)
     check_connector_routes(conn)
     check_connector_budget(conn)
     check_connector_health(conn)
     check_connector_closed(conn)
+
+
+# -- pool --------------------------------------------------------------------
+
+
+def check_pool(pool: PoolState) -> None:
+    """Bytes within budget and summed; indices and generations below their counters."""
+    total = sum(compute_slot_charge(slot.capacity) for slot in pool.slots.values())
+    _require(
+        pool.used_bytes == total, f"pool used_bytes={pool.used_bytes} but slots sum to {total}"
+    )
+    _require(
+        pool.used_bytes <= pool.budget,
+        f"pool over budget: used={pool.used_bytes} budget={pool.budget}",
+    )
+    if pool.closed:
+        _require(not pool.slots, f"closed pool holds slots={sorted(pool.slots)}")
+    for index, slot in pool.slots.items():
+        _require(slot.index == index, f"slot filed under index={index} names {slot.index}")
+        _require(index < pool.next_index, f"slot index={index} not below {pool.next_index}")
+        _require(
+            slot.generation < pool.next_generation,
+            f"slot generation={slot.generation} not below {pool.next_generation}",
+        )
+        _require(
+            is_power_of_two(slot.capacity) and pool.min_class <= slot.capacity <= pool.max_class,
+            f"slot capacity={slot.capacity} outside the classes",
+        )
+        _require(
+            slot.payload_length <= slot.capacity,
+            f"slot={index} payload_length={slot.payload_length} > capacity={slot.capacity}",
+        )
+        if slot.state is SlotState.FREE:
+            _require(not slot.carrier_pending, f"free slot={index} with a pending carrier")
+        if slot.state in (SlotState.CLAIMED, SlotState.DONE):
+            _require(slot.holder is not None, f"slot={index} {slot.state} without a holder")
+        if slot.state is SlotState.PUBLISHED:
+            _require(slot.generation > 0, f"published slot={index} without a generation")
+
+
+def check_pool_step(before: PoolState, after: PoolState) -> None:
+    """A slot that may still be read is never rewritten: same generation and payload."""
+    for index, old in before.slots.items():
+        new = after.slots.get(index)
+        may_be_read = old.carrier_pending or (
+            old.state is SlotState.CLAIMED and is_holder_alive(before, old.holder)
+        )
+        if not may_be_read:
+            continue
+        _require(new is not None, f"slot={index} removed while it may be read")
+        assert new is not None
+        _require(
+            (new.generation, new.payload, new.payload_length)
+            == (old.generation, old.payload, old.payload_length),
+            f"slot={index} rewritten while it may be read: generation "
+            f"{old.generation} -> {new.generation}",
+        )
 
 
 # -- producers and discovery -------------------------------------------------

@@ -279,3 +279,108 @@ STAMP_FILE_LENGTH: Final = 64
 #
 ARENA_KEY_LENGTH: Final = 16
 ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH
+
+# -- pool slot files and pool references (`shmring.impl.pool`) ---------------------
+#
+# A payload the ring does not admit travels in a *pool slot*: a file of its
+# producer's pool (`spec.pool`), one payload per slot, slot capacities in
+# power-of-two classes. A slot file is a header page, then the payload::
+#
+#     0            8         12          16            24            32
+#     +------------+---------+-----------+-------------+-------------+
+#     | magic u64  | version | header    | capacity    | producer    |
+#     | "SHMPOOL1" | u32     | length u32| u64         | pid u64     |
+#     +------------+---------+-----------+-------------+-------------+
+#     32             40          44          48             56        60
+#     +--------------+-----------+-----------+--------------+---------+------------+
+#     | producer     | producer  | slot      | generation   | state   | holder pid |
+#     | start u64    | inst u32  | index u32 | u64          | u32     | u32        |
+#     +--------------+-----------+-----------+--------------+---------+------------+
+#     64                 72              80          84 .. POOL_SLOT_HEADER_LENGTH
+#     +------------------+---------------+-----------+---- zero fill ----+
+#     | payload length   | checksum u64  | flags u32 |                   |
+#     | u64              | (XXH3-64)     |           |                   |
+#     +------------------+---------------+-----------+-------------------+
+#     POOL_SLOT_HEADER_LENGTH (one page): the payload, `capacity` bytes
+#
+# The first eight fields never change after creation; the producer stores
+# payload length, checksum, flags, generation and holder 0, then state
+# PUBLISHED (release) last. A consumer stores its pid as holder, then CLAIMED,
+# and DONE when it has copied the payload out (or its lease ended).
+#
+# A *pool reference* is the payload of the ring frame that carries a slot's
+# payload on the edge's ring (so key semantics stay the ring's). It starts
+# with CODEC_FRAMED_MARKER like a framed codec payload, but its second byte is
+# POOL_REF_TAG where a codec payload has CODEC_FORMAT_VERSION, so no codec
+# payload reads as a reference::
+#
+#     0      1        2        3          4            8             16            24          32
+#     +------+--------+--------+----------+------------+-------------+-------------+-----------+
+#     | 0xC1 | tag u8 | flags  | reserved | slot index | generation  | payload     | checksum  |
+#     | u8   | 0x50   | u8     | u8 = 0   | u32        | u64         | length u64  | u64       |
+#     +------+--------+--------+----------+------------+-------------+-------------+-----------+
+#
+# The slot is the file `pool.<producer of the ring>.<slot index>`: a reference
+# names no file of anyone but the ring's own producer.
+
+POOL_MAGIC: Final = 0x314C4F4F504D4853  # b"SHMPOOL1" read as a little-endian u64
+POOL_VERSION: Final = 1
+
+POOL_MAGIC_OFFSET: Final = 0
+POOL_VERSION_OFFSET: Final = POOL_MAGIC_OFFSET + 8
+POOL_HEADER_LENGTH_OFFSET: Final = POOL_VERSION_OFFSET + 4
+POOL_CAPACITY_OFFSET: Final = POOL_HEADER_LENGTH_OFFSET + 4
+POOL_PRODUCER_PID_OFFSET: Final = POOL_CAPACITY_OFFSET + 8
+POOL_PRODUCER_START_TIME_OFFSET: Final = POOL_PRODUCER_PID_OFFSET + 8
+POOL_PRODUCER_INSTANCE_OFFSET: Final = POOL_PRODUCER_START_TIME_OFFSET + 8
+POOL_SLOT_INDEX_OFFSET: Final = POOL_PRODUCER_INSTANCE_OFFSET + 4
+POOL_GENERATION_OFFSET: Final = POOL_SLOT_INDEX_OFFSET + 4
+POOL_STATE_OFFSET: Final = POOL_GENERATION_OFFSET + 8
+POOL_HOLDER_PID_OFFSET: Final = POOL_STATE_OFFSET + 4
+POOL_PAYLOAD_LENGTH_OFFSET: Final = POOL_HOLDER_PID_OFFSET + 4
+POOL_CHECKSUM_OFFSET: Final = POOL_PAYLOAD_LENGTH_OFFSET + 8
+POOL_FLAGS_OFFSET: Final = POOL_CHECKSUM_OFFSET + 8
+POOL_HEADER_FIELDS_END: Final = POOL_FLAGS_OFFSET + 4
+# The fields written once at creation (magic .. slot index), one struct format.
+POOL_IDENTITY_FORMAT: Final = "<QIIQQQII"
+# The payload starts on a page: what a consumer maps is page aligned.
+POOL_SLOT_HEADER_LENGTH: Final = SHM_PAGE_SIZE
+
+# Slot states (0: a header never written, invalid).
+POOL_SLOT_FREE: Final = 1
+POOL_SLOT_PUBLISHED: Final = 2
+POOL_SLOT_CLAIMED: Final = 3
+POOL_SLOT_DONE: Final = 4
+POOL_SLOT_STATE_NAMES: Final = {
+    POOL_SLOT_FREE: "free",
+    POOL_SLOT_PUBLISHED: "published",
+    POOL_SLOT_CLAIMED: "claimed",
+    POOL_SLOT_DONE: "done",
+}
+POOL_FLAG_CHECKSUM: Final = 1  # the checksum field holds XXH3-64 of the payload
+
+# Size classes: powers of two between these bounds (the options choose within them).
+MIN_POOL_CLASS: Final = SHM_PAGE_SIZE
+MAX_POOL_CLASS: Final = 1 << 40
+
+POOL_REF_TAG: Final = 0x50  # b"P"; never CODEC_FORMAT_VERSION
+POOL_REF_MARKER_OFFSET: Final = 0
+POOL_REF_TAG_OFFSET: Final = POOL_REF_MARKER_OFFSET + 1
+POOL_REF_FLAGS_OFFSET: Final = POOL_REF_TAG_OFFSET + 1
+POOL_REF_RESERVED_OFFSET: Final = POOL_REF_FLAGS_OFFSET + 1
+POOL_REF_INDEX_OFFSET: Final = POOL_REF_RESERVED_OFFSET + 1
+POOL_REF_GENERATION_OFFSET: Final = POOL_REF_INDEX_OFFSET + 4
+POOL_REF_PAYLOAD_LENGTH_OFFSET: Final = POOL_REF_GENERATION_OFFSET + 8
+POOL_REF_CHECKSUM_OFFSET: Final = POOL_REF_PAYLOAD_LENGTH_OFFSET + 8
+POOL_REF_LENGTH: Final = POOL_REF_CHECKSUM_OFFSET + 8
+POOL_REF_FORMAT: Final = "<BBBBIQQQ"
+POOL_MAX_SLOT_INDEX: Final = (1 << 32) - 1
+
+assert POOL_HEADER_FIELDS_END <= POOL_SLOT_HEADER_LENGTH
+
+
+def compute_slot_file_length(capacity: int) -> int:
+    """Bytes of a pool slot file of `capacity` payload bytes."""
+    # Verify the capacity is not negative
+    assert capacity >= 0
+    return POOL_SLOT_HEADER_LENGTH + capacity
