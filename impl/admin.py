@@ -27,6 +27,7 @@ from shmring.impl.names import (
     file_owner,
     is_fallback_segment_file_name,
     parse_fallback_spare_file_name,
+    parse_pool_slot_file_name,
     parse_ring_file_name,
     read_segment_owner,
 )
@@ -66,6 +67,8 @@ class DeploymentStatus:
     orphans: tuple[str, ...]  # file names `gc` would remove
     spares: int = 0  # fallback files handed back to their producer for reuse
     spare_bytes: int = 0  # their total size on disk
+    pool_slots: int = 0  # pool slot files (`impl.pool`; reaped with their producer)
+    pool_slot_bytes: int = 0  # their total size on disk
 
 
 def _segment_owner(directory: Directory, name: str, os_facade: OsFacade) -> tuple[int, int] | None:
@@ -123,7 +126,7 @@ def _status(where: Directory, os_facade: OsFacade) -> DeploymentStatus:
     liveness = Liveness(os_facade)
     try:
         owners: dict[str, tuple[int, int] | None] = {}
-        segments = segment_bytes = spares = spare_bytes = 0
+        segments = segment_bytes = spares = spare_bytes = slots = slot_bytes = 0
         for name in names:
             owner = file_owner(name)
             try:
@@ -136,6 +139,9 @@ def _status(where: Directory, os_facade: OsFacade) -> DeploymentStatus:
                     size = where.stat(name).st_size
                     spares += 1
                     spare_bytes += size
+                elif parse_pool_slot_file_name(name) is not None:
+                    slots += 1
+                    slot_bytes += where.stat(name).st_size
             except FileNotFoundError:
                 continue  # claimed or removed since the scan
             owners[name] = owner
@@ -161,6 +167,8 @@ def _status(where: Directory, os_facade: OsFacade) -> DeploymentStatus:
             spares=spares,
             spare_bytes=spare_bytes,
             orphans=orphans,
+            pool_slots=slots,
+            pool_slot_bytes=slot_bytes,
         )
     finally:
         liveness.close()
@@ -224,7 +232,8 @@ def format_status(status: DeploymentStatus) -> str:
         f"{status.directory}: stamp={status.stamp} producers={len(status.producers)} "
         f"live={len(status.live_producers)} fallback segments={status.segments} "
         f"({status.segment_bytes:,} bytes) spare files={status.spares} "
-        f"({status.spare_bytes:,} bytes) orphans={len(status.orphans)}"
+        f"({status.spare_bytes:,} bytes) pool slots={status.pool_slots} "
+        f"({status.pool_slot_bytes:,} bytes) orphans={len(status.orphans)}"
     ]
     for ring in status.rings:
         who = f"{ring.producer[0]}.{ring.producer[1]}"

@@ -22,6 +22,7 @@ The names, ``<p>`` being ``<pid>.<start time>`` of the owning process::
     fbspare.<p>.<generation>                a fallback segment handed back for reuse
     seg.<p>[.<counter>].<token>             a registered-transfer segment
     arena.<p>[.<counter>].<token>           a registered arena
+    pool.<p>.<instance>.<index>             a slot of that producer's pool (`impl.pool`)
 
 A producer is one connector instance; its identity (`ConnectorIdentity`) is
 (pid, start time, instance). The process part (`ProducerIdentity`, (pid,
@@ -70,6 +71,7 @@ FALLBACK_TEMP_FILE_PREFIX: Final = "fbtmp"
 FALLBACK_SPARE_FILE_PREFIX: Final = "fbspare"
 REGISTERED_SEGMENT_FILE_PREFIX: Final = "seg"
 ARENA_FILE_PREFIX: Final = "arena"
+POOL_SLOT_FILE_PREFIX: Final = "pool"
 
 MAX_SCOPE_LENGTH: Final = 64
 MAX_STAGE_NAME_LENGTH: Final = 64
@@ -106,6 +108,7 @@ _FALLBACK_TEMP_PATTERN: Final = re.compile(rf"fbtmp\.{_OWNER}\.[0-9]+")
 _FALLBACK_SPARE_PATTERN: Final = re.compile(rf"fbspare\.{_OWNER}\.[0-9]+")
 _REGISTERED_SEGMENT_PATTERN: Final = re.compile(rf"seg\.{_OWNER}(?:\.[0-9]+)?\.[0-9a-f]{{8}}")
 _ARENA_PATTERN: Final = re.compile(rf"arena\.{_OWNER}(?:\.[0-9]+)?\.[0-9a-f]{{8}}")
+_POOL_SLOT_PATTERN: Final = re.compile(rf"pool\.{_OWNER}\.(?P<instance>[0-9]+)\.(?P<index>[0-9]+)")
 
 
 class FileKind(enum.Enum):
@@ -121,6 +124,7 @@ class FileKind(enum.Enum):
     FALLBACK_SPARE = "fallback spare"
     REGISTERED_SEGMENT = "registered segment"
     ARENA = "arena"
+    POOL_SLOT = "pool slot"
 
 
 _FILE_NAMES: Final[tuple[tuple[FileKind, re.Pattern[str]], ...]] = (
@@ -134,6 +138,7 @@ _FILE_NAMES: Final[tuple[tuple[FileKind, re.Pattern[str]], ...]] = (
     (FileKind.FALLBACK_SPARE, _FALLBACK_SPARE_PATTERN),
     (FileKind.REGISTERED_SEGMENT, _REGISTERED_SEGMENT_PATTERN),
     (FileKind.ARENA, _ARENA_PATTERN),
+    (FileKind.POOL_SLOT, _POOL_SLOT_PATTERN),
 )
 
 
@@ -399,6 +404,28 @@ def read_segment_owner(fd: int, os_facade: OsFacade) -> ProducerIdentity | None:
 _counter = 0
 
 
+# -- pool slots ----------------------------------------------------------------
+
+
+def pool_slot_file_name(producer: tuple[int, ...], index: int) -> str:
+    """``pool.<pid>.<start time>.<instance>.<index>``: slot `index` of that producer's pool.
+
+    Indices are never reused within a producer's life, so a name is one file.
+    """
+    pid, start_time, instance = producer[0], producer[1], instance_of(producer)
+    return NAME_SEPARATOR.join(
+        (POOL_SLOT_FILE_PREFIX, str(pid), str(start_time), str(instance), str(index))
+    )
+
+
+def parse_pool_slot_file_name(name: str) -> tuple[ConnectorIdentity, int] | None:
+    """(producer, slot index) of a pool slot file name, or None when it is not one."""
+    match = _POOL_SLOT_PATTERN.fullmatch(name)
+    if match is None:
+        return None
+    return _parse_identity(match), int(match.group("index"))
+
+
 def _next_counter() -> int:
     global _counter
     _counter += 1
@@ -531,6 +558,8 @@ __all__ = [
     "parse_file_name",
     "parse_live_file_name",
     "parse_marker_file_name",
+    "parse_pool_slot_file_name",
+    "pool_slot_file_name",
     "parse_ring_file_name",
     "parse_segment_owner",
     "parse_start_time",

@@ -48,6 +48,7 @@ def _built() -> list[tuple[str, FileKind, tuple[int, int] | None]]:
         (names.fallback_spare_file_name(PRODUCER, 17), FileKind.FALLBACK_SPARE, OWNER),
         (names.registered_segment_file_name(), FileKind.REGISTERED_SEGMENT, me),
         (names.arena_file_name(), FileKind.ARENA, me),
+        (names.pool_slot_file_name(PRODUCER, 12), FileKind.POOL_SLOT, OWNER),
     ]
 
 
@@ -129,3 +130,10 @@ def test_a_segment_header_tells_its_owner_only_with_a_rings_magic() -> None:
     assert names.parse_segment_owner(bytes(header[:-1])) is None  # shorter than a ring header
     header[0] ^= 0xFF
     assert names.parse_segment_owner(bytes(header)) is None
+
+
+def test_pool_slot_name_carries_producer_and_index() -> None:
+    name = names.pool_slot_file_name(PRODUCER, 12)
+    assert names.parse_pool_slot_file_name(name) == (PRODUCER, 12)
+    assert names.parse_pool_slot_file_name("pool.1.2.3") is None  # no instance
+    assert names.parse_pool_slot_file_name(name + "x") is None

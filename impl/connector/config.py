@@ -5,8 +5,8 @@ the implementation reports a ConfigurationError first, naming the option
 and its bad value, for those and for the tuning options the model has no
 word for (spare files, wait tuning, retry and rescan periods, shm root).
 The checks run in a fixed order (scope, periods, capacity, budget, spare
-sizes, wait tuning, shm root), so a call with several bad options always
-names the same one.
+sizes, pool, wait tuning, shm root), so a call with several bad options
+always names the same one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from shmring.impl.errors import ConfigurationError
 from shmring.impl.fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
 from shmring.impl.names import DEFAULT_SHM_ROOT, validate_scope
 from shmring.spec.connector import is_valid_budget
+from shmring.spec.layout import MAX_POOL_CLASS, MIN_POOL_CLASS
+from shmring.spec.pool import is_power_of_two
 from shmring.spec.ring import compute_capacity_error
 
 DEFAULT_RING_CAPACITY: Final = 4 * 1024 * 1024
@@ -40,6 +42,12 @@ MAX_RING_RETRY_SECONDS: Final = 60.0
 # killed producer left (it moves no stamp) is reclaimed within about this
 # long even when nothing else in the deployment changes.
 DEFAULT_RESCAN_SECONDS: Final = 5.0
+# The pool (`impl.pool`): size classes from the smallest that holds what the
+# default 4 MiB ring refuses (frames over 1 MiB) up to 1 GiB (256 MiB
+# payloads fit), at most 2 GiB of slot files per producer (0 disables it).
+DEFAULT_POOL_MIN_BYTES: Final = 1024 * 1024
+DEFAULT_POOL_MAX_BYTES: Final = 1024 * 1024 * 1024
+DEFAULT_POOL_BUDGET_BYTES: Final = 2 * 1024 * 1024 * 1024
 
 
 def _is_number(value: object) -> bool:
@@ -64,6 +72,10 @@ class ConnectorConfig:
     max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS  # 0..MAX_SLEEP_SECONDS, finite
     ring_retry_seconds: float | None = DEFAULT_RING_RETRY_SECONDS  # None: never retry
     rescan_seconds: float | None = DEFAULT_RESCAN_SECONDS  # None: only when the stamp moved
+    pool_min_bytes: int = DEFAULT_POOL_MIN_BYTES  # smallest slot class; a power of two
+    pool_max_bytes: int = DEFAULT_POOL_MAX_BYTES  # largest slot class; a power of two >= min
+    pool_budget_bytes: int = DEFAULT_POOL_BUDGET_BYTES  # most slot file bytes; 0: no pool
+    pool_checksum: bool = False  # XXH3-64 of every pool payload, on both sides
 
     def __post_init__(self) -> None:
         validate_scope(self.scope)
@@ -96,6 +108,34 @@ class ConnectorConfig:
         ):
             if not _is_count(count) or count < 0:
                 raise ConfigurationError(f"{name} must be an int >= 0 bytes: {name}={count!r}")
+        for name, count in (
+            ("pool_min_bytes", self.pool_min_bytes),
+            ("pool_max_bytes", self.pool_max_bytes),
+        ):
+            if not _is_count(count) or not is_power_of_two(count):
+                raise ConfigurationError(
+                    f"{name} must be a power of two (an int): {name}={count!r}"
+                )
+            if not MIN_POOL_CLASS <= count <= MAX_POOL_CLASS:
+                raise ConfigurationError(
+                    f"{name} must be between {MIN_POOL_CLASS} and {MAX_POOL_CLASS} bytes: "
+                    f"{name}={count!r}"
+                )
+        if self.pool_min_bytes > self.pool_max_bytes:
+            raise ConfigurationError(
+                f"pool_min_bytes must not exceed pool_max_bytes: "
+                f"pool_min_bytes={self.pool_min_bytes!r} pool_max_bytes={self.pool_max_bytes!r}"
+            )
+        pool_budget = self.pool_budget_bytes
+        if not _is_count(pool_budget) or not 0 <= pool_budget <= MAX_FALLBACK_BUDGET:
+            raise ConfigurationError(
+                f"pool_budget_bytes must be an int between 0 and 2**63 - 1: "
+                f"pool_budget_bytes={pool_budget!r}"
+            )
+        if not isinstance(self.pool_checksum, bool):
+            raise ConfigurationError(
+                f"pool_checksum must be a bool: pool_checksum={self.pool_checksum!r}"
+            )
         waits = (
             ("spin_seconds", self.spin_seconds, MAX_SPIN_SECONDS),
             ("max_sleep_seconds", self.max_sleep_seconds, MAX_SLEEP_SECONDS),

@@ -24,6 +24,9 @@ from shmring.impl import codec
 from shmring.impl.connector.config import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_MAX_SLEEP_SECONDS,
+    DEFAULT_POOL_BUDGET_BYTES,
+    DEFAULT_POOL_MAX_BYTES,
+    DEFAULT_POOL_MIN_BYTES,
     DEFAULT_RESCAN_SECONDS,
     DEFAULT_RING_CAPACITY,
     DEFAULT_RING_RETRY_SECONDS,
@@ -34,6 +37,7 @@ from shmring.impl.connector.descriptors import Descriptor, FallbackDescriptor, R
 from shmring.impl.connector.edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
 from shmring.impl.connector.fallback_route import FallbackRoute
 from shmring.impl.connector.joining import Deployment
+from shmring.impl.connector.pool_route import PoolRoute
 from shmring.impl.connector.results import (
     BUSY,
     NOT_FOUND,
@@ -78,7 +82,11 @@ class Connector(BlockingGets):
     / `max_sleep_seconds` (`get_with_deadline`), `ring_retry_seconds` (the
     back-off after a failed ring setup; None: never retry, as the model)
     and `rescan_seconds` (rescan the directory at least this often; None:
-    only when the stamp moved, as the model). `os_facade` is the OS port
+    only when the stamp moved, as the model). The pool (`impl.pool`) carries
+    what the ring does not admit: slot classes `pool_min_bytes` ..
+    `pool_max_bytes` (powers of two), at most `pool_budget_bytes` of slot
+    files (0: no pool, per-key segments as before) and, with
+    `pool_checksum`, an XXH3-64 of every pool payload on both sides. `os_facade` is the OS port
     every shmring object takes (`impl.os_seam`; fault plans hand one facade
     to all the objects of a scenario); production leaves it None. Test
     seams (another identity, crash hooks) are not options: see `seams`.
@@ -106,6 +114,10 @@ class Connector(BlockingGets):
         max_sleep_seconds: float = DEFAULT_MAX_SLEEP_SECONDS,
         ring_retry_seconds: float | None = DEFAULT_RING_RETRY_SECONDS,
         rescan_seconds: float | None = DEFAULT_RESCAN_SECONDS,
+        pool_min_bytes: int = DEFAULT_POOL_MIN_BYTES,
+        pool_max_bytes: int = DEFAULT_POOL_MAX_BYTES,
+        pool_budget_bytes: int = DEFAULT_POOL_BUDGET_BYTES,
+        pool_checksum: bool = False,
     ) -> None:
         config = ConnectorConfig(
             scope,
@@ -118,6 +130,10 @@ class Connector(BlockingGets):
             max_sleep_seconds=max_sleep_seconds,
             ring_retry_seconds=ring_retry_seconds,
             rescan_seconds=rescan_seconds,
+            pool_min_bytes=pool_min_bytes,
+            pool_max_bytes=pool_max_bytes,
+            pool_budget_bytes=pool_budget_bytes,
+            pool_checksum=pool_checksum,
         )
         self._setup(config, os_facade, None)
 
@@ -144,10 +160,12 @@ class Connector(BlockingGets):
         hook: PublishHook | None = seams.publish_hook if seams is not None else None
         self._ring_route = RingRoute(config, self.identity, self._os, hook, self._shed_descriptors)
         self._fallback_route = FallbackRoute(self._os, self._shed_descriptors)
+        self._pool_route = PoolRoute(config, self.identity, self._os)
         self._bell = Doorbell()
         self._misses = FallbackMisses()
         self._puts = self._gets = self._bytes = 0
         self._ring_puts = self._ring_gets = self._fallbacks = self._refusals = self._busy = 0
+        self._pool_gets = 0
 
     # -- context manager -------------------------------------------------------------
 
@@ -176,6 +194,8 @@ class Connector(BlockingGets):
         self._bell.attach(deployment.stamp)
         self._ring_route.joined(deployment)
         self._fallback_route.joined(deployment)
+        self._pool_route.joined(deployment)
+        self._ring_route.pool = self._pool_route.reader
         self._deployment = deployment
         return deployment
 
@@ -243,7 +263,16 @@ class Connector(BlockingGets):
                     if wake is not None:
                         wake()  # what `Doorbell.ring` does, one call shorter
                     return RingDescriptor(self.identity, edge, key, position, size)
-            # NOT_ADMITTED, FULL or no ring: the fallback. Its budget check comes first
+                # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
+                pool = self._pool_route
+                if pool.enabled and pool.is_candidate(channel, key, size):
+                    position = pool.publish(channel, key, plan, retire_other)
+                    if position is not None:
+                        self._puts += 1
+                        self._bytes += size
+                        self._bell.ring()
+                        return RingDescriptor(self.identity, edge, key, position, size)
+            # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
             # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
             try:
                 generation = fallback.publish(
@@ -310,7 +339,10 @@ class Connector(BlockingGets):
                 if got is not None:
                     self._gets += 1  # `_count`, inline on the hot path
                     self._bytes += got.size
-                    self._ring_gets += 1
+                    if got.route is Route.RING:
+                        self._ring_gets += 1
+                    else:
+                        self._pool_gets += 1
                     return got
                 # ... then the key's segment (`_get_fallback`).
                 if self._misses.unchanged(edge, key, bell):
@@ -349,6 +381,8 @@ class Connector(BlockingGets):
             self._bytes += got.size
             if got.route is Route.RING:
                 self._ring_gets += 1
+            elif got.route is Route.POOL:
+                self._pool_gets += 1
         elif got.status is _BUSY_STATUS:
             self._busy += 1
 
@@ -413,6 +447,10 @@ class Connector(BlockingGets):
             self._closed = True
             failures: list[BaseException] = []
             retired = self._ring_route.close(failures)
+            try:
+                self._pool_route.close()  # after the rings: no carrier can be claimed any more
+            except (OSError, ShmringError) as error:
+                failures.append(error)
             deployment = self._deployment
             if deployment is not None and deployment.registrar is not None:
                 try:
@@ -427,6 +465,7 @@ class Connector(BlockingGets):
                 with contextlib.suppress(OSError):
                     deployment.release_live_file()
             self._ring_route.close_readers()
+            self._pool_route.close_reader()
             self._fallback_route.mappings.close()
             if retired:
                 with contextlib.suppress(OSError, ValueError):
@@ -471,6 +510,8 @@ class Connector(BlockingGets):
             deployment = self._deployment
             discovery = deployment.discovery if deployment is not None else None
             ring = self._ring_route
+            pool_route = self._pool_route
+            pool = pool_route.statistics()
             return ConnectorHealth(
                 puts=self._puts,
                 gets=self._gets,
@@ -492,4 +533,14 @@ class Connector(BlockingGets):
                 fallback_mapping_hits=self._fallback_route.mappings.hits,
                 reclaimed_files=discovery.reclaimed if discovery is not None else 0,
                 ring_setup_retries=ring.retries,
+                pool_puts=pool_route.puts,
+                pool_gets=self._pool_gets,
+                pool_fallbacks=pool_route.fallbacks,
+                pool_slots=pool.slots if pool else 0,
+                pool_bytes=pool.used_bytes if pool else 0,
+                pool_slots_created=pool.created if pool else 0,
+                pool_slots_reused=pool.reused if pool else 0,
+                pool_slots_evicted=pool.evicted if pool else 0,
+                pool_create_failures=pool.create_failures if pool else 0,
+                pool_mapping_hits=pool_route.reader.hits if pool_route.reader else 0,
             )

@@ -58,7 +58,8 @@ FINAL_STATUSES: Final = frozenset((GetStatus.DELIVERED, GetStatus.STALE, GetStat
 
 @dataclass(frozen=True)
 class ConnectorHealth:
-    """Counters of one connector; the first seven are `spec.connector.ConnectorHealth`'s.
+    """Counters of one connector; the first seven and `pool_puts` / `pool_gets` / `pool_fallbacks`
+    are `spec.connector.ConnectorHealth`'s.
 
     In the model a producer's connector also counts the gets of its frames;
     here each connector counts what *it* did, so for a connector that both
@@ -85,3 +86,13 @@ class ConnectorHealth:
     fallback_mapping_hits: int = 0  # fallback claims that found the file already mapped
     reclaimed_files: int = 0  # files of dead producers this connector's scans removed
     ring_setup_retries: int = 0  # ring setups tried again after a failure and its back-off
+    pool_puts: int = 0  # puts carried by a pool slot (their reference frame on the ring)
+    pool_gets: int = 0  # gets delivered from a pool slot
+    pool_fallbacks: int = 0  # puts the pool could not take (no slot, ring full): per-key segments
+    pool_slots: int = 0  # slot files of this producer's pool now
+    pool_bytes: int = 0  # their charge (file pages), at most `pool_budget_bytes`
+    pool_slots_created: int = 0  # slot files created (none on the steady path)
+    pool_slots_reused: int = 0  # pool puts that wrote into an existing slot
+    pool_slots_evicted: int = 0  # slot files removed to make room for another class
+    pool_create_failures: int = 0  # slot creations the OS refused (ENOSPC, EMFILE, ...)
+    pool_mapping_hits: int = 0  # pool claims that found the slot already mapped

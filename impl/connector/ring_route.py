@@ -46,6 +46,7 @@ from shmring.impl.errors import (
 from shmring.impl.liveness import Liveness
 from shmring.impl.names import ConnectorIdentity, ring_path
 from shmring.impl.os_seam import OsFacade
+from shmring.impl.pool import PoolReader, is_pool_ref
 from shmring.impl.ring.producer import PublishHook, RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
@@ -53,8 +54,11 @@ from shmring.spec.connector import Route
 from shmring.spec.ring import PutStatus
 
 logger = logging.getLogger("shmring.connector")
+_RING = Route.RING
+_POOL = Route.POOL
 
-Decoder = Callable[[memoryview], tuple[int, Any]]
+# A ring payload -> (encoded bytes, value, route): POOL when it was a pool reference.
+Decoder = Callable[[memoryview], tuple[int, Any, Route]]
 # (producer, its mapped ring, the decoder that asks its liveness first)
 Candidate = tuple[ConnectorIdentity, RingReader, Decoder]
 
@@ -66,6 +70,22 @@ class ProducerExited(Exception):
 def decode_sized(view: memoryview) -> tuple[int, Any]:
     """Decode a ring payload into owned memory, keeping its encoded length."""
     return view.nbytes, codec.decode(view)
+
+
+def pool_decoder(pool: PoolReader | None, producer: ConnectorIdentity) -> Decoder:
+    """`decode_sized` that decodes a pool reference's payload from its slot (route POOL).
+
+    `producer` is the ring's: a reference names only a slot of the ring's
+    own producer (`PoolReader.claim` validates the rest).
+    """
+
+    def decode(view: memoryview) -> tuple[int, Any, Route]:
+        if pool is not None and is_pool_ref(view):
+            size, value = pool.decode_owned(producer, view, codec.decode)
+            return size, value, _POOL
+        return view.nbytes, codec.decode(view), _RING
+
+    return decode
 
 
 def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
@@ -81,7 +101,9 @@ def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
         return True
 
 
-def live_decoder(liveness: Liveness, producer: ConnectorIdentity) -> Decoder:
+def live_decoder(
+    liveness: Liveness, producer: ConnectorIdentity, pool: PoolReader | None = None
+) -> Decoder:
     """`decode_sized` that first asks whether `producer` runs (`spec.producers.is_delivering`).
 
     Called by `RingReader.get` with the frame found and the ring locked; a
@@ -91,14 +113,17 @@ def live_decoder(liveness: Liveness, producer: ConnectorIdentity) -> Decoder:
     """
     is_alive = liveness.is_alive
 
-    def decode(view: memoryview) -> tuple[int, Any]:
+    def decode(view: memoryview) -> tuple[int, Any, Route]:
         try:
             alive = is_alive(producer)
         except ResourceExhaustedError:
             alive = True  # as `alive_or_assumed`
         if not alive:
             raise ProducerExited(producer)
-        return view.nbytes, codec.decode(view)
+        if pool is not None and is_pool_ref(view):
+            size, value = pool.decode_owned(producer, view, codec.decode)
+            return size, value, _POOL
+        return view.nbytes, codec.decode(view), _RING
 
     return decode
 
@@ -108,6 +133,7 @@ class RingRoute:
 
     route = Route.RING
     _deployment: Deployment | None = None
+    pool: PoolReader | None = None  # the connector's pool reader (set once joined)
 
     def __init__(
         self,
@@ -321,7 +347,7 @@ class RingRoute:
                     continue
                 if reader is None:
                     continue
-                decode = live_decoder(deployment.liveness, producer)
+                decode = live_decoder(deployment.liveness, producer, self.pool)
                 resolved.append((producer, reader, decode))
             try:
                 got = reader.get(key, decode=decode)
@@ -338,8 +364,8 @@ class RingRoute:
             if got.status is ReceiveStatus.DELIVERED:
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
-                size, value = got.payload
-                return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer), False, None
+                size, value, route = got.payload
+                return Delivery(GetStatus.DELIVERED, value, size, route, producer), False, None
             if got.status is ReceiveStatus.BUSY:
                 busy = True
             elif reader.producer_closed:
@@ -363,10 +389,10 @@ class RingRoute:
         reader = self._reader(edge, producer)
         if reader is None:
             return GONE
-        got = reader.get(key, descriptor.position, decode=decode_sized)
+        got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
         if got.status is ReceiveStatus.DELIVERED:
-            size, value = got.payload
-            return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer)
+            size, value, route = got.payload
+            return Delivery(GetStatus.DELIVERED, value, size, route, producer)
         if got.status is ReceiveStatus.BUSY:
             return BUSY
         return STALE
@@ -447,6 +473,8 @@ class RingRoute:
         reader = self.readers.pop((edge, producer), None)
         if reader is not None:
             reader.close()
+        if self.pool is not None:
+            self.pool.release_producer(producer)
         if self._deployment is not None:
             self._deployment.discovery.release(edge, producer)
 

@@ -125,6 +125,22 @@ class RingProducer:
         """The oldest unreclaimed frame's position (our copy, as `head`)."""
         return self._tail
 
+    def frame_pending(self, position: int) -> bool:
+        """Whether our frame at `position` may still be claimed or is held (PUBLISHED, CLAIMED).
+
+        False once it was claimed (DONE), retired or reclaimed, or the ring
+        closed: what the pool asks of a slot's carrier (`impl.pool.producer`).
+        """
+        words = self._words
+        if self._closed or words is None or position < self._tail or position >= self._head:
+            return False
+        state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
+        return state in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED)
+
+    def admits(self, key_length: int, payload_length: int) -> bool:
+        """`spec.ring.is_admitted` for a frame of this shape (never a question of free space)."""
+        return self._shapes[key_length, payload_length] >= 0
+
     # -- put -------------------------------------------------------------------
 
     def _reserve(self, head: int, frame_length: int) -> int:

@@ -1,0 +1,267 @@
+"""The consumer's side of the pool: validate a reference, claim its slot, copy out or borrow.
+
+`spec.pool.process_pool_claim` and `process_pool_release`. A consumer runs
+`claim` only while it holds the claim of the ring frame carrying the
+reference (the ring route's decode callback, under the ring's lock with the
+frame PUBLISHED), so the claim needs no compare-and-swap on the slot: only
+a consumer holding the carrier moves a slot out of PUBLISHED. It checks the
+reference (`refs.decode_ref`), maps the slot file of the *ring's* producer
+that the index names (once; mappings are kept, least recently used out),
+checks the file is ours and its header (`slots.slot_problem`: magic,
+version, capacity within the file, producer and index), the generation,
+the state (PUBLISHED; or CLAIMED / DONE by a holder that died before it
+finished the carrier, whose claim this one takes over), the length within
+the capacity and, when the reference has one, the payload checksum. Any
+failure is CorruptFrameError and reads nothing outside the mapping. Then
+holder pid, then CLAIMED.
+
+`PoolClaim` is the hook a borrowed get builds on: `.view` is a read-only
+memoryview of the payload, borrowed from the slot's mapping, valid until
+`.release()` (idempotent), which stores DONE; the slot's bytes are the
+producer's and are not rewritten before then (`spec.pool.is_reusable`). The
+owned path (`decode_owned`) decodes a copy, then releases.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+from xxhash import xxh3_64_intdigest
+
+from shmring.impl.directory import Directory, check_private_file
+from shmring.impl.errors import CorruptFrameError
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
+from shmring.impl.os_seam import OPEN_FLAGS_EXISTING, OsFacade
+from shmring.impl.pool.refs import PoolRef, decode_ref
+from shmring.impl.pool.slots import (
+    SlotMapping,
+    load_slot_generation,
+    load_slot_holder_pid,
+    load_slot_payload_fields,
+    load_slot_state_acquire,
+    read_slot_identity,
+    slot_problem,
+    state_name,
+    store_slot_holder_pid,
+    store_slot_state_release,
+)
+from shmring.spec.layout import (
+    POOL_SLOT_CLAIMED,
+    POOL_SLOT_DONE,
+    POOL_SLOT_HEADER_LENGTH,
+    POOL_SLOT_PUBLISHED,
+)
+
+# Slot files a consumer keeps mapped (one descriptor each), least recently used out.
+MAX_MAPPED_SLOTS: Final = 256
+
+
+class _Slot:
+    """A slot file of some producer, mapped by this consumer."""
+
+    def __init__(self, mapping: SlotMapping, capacity: int) -> None:
+        self.mapping = mapping
+        self.capacity = capacity
+
+
+class PoolClaim:
+    """One claimed slot payload (see the module docstring for who owns the memory).
+
+    `view` is read-only and borrowed from the producer's slot file; it stays
+    valid (the mapping stays alive) for as long as it or anything made from
+    it lives, but the producer may rewrite the bytes once `release()` ran.
+    Writes are refused (read-only view).
+    """
+
+    _released: bool = False
+
+    def __init__(self, slot: _Slot, ref: PoolRef) -> None:
+        self._slot = slot
+        self.generation = ref.generation
+        self.nbytes = ref.payload_length
+        start = POOL_SLOT_HEADER_LENGTH
+        self.view: memoryview = slot.mapping.buf[start : start + ref.payload_length].toreadonly()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """`spec.pool.process_pool_release`: DONE (when the slot is still this claim's). Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        words = self._slot.mapping.words
+        if words is None:
+            return  # the consumer unmapped it (closed); the producer's holder check frees it
+        if (
+            load_slot_generation(words) == self.generation
+            and load_slot_state_acquire(words) == POOL_SLOT_CLAIMED
+        ):
+            store_slot_state_release(words, POOL_SLOT_DONE)
+
+
+class PoolReader:
+    """A consumer's mapped slots of every producer it reads (see the module docstring)."""
+
+    def __init__(self, directory: Directory, os_facade: OsFacade) -> None:
+        self._dir = directory
+        self._os = os_facade
+        self._slots: dict[tuple[ConnectorIdentity, int], _Slot] = {}  # LRU first
+        self.claims = 0
+        self.hits = 0  # claims that found the slot already mapped
+        self._pid = os.getpid()
+
+    # -- mapping ------------------------------------------------------------------------
+
+    def _slot(self, producer: ConnectorIdentity, index: int) -> _Slot:
+        key = (producer, index)
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            self._slots[key] = slot  # most recently used last
+            self.hits += 1
+            return slot
+        self._sweep(producer)  # a miss: the producer made slots, so it may have removed some
+        name = pool_slot_file_name(producer, index)
+        try:
+            fd = self._dir.open(name, OPEN_FLAGS_EXISTING)
+        except FileNotFoundError as error:
+            raise CorruptFrameError(
+                f"pool reference names a missing slot file: name={name!r}"
+            ) from error
+        try:
+            info = self._os.fstat(fd)
+            untrusted = check_private_file(name, info)
+            if untrusted is not None:
+                raise CorruptFrameError(f"pool slot not trusted: {untrusted}")
+            if info.st_size < POOL_SLOT_HEADER_LENGTH:
+                raise CorruptFrameError(
+                    f"pool slot file of {info.st_size} bytes has no header: name={name!r}"
+                )
+            mapping = self._os.mmap(fd, info.st_size)
+        except BaseException:
+            self._os.close(fd)
+            raise
+        slot_mapping = SlotMapping(fd, mapping, info.st_size, self._os)
+        identity = read_slot_identity(slot_mapping.buf)
+        problem = slot_problem(identity, info.st_size, producer, index)
+        if problem is not None:
+            slot_mapping.close()
+            raise CorruptFrameError(f"{problem}: name={name!r}")
+        slot = _Slot(slot_mapping, identity.capacity)
+        if len(self._slots) >= MAX_MAPPED_SLOTS:
+            oldest = next(iter(self._slots))
+            self._slots.pop(oldest).mapping.close()
+        self._slots[key] = slot
+        return slot
+
+    def _sweep(self, producer: ConnectorIdentity) -> None:
+        """Unmap this producer's slots whose files are gone (evicted: no reference names them)."""
+        for key in [key for key in self._slots if key[0] == producer]:
+            slot = self._slots[key]
+            try:
+                gone = self._os.fstat(slot.mapping.fd).st_nlink == 0
+            except OSError:
+                gone = True
+            if gone:
+                self._slots.pop(key).mapping.close()
+
+    # -- claim --------------------------------------------------------------------------
+
+    def claim(self, producer: ConnectorIdentity, data: memoryview | bytes) -> PoolClaim:
+        """`spec.pool.process_pool_claim` for the reference `data` on `producer`'s ring.
+
+        Only while holding the carrier frame's ring claim. CorruptFrameError
+        for a malformed reference or slot; nothing is claimed then.
+        """
+        ref = decode_ref(data)
+        slot = self._slot(producer, ref.index)
+        words = slot.mapping.words
+        assert words is not None  # mapped
+        # The creation fields again: a file changed under our mapping is not trusted.
+        problem = slot_problem(
+            read_slot_identity(slot.mapping.buf), slot.mapping.file_length, producer, ref.index
+        )
+        if problem is not None:
+            raise CorruptFrameError(problem)
+        generation = load_slot_generation(words)
+        if generation != ref.generation:
+            raise CorruptFrameError(
+                f"pool slot={ref.index} holds generation={generation}, "
+                f"the reference names generation={ref.generation}"
+            )
+        state = load_slot_state_acquire(words)
+        if state != POOL_SLOT_PUBLISHED and not (
+            state in (POOL_SLOT_CLAIMED, POOL_SLOT_DONE)
+            and not is_holder_alive(load_slot_holder_pid(words), self._os)
+        ):
+            raise CorruptFrameError(
+                f"pool slot={ref.index} generation={generation} is {state_name(state)}, "
+                "not published, under a deliverable reference"
+            )
+        length, checksum, flags = load_slot_payload_fields(words)
+        if length != ref.payload_length or length > slot.capacity:
+            raise CorruptFrameError(
+                f"pool slot={ref.index} payload length={length}, reference says "
+                f"{ref.payload_length}, capacity={slot.capacity}"
+            )
+        if (checksum, flags) != (ref.checksum, ref.flags):
+            raise CorruptFrameError(
+                f"pool slot={ref.index} checksum/flags {checksum:#x}/{flags} differ from "
+                f"the reference's {ref.checksum:#x}/{ref.flags}"
+            )
+        claim = PoolClaim(slot, ref)
+        if ref.checked and xxh3_64_intdigest(claim.view) != ref.checksum:
+            claim.view.release()
+            raise CorruptFrameError(
+                f"pool slot={ref.index} payload checksum mismatch: checksum={ref.checksum:#x}"
+            )
+        store_slot_holder_pid(words, self._pid)  # the holder first, then CLAIMED
+        store_slot_state_release(words, POOL_SLOT_CLAIMED)
+        self.claims += 1
+        return claim
+
+    def decode_owned(
+        self,
+        producer: ConnectorIdentity,
+        data: memoryview | bytes,
+        decode: Callable[[memoryview], Any],
+    ) -> tuple[int, Any]:
+        """The owned path: claim, `decode` the payload into owned memory, release (DONE).
+
+        If `decode` raises, the claim is undone (PUBLISHED again: the carrier
+        stays deliverable, as a ring frame whose decode raised). BufferError,
+        and the slot stays CLAIMED (its bytes are never rewritten under what
+        was kept), when `decode` kept a view of the slot.
+        """
+        claim = self.claim(producer, data)
+        view = claim.view
+        try:
+            value = decode(view)
+        except BaseException:
+            words = claim._slot.mapping.words
+            if words is not None:
+                store_slot_state_release(words, POOL_SLOT_PUBLISHED)
+            raise
+        finally:
+            view.release()  # BufferError if decode kept something made from it
+        claim.release()
+        return claim.nbytes, value
+
+    # -- forgetting -----------------------------------------------------------------------
+
+    def release_producer(self, producer: tuple[int, ...]) -> None:
+        """Unmap every slot of a producer that closed or exited."""
+        for key in [key for key in self._slots if key[0] == tuple(producer)]:
+            self._slots.pop(key).mapping.close()
+
+    @property
+    def mapped(self) -> int:
+        return len(self._slots)
+
+    def close(self) -> None:
+        for key in list(self._slots):
+            self._slots.pop(key).mapping.close()

@@ -1,0 +1,237 @@
+"""The producer's pool: slots in size classes, reused without a new file on the steady path.
+
+`spec.pool` step by step: `acquire` is `process_pool_acquire` (reuse, else
+create within the budget after evicting reusable slots of other classes),
+`publish` is `process_pool_publish` (the carrier follows on the ring),
+`abandon` is `process_pool_abandon`, `close` is `process_pool_close`.
+`process_pool_carrier_gone` needs no call: the producer asks a slot's
+carrier (a callable from the ring route: is my frame at that position
+still PUBLISHED or CLAIMED?) when it looks for a reusable slot, then loads
+the slot's state. That order is the safety argument: a consumer stores
+CLAIMED on the slot before it finishes the carrier, so once the carrier is
+seen gone, the state loaded after it is the consumer's last word (DONE, or
+CLAIMED while its lease lives), and a PUBLISHED one was never claimed and
+never will be. A CLAIMED slot is reusable only when its holder is surely
+dead (`liveness.is_holder_alive`).
+
+Not thread-safe (the connector's lock serializes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xxhash import xxh3_64_intdigest
+
+from shmring.impl.directory import Directory
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
+from shmring.impl.os_seam import OsFacade
+from shmring.impl.pool.refs import encode_ref
+from shmring.impl.pool.slots import (
+    SlotMapping,
+    create_slot_file,
+    load_slot_holder_pid,
+    load_slot_state_acquire,
+    store_slot_publish_fields,
+    store_slot_state_release,
+)
+from shmring.spec.layout import (
+    POOL_FLAG_CHECKSUM,
+    POOL_MAX_SLOT_INDEX,
+    POOL_SLOT_CLAIMED,
+    POOL_SLOT_FREE,
+    POOL_SLOT_HEADER_LENGTH,
+    POOL_SLOT_PUBLISHED,
+)
+from shmring.spec.pool import compute_class, compute_slot_charge
+
+# Answers whether the ring frame carrying a slot's reference may still be claimed.
+Carrier = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """Counters of one producer's pool."""
+
+    slots: int  # slot files now
+    used_bytes: int  # their charge (file pages); <= budget
+    created: int  # slot files created
+    reused: int  # acquires that took an existing slot (no file created)
+    evicted: int  # slot files removed to make room for another class
+    exhausted: int  # acquires with no slot to be had (the put fell back)
+    create_failures: int  # slot creations the OS refused (ENOSPC, EMFILE, ...)
+
+
+class OwnedSlot:
+    """One slot file of our pool, mapped once."""
+
+    def __init__(self, index: int, capacity: int, name: str, mapping: SlotMapping) -> None:
+        self.index = index
+        self.capacity = capacity
+        self.name = name
+        self.charge = compute_slot_charge(capacity)
+        self.mapping = mapping
+        self.carrier: Carrier | None = None  # set while its carrier frame may be claimed
+
+    def payload_view(self, nbytes: int) -> memoryview:
+        """A writable view of the first `nbytes` payload bytes (release it before the next step)."""
+        return self.mapping.buf[POOL_SLOT_HEADER_LENGTH : POOL_SLOT_HEADER_LENGTH + nbytes]
+
+
+class PoolProducer:
+    """`spec.pool.PoolState` of one connector (see the module docstring)."""
+
+    _closed: bool = False
+
+    def __init__(
+        self,
+        directory: Directory,
+        identity: ConnectorIdentity,
+        os_facade: OsFacade,
+        *,
+        min_class: int,
+        max_class: int,
+        budget: int,
+        checksum: bool,
+    ) -> None:
+        self._dir = directory
+        self._identity = identity
+        self._os = os_facade
+        self.min_class = min_class
+        self.max_class = max_class
+        self.budget = budget
+        self.checksum = checksum
+        self.slots: dict[int, OwnedSlot] = {}  # by index, ascending (indices only grow)
+        self.used_bytes = 0
+        self._next_index = 0
+        self._next_generation = 1
+        self.created = self.reused = self.evicted = self.exhausted = self.create_failures = 0
+        self.last_error: BaseException | None = None  # the last creation failure
+
+    # -- reuse --------------------------------------------------------------------------
+
+    def _is_reusable(self, slot: OwnedSlot) -> bool:
+        """`spec.pool.is_reusable`: the carrier first, then the state (module docstring)."""
+        carrier = slot.carrier
+        if carrier is not None:
+            if carrier():
+                return False
+            slot.carrier = None
+        words = slot.mapping.words
+        assert words is not None  # open
+        if load_slot_state_acquire(words) != POOL_SLOT_CLAIMED:
+            return True
+        return not is_holder_alive(load_slot_holder_pid(words), self._os)
+
+    def acquire(self, nbytes: int) -> OwnedSlot | None:
+        """`spec.pool.process_pool_acquire`: a FREE slot to write, or None (the put falls back).
+
+        None for TOO_LARGE, EXHAUSTED and a creation the OS refused
+        (`last_error` keeps it; nothing is left behind).
+        """
+        if self._closed or self.budget == 0:
+            return None
+        capacity = compute_class(self.min_class, self.max_class, nbytes)
+        if capacity is None:
+            return None
+        for slot in self.slots.values():
+            if slot.capacity == capacity and self._is_reusable(slot):
+                self._make_free(slot)
+                self.reused += 1
+                return slot
+        charge = compute_slot_charge(capacity)
+        evict: list[OwnedSlot] = []
+        freed = 0
+        for slot in self.slots.values():
+            if self.used_bytes - freed + charge <= self.budget:
+                break
+            if slot.capacity != capacity and self._is_reusable(slot):
+                evict.append(slot)
+                freed += slot.charge
+        if self.used_bytes - freed + charge > self.budget or self._next_index > POOL_MAX_SLOT_INDEX:
+            self.exhausted += 1
+            return None
+        for slot in evict:
+            self._remove(slot)
+            self.evicted += 1
+        index = self._next_index
+        self._next_index += 1  # consumed also by a failed creation: a name is made once
+        name = pool_slot_file_name(self._identity, index)
+        try:
+            mapping = create_slot_file(self._dir, name, self._identity, index, capacity, self._os)
+        except OSError as error:  # NoSpaceError, EMFILE, ...: the put falls back
+            self.create_failures += 1
+            self.last_error = error
+            return None
+        slot = OwnedSlot(index, capacity, name, mapping)
+        self.slots[index] = slot
+        self.used_bytes += charge
+        self.created += 1
+        return slot
+
+    def _make_free(self, slot: OwnedSlot) -> None:
+        words = slot.mapping.words
+        assert words is not None
+        slot.carrier = None
+        store_slot_state_release(words, POOL_SLOT_FREE)
+
+    # -- publish ------------------------------------------------------------------------
+
+    def publish(self, slot: OwnedSlot, nbytes: int) -> bytes:
+        """`spec.pool.process_pool_publish`: fields, then PUBLISHED; answers the reference bytes.
+
+        The payload is already in `payload_view(nbytes)`. The caller puts the
+        reference on the ring, then `carried(slot, carrier)` (or `abandon`).
+        """
+        words = slot.mapping.words
+        assert words is not None and 0 <= nbytes <= slot.capacity
+        generation = self._next_generation
+        self._next_generation += 1
+        checksum = flags = 0
+        if self.checksum:
+            with slot.payload_view(nbytes) as payload:
+                checksum = xxh3_64_intdigest(payload)
+            flags = POOL_FLAG_CHECKSUM
+        store_slot_publish_fields(words, generation, nbytes, checksum, flags)
+        store_slot_state_release(words, POOL_SLOT_PUBLISHED)  # last
+        return encode_ref(slot.index, generation, nbytes, checksum, flags)
+
+    def carried(self, slot: OwnedSlot, carrier: Carrier) -> None:
+        """The ring published the reference: the slot waits for its carrier to go."""
+        slot.carrier = carrier
+
+    def abandon(self, slot: OwnedSlot) -> None:
+        """`spec.pool.process_pool_abandon`: the ring refused the carrier; FREE again."""
+        self._make_free(slot)
+
+    # -- removal ------------------------------------------------------------------------
+
+    def _remove(self, slot: OwnedSlot) -> None:
+        del self.slots[slot.index]
+        self.used_bytes -= slot.charge
+        with contextlib.suppress(FileNotFoundError):
+            self._dir.unlink(slot.name)
+        slot.mapping.close()
+
+    def close(self) -> int:
+        """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent."""
+        self._closed = True
+        removed = 0
+        for slot in list(self.slots.values()):
+            self._remove(slot)
+            removed += 1
+        return removed
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            slots=len(self.slots),
+            used_bytes=self.used_bytes,
+            created=self.created,
+            reused=self.reused,
+            evicted=self.evicted,
+            exhausted=self.exhausted,
+            create_failures=self.create_failures,
+        )
