@@ -11,14 +11,17 @@ publishes on its own rings, so a process may hold several on one edge);
 nothing here decides routing, it only translates:
 
 * config: ``stage_id``, ``wakeup_scope``, ``host_ring_bytes``,
-  ``fallback_budget_bytes`` and ``shm_root``, at the top level or nested
+  ``fallback_budget_bytes``, ``pool_budget_bytes`` (0: no pool) and
+  ``shm_root``, at the top level or nested
   under ``extra`` (the top level wins). Without a scope the stage processes
   of one deployment share their launching parent, so the parent pid names
   it. A scope that is not a valid directory name is replaced by a digest of
   it. The constructor joins the deployment at once, so an unusable
   deployment directory is a ConfigurationError there, not a refused put later.
 * put metadata: ``{"host_ring": <descriptor>, "size": n}`` for a ring frame,
-  ``{"shm": <descriptor>, "size": n}`` for a fallback segment; both
+  ``{"shm": <descriptor>, "size": n}`` for what the ring does not take (a
+  fallback segment, or a pool slot: then ``"pool": True`` and ``name`` is
+  the ring file that carries its reference); both
   descriptors are plain dicts (msgpack/JSON friendly) whose ``"name"`` is
   the file's path relative to the shm root, as vllm-omni's segment names
   are (``os.path.join("/dev/shm", name)`` is the file). A refused put
@@ -52,6 +55,7 @@ from shmring.impl.connector import (
     Descriptor,
     descriptor_from_dict,
 )
+from shmring.impl.connector.config import DEFAULT_POOL_BUDGET_BYTES
 from shmring.impl.errors import (
     ConfigurationError,
     CorruptFrameError,
@@ -110,11 +114,13 @@ class SharedMemoryConnector:
         ring_bytes = _config_value(config, "host_ring_bytes", DEFAULT_RING_CAPACITY)
         budget = _config_value(config, "fallback_budget_bytes", DEFAULT_FALLBACK_BUDGET)
         shm_root = _config_value(config, "shm_root", DEFAULT_SHM_ROOT)
+        pool_budget = _config_value(config, "pool_budget_bytes", DEFAULT_POOL_BUDGET_BYTES)
         self.scope = scope_from_config(config)
         connector = Connector(
             self.scope,
             ring_capacity=ring_bytes,
             fallback_budget=budget,
+            pool_budget_bytes=pool_budget,
             os_facade=os_facade,
             shm_root=shm_root,
         )
@@ -218,6 +224,8 @@ class SharedMemoryConnector:
             (SEGMENT_METADATA_KEY, Route.FALLBACK),
         ):
             data = metadata.get(name)
+            if isinstance(data, Mapping) and data.get("pool") is True:
+                route = Route.POOL  # what the ring does not take, its reference on the ring
             if isinstance(data, Mapping) and "producer" in data:
                 try:
                     descriptor = descriptor_from_dict(route, data)
@@ -278,6 +286,8 @@ class SharedMemoryConnector:
             "host_ring_puts": h.ring_puts,
             "host_ring_gets": h.ring_gets,
             "host_ring_fallbacks": h.fallbacks,
+            "pool_puts": h.pool_puts,
+            "pool_gets": h.pool_gets,
             "refusals": h.refusals,
             "failed_puts": self._failed_puts,
             "fallback_bytes": h.fallback_bytes,

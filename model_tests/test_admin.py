@@ -17,7 +17,9 @@ PRODUCER = textwrap.dedent(
     """
     import sys
     from shmring.impl.connector import Connector
-    connector = Connector(sys.argv[1], ring_capacity=64 * 1024, fallback_spare_min_bytes=0)
+    connector = Connector(
+        sys.argv[1], ring_capacity=64 * 1024, fallback_spare_min_bytes=0, pool_budget_bytes=0
+    )
     connector.put("a", "b", "small", b"x" * 100)
     connector.put("a", "b", "large", b"y" * 40_000)  # over a quarter of the ring: fallback
     connector.put("a", "b", "kept", b"z" * 40_000)

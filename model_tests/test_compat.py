@@ -84,8 +84,11 @@ def test_large_payloads_answer_shm_metadata(
     payload = tagged_payload(7, 50_000)
     ok, size, metadata = sender.put(0, 1, "req_2", payload)
     assert ok and metadata is not None and set(metadata) == {"shm", "size"}
+    # Issue 13: a pool slot carries it; the metadata names the ring file holding its reference.
+    assert metadata["shm"]["pool"] is True and "/ring." in "/" + metadata["shm"]["name"]
     got = receiver.get(0, 1, "req_2", metadata)
     assert got is not None and got[0] == payload and got[1] == size
+    assert receiver.health()["pool_gets"] == 1  # the exact frame the metadata names, from its slot
 
 
 def test_metadata_may_be_keyed_by_the_get_key(
@@ -157,16 +160,21 @@ def test_health_counts_puts_gets_bytes_and_routes(
     _, large, _ = sender.put(0, 1, "b", tagged_payload(3, 50_000))
     assert receiver.get(0, 1, "a") and receiver.get(0, 1, "b")
     sent = sender.health()
-    assert {
-        k: sent[k] for k in ("puts", "bytes_transferred", "host_ring_puts", "host_ring_fallbacks")
-    } == {
+    keys = ("puts", "bytes_transferred", "host_ring_puts", "host_ring_fallbacks", "pool_puts")
+    assert {k: sent[k] for k in keys} == {
         "puts": 2,
         "bytes_transferred": small + large,
         "host_ring_puts": 1,
-        "host_ring_fallbacks": 1,
+        "host_ring_fallbacks": 0,  # issue 13: what the ring does not admit goes to the pool
+        "pool_puts": 1,
     }
     got = receiver.health()
-    assert (got["gets"], got["host_ring_gets"], got["bytes_transferred"]) == (2, 1, small + large)
+    assert (got["gets"], got["host_ring_gets"], got["pool_gets"], got["bytes_transferred"]) == (
+        2,
+        1,
+        1,
+        small + large,
+    )
     assert got["status"] == "healthy"
 
 

@@ -58,7 +58,10 @@ def _files(connector: Connector) -> list[str]:
 @pytest.fixture
 def pair(scope: str) -> Iterator[tuple[Connector, Connector]]:
     """A producer and a receiver connector (one process, separate connectors)."""
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
         yield producer, receiver
     assert not os.path.exists(producer.directory)
 
@@ -207,7 +210,9 @@ def test_cleanup_retires_the_exact_key_on_every_edge_and_route(
 def test_back_pressure_past_the_budget_is_typed_and_changes_nothing(scope: str) -> None:
     budget = compute_fallback_charge("a", codec.prepare(tagged_payload(0, 5000)).nbytes) + 100
     with (
-        Connector(scope, ring_capacity=CAPACITY, fallback_budget=budget) as producer,
+        Connector(
+            scope, ring_capacity=CAPACITY, pool_budget_bytes=0, fallback_budget=budget
+        ) as producer,
         Connector(scope) as receiver,
     ):
         producer.put(EDGE, "a", tagged_payload(1, 5000))
@@ -226,7 +231,7 @@ def test_back_pressure_past_the_budget_is_typed_and_changes_nothing(scope: str) 
 
 def test_no_space_for_a_segment_leaves_nothing_half_written(scope: str) -> None:
     seam = FaultyOs()
-    with Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer:
+    with Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as producer:
         producer.put(EDGE, "warm", tagged_payload(0, 100))  # ring and marker made
         before = _files(producer)
         seam.fail_next("fallocate", errno.ENOSPC)
@@ -275,7 +280,11 @@ def test_ring_setup_enospc_is_retried_after_its_back_off_and_health_says_so(scop
     seam = FaultyOs()
     with (
         Connector(
-            scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=0.05
+            scope,
+            ring_capacity=CAPACITY,
+            pool_budget_bytes=0,
+            os_facade=seam,
+            ring_retry_seconds=0.05,
         ) as producer,
         Connector(scope) as receiver,
     ):
@@ -293,7 +302,7 @@ def test_ring_setup_enospc_is_retried_after_its_back_off_and_health_says_so(scop
 def test_ring_setup_failing_again_doubles_the_back_off(scope: str) -> None:
     seam = FaultyOs()
     with Connector(
-        scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=0.05
+        scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam, ring_retry_seconds=0.05
     ) as producer:
         seam.fail_open("ring.", errno.ENOSPC)
         producer.put(EDGE, "k0", tagged_payload(0, 100))
@@ -319,7 +328,11 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
     seam = FaultyOs()
     with (
         Connector(
-            scope, ring_capacity=CAPACITY, os_facade=seam, ring_retry_seconds=3600.0
+            scope,
+            ring_capacity=CAPACITY,
+            pool_budget_bytes=0,
+            os_facade=seam,
+            ring_retry_seconds=3600.0,
         ) as producer,
         Connector(scope) as receiver,
     ):
@@ -344,7 +357,7 @@ def test_ring_setup_failure_leaves_the_connector_working_on_the_fallback_with_no
 def test_discovery_stamp_failure_leaves_the_connector_working_on_the_fallback(scope: str) -> None:
     seam = FaultyOs()
     with (
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as producer,
         Connector(scope) as receiver,
     ):
         producer.get(EDGE, "join")  # joined: the next lock is the stamp's, at registration
@@ -361,7 +374,7 @@ def test_an_unopenable_stamp_leaves_the_connector_working_on_the_fallback(scope:
     seam = FaultyOs()
     seam.fail_open(STAMP_FILE_NAME, errno.ENOSPC)
     with (
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as producer,
         Connector(scope) as receiver,
     ):
         assert producer.put(EDGE, "k", tagged_payload(1, 100)).route is Route.FALLBACK
@@ -375,7 +388,7 @@ def test_an_unopenable_stamp_leaves_the_connector_working_on_the_fallback(scope:
 def test_empty_polls_take_no_lock_and_scan_nothing(scope: str) -> None:
     seam = CountingOs()
     with (
-        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
         Connector(scope, os_facade=seam, rescan_seconds=3600.0) as receiver,
     ):
         producer.put(EDGE, "k", tagged_payload(1, 100))
@@ -401,7 +414,7 @@ def test_a_new_producer_is_discovered_even_when_the_clock_does_not_advance(scope
         frozen = os.stat(directory)
         stamp_path = os.path.join(directory, STAMP_FILE_NAME)
         frozen_stamp = os.stat(stamp_path)
-        worker = Worker(receiver.scope, {"ring_capacity": CAPACITY})
+        worker = Worker(receiver.scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0})
         try:
             assert worker.call("put", *EDGE, "k", 5, 100)[0] == "ring"
             # Put every timestamp back: a clock that did not move in between.
@@ -419,7 +432,7 @@ def test_all_producers_of_an_edge_are_found(scope: str) -> None:
     with watchdog(120), Connector(scope) as receiver:
         try:
             for index in range(3):
-                worker = Worker(scope, {"ring_capacity": CAPACITY})
+                worker = Worker(scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0})
                 workers.append(worker)
                 assert worker.call("put", *EDGE, f"p{index}", index, 100)[0] == "ring"
             identities = {w.identity for w in workers}
@@ -457,7 +470,7 @@ def test_a_reader_whose_lock_is_held_by_another_process_returns_within_its_deadl
 def test_get_with_deadline_sleeps_until_a_late_put_arrives(scope: str) -> None:
     with watchdog(60), Connector(scope) as receiver:
         receiver.get(EDGE, "late")
-        worker = Worker(scope, {"ring_capacity": CAPACITY})
+        worker = Worker(scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0})
         try:
             assert (
                 receiver.get_with_deadline(EDGE, "late", timeout=0.05).status is GetStatus.NOT_FOUND
@@ -475,7 +488,7 @@ def test_get_with_deadline_sleeps_until_a_late_put_arrives(scope: str) -> None:
 
 def test_close_is_idempotent_and_removes_the_ring(scope: str) -> None:
     with Connector(scope) as receiver:
-        producer = Connector(scope, ring_capacity=CAPACITY)
+        producer = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
         ring = producer.put(EDGE, "k", tagged_payload(1, 100))
         segment = producer.put(EDGE, "s", tagged_payload(2, 5000))
         assert receiver.get(EDGE, "z").status is GetStatus.NOT_FOUND  # attaches the ring
@@ -496,14 +509,14 @@ def test_close_is_idempotent_and_removes_the_ring(scope: str) -> None:
 def test_a_dead_producers_frame_never_reaches_a_reused_key(scope: str) -> None:
     with watchdog(120), Connector(scope) as receiver:
         receiver.get(EDGE, "join")
-        old = Worker(scope, {"ring_capacity": CAPACITY})
+        old = Worker(scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0})
         new: Worker | None = None
         try:
             route, ring_data = old.call("put", *EDGE, "k", 1, 100)
             assert route == "ring"
             assert old.call("put", *EDGE, "s", 2, 5000)[0] == "fallback"
             old.kill()
-            new = Worker(scope, {"ring_capacity": CAPACITY})
+            new = Worker(scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0})
             # Nothing of the dead producer is delivered, by key or by descriptor.
             assert receiver.get(EDGE, "k").status is GetStatus.NOT_FOUND
             assert receiver.get(EDGE, "s").status is GetStatus.NOT_FOUND
@@ -665,7 +678,10 @@ def test_large_fallback_files_are_handed_back_and_reused_and_nothing_is_left(sco
     """Files of 1 MiB and more are kept by default: the next put of that size reuses one."""
     big = tagged_payload(1, 3 * 1024 * 1024)
     other = tagged_payload(2, 2 * 1024 * 1024)
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
         producer.put(EDGE, "a", big)
         assert producer.health().fallback_spares == 1
         assert receiver.get(EDGE, "a").value == big  # claimed: handed back, not unlinked
@@ -689,7 +705,9 @@ def test_large_fallback_files_are_handed_back_and_reused_and_nothing_is_left(sco
 def test_keeping_no_fallback_files_unlinks_every_claimed_segment(scope: str) -> None:
     big = tagged_payload(1, 2 * 1024 * 1024)
     with (
-        Connector(scope, ring_capacity=CAPACITY, fallback_spare_bytes=0) as producer,
+        Connector(
+            scope, ring_capacity=CAPACITY, pool_budget_bytes=0, fallback_spare_bytes=0
+        ) as producer,
         Connector(scope) as receiver,
     ):
         producer.put(EDGE, "a", big)
@@ -712,12 +730,16 @@ def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
     def open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    Worker(scope, {"ring_capacity": CAPACITY}).stop()  # starts the forkserver (kept for good)
+    Worker(
+        scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0}
+    ).stop()  # starts the forkserver (kept for good)
     gc.collect()
     gc.disable()  # a Process that is merely unreachable would hide the leak until collected
     try:
         before = open_descriptors()
-        workers = [Worker(scope, {"ring_capacity": CAPACITY}) for _ in range(4)]
+        workers = [
+            Worker(scope, {"ring_capacity": CAPACITY, "pool_budget_bytes": 0}) for _ in range(4)
+        ]
         workers[0].kill()
         workers[1].kill()
         for worker in workers:
@@ -752,7 +774,7 @@ def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope:
 
     seam = OpenAttempts()
     with (
-        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
         Connector(scope, os_facade=seam, spin_seconds=0.05) as receiver,
     ):
         producer.put(EDGE, "other", tagged_payload(1, 100))  # the deployment has a doorbell
@@ -775,8 +797,8 @@ def test_a_producer_that_cannot_ring_the_doorbell_is_still_found_by_a_polling_ge
     seam = FaultyOs()
     seam.fail_open(STAMP_FILE_NAME, errno.ENOSPC)  # no stamp: its puts ring nothing
     with (
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
-        Connector(scope, ring_capacity=CAPACITY) as receiver,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as receiver,
     ):
         receiver.put(EDGE, "ring it", tagged_payload(0, 100))  # the receiver has a doorbell
         assert receiver.get_with_deadline(EDGE, "k", timeout=0.01).status is GetStatus.NOT_FOUND

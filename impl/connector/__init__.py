@@ -40,6 +40,7 @@ from shmring.impl.connector.config import (
 from shmring.impl.connector.descriptors import (
     Descriptor,
     FallbackDescriptor,
+    PoolDescriptor,
     RingDescriptor,
     descriptor_from_dict,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Edge",
     "FallbackDescriptor",
     "GetStatus",
+    "PoolDescriptor",
     "RingDescriptor",
     "Route",
     "descriptor_from_dict",

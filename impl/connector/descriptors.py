@@ -38,6 +38,21 @@ class RingDescriptor:
 
 
 @dataclass(frozen=True)
+class PoolDescriptor(RingDescriptor):
+    """A ring descriptor whose frame carries a pool reference (`spec.connector` route POOL).
+
+    A get with it reads only that exact ring frame, as with any
+    `RingDescriptor`; `to_dict` is the ring form plus ``"pool": True`` (the
+    receiver needs no more: the frame names the slot).
+    """
+
+    route: ClassVar[Route] = Route.POOL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "pool": True}
+
+
+@dataclass(frozen=True)
 class FallbackDescriptor:
     """Names the exact fallback segment a put created (`spec.connector.FallbackDescriptor`)."""
 
@@ -88,6 +103,10 @@ def descriptor_from_dict(route: Route, data: Mapping[str, Any]) -> Descriptor:
             raise TypeError(f"key must be a str: key={key!r}")
         if route is Route.RING:
             return RingDescriptor(
+                producer, edge, key, _plain_int(data["position"], "position"), size
+            )
+        if route is Route.POOL:
+            return PoolDescriptor(
                 producer, edge, key, _plain_int(data["position"], "position"), size
             )
         return FallbackDescriptor(

@@ -33,7 +33,12 @@ from shmring.impl.connector.config import (
     DEFAULT_SPIN_SECONDS,
     ConnectorConfig,
 )
-from shmring.impl.connector.descriptors import Descriptor, FallbackDescriptor, RingDescriptor
+from shmring.impl.connector.descriptors import (
+    Descriptor,
+    FallbackDescriptor,
+    PoolDescriptor,
+    RingDescriptor,
+)
 from shmring.impl.connector.edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
 from shmring.impl.connector.fallback_route import FallbackRoute
 from shmring.impl.connector.joining import Deployment
@@ -271,7 +276,7 @@ class Connector(BlockingGets):
                         self._puts += 1
                         self._bytes += size
                         self._bell.ring()
-                        return RingDescriptor(self.identity, edge, key, position, size)
+                        return PoolDescriptor(self.identity, edge, key, position, size)
             # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
             # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
             try:
