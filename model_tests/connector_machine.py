@@ -30,6 +30,13 @@ main connector's next scan unmaps the sibling's rings.
 
 Capacities are small (4096 or 8192 bytes, or 0: rings disabled) and payloads up to 3000 bytes, so
 "not admitted", "full", wraparound and the budget are reached in a few steps.
+
+The pool (issue 13) is drawn at setup: none, a tiny one (two slots of the
+small class: exhaustion and eviction come fast) or a roomy one, with
+classes of 4 and 8 KiB, so a payload the ring does not admit goes to a pool
+slot (route POOL), to the fallback when no slot is to be had or the ring is
+full for its reference, and sizes of 5000 and 9000 bytes meet the larger
+class and no class at all.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from shmring.spec.connector import (
     ConnectorPutStatus,
     Route,
 )
+from shmring.spec.pool import compute_slot_charge
 from shmring.spec.ring import PutStatus
 
 CAPACITIES = (0, 4096, 4096, 8192)  # 0: rings disabled, the fallback carries all
@@ -79,7 +87,12 @@ SIZES = st.one_of(
     st.sampled_from((8, 60, 400, 900, 960, 1000, 1900, 2100, 3000)),
     st.integers(600, 960),  # admitted by a 4096 ring, four of them fill it
     st.integers(8, 3000),
+    st.sampled_from((5000, 9000)),  # the 8 KiB pool class; no pool class
 )
+POOL_MIN_CLASS = 4096
+POOL_MAX_CLASS = 8192
+# 0: no pool; two slots of the 4 KiB class; plenty (what a real deployment has).
+POOL_BUDGETS = (0, 2 * compute_slot_charge(POOL_MIN_CLASS), 1 << 20)
 # (what, target, errno) of a planned ring setup failure: the ring file's open,
 # the next fallocate (the ring's), the marker's open, the next lock (the stamp's).
 SETUP_FAULTS = (
@@ -108,6 +121,11 @@ EVENT_LABELS = (
     "delivered from the sibling's ring",
     "sibling closed",
     "closed sibling's rings unmapped",
+    "pool",
+    "pool slot reused",
+    "pool fallback",
+    "pool slot evicted",
+    "delivered from a pool slot",
 )
 TALLY = Tally()  # labels reached and rules run in this process
 
@@ -144,6 +162,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         self.os = FaultyOs()
         self.tags = itertools.count(1)
         self.routes: dict[tuple[tuple[str, str], str], Route] = {}
+        self.pool_budget = 0  # drawn at setup
         self.sibling: Connector | None = None  # a second connector in this process
         self.sibling_model: connector_spec.ConnectorState | None = None
 
@@ -153,12 +172,17 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         capacity=st.sampled_from(CAPACITIES),
         budget=st.sampled_from(BUDGETS),
         spares=st.booleans(),
+        pool_budget=st.sampled_from(POOL_BUDGETS),
     )
-    def setup(self, capacity: int, budget: int, spares: bool) -> None:
+    def setup(self, capacity: int, budget: int, spares: bool, pool_budget: int) -> None:
         # spares: every fallback file is kept for reuse (the default keeps only
         # files of 1 MiB and more, which these payloads never reach), so
         # hand-back and reuse meet every rule below.
-        note(f"connector(capacity={capacity}, budget={budget}, spares={spares})")
+        note(
+            f"connector(capacity={capacity}, budget={budget}, spares={spares}, "
+            f"pool_budget={pool_budget})"
+        )
+        self.pool_budget = pool_budget
         scope = f"t{uuid.uuid4().hex[:12]}"
         self.connector = Connector(
             scope,
@@ -169,8 +193,13 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             fallback_spare_min_bytes=0,
             ring_retry_seconds=None,  # the model has no clock: a failed setup stays failed
             rescan_seconds=None,  # nor does it rescan without a stamp move
+            pool_min_bytes=POOL_MIN_CLASS,
+            pool_max_bytes=POOL_MAX_CLASS,
+            pool_budget_bytes=pool_budget,
         )
-        self.model = connector_spec.initialize_connector(capacity, budget)
+        self.model = connector_spec.initialize_connector(
+            capacity, budget, POOL_MIN_CLASS, POOL_MAX_CLASS, pool_budget
+        )
         # Join the deployment now, so a planned lock fault hits the stamp, not the join.
         got = self.connector.get(EDGES[0], "never put")
         assert got.status.value == ConnectorGetStatus.NOT_FOUND.value
@@ -261,7 +290,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             model, edge, key, payload_length, tag, ring_setup_ok=not planned
         )
         fired_before = sum(self.os.fired.values())
-        reused_before = connector.health().fallback_reused
+        before = connector.health()
+        reused_before = before.fallback_reused
         if planned:
             assert fault is not None
             self._arm(fault)
@@ -292,11 +322,20 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             f"model route {expected.route}, implementation {got.route}"
         )
         assert got.size == payload_length
+        after = connector.health()
+        if after.pool_fallbacks > before.pool_fallbacks:
+            TALLY.label("pool fallback")
+        if after.pool_slots_evicted > before.pool_slots_evicted:
+            TALLY.label("pool slot evicted")
         if isinstance(got, RingDescriptor):
             assert isinstance(expected.descriptor, connector_spec.RingDescriptor)
             assert got.position == expected.descriptor.position, (
                 f"ring position: model {expected.descriptor.position}, implementation {got.position}"
             )
+            if got.route is Route.POOL:
+                TALLY.label("pool")
+                if after.pool_slots_reused > before.pool_slots_reused:
+                    TALLY.label("pool slot reused")
         else:
             TALLY.label("fallback")
             if connector.health().fallback_reused > reused_before:
@@ -325,8 +364,13 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if (
             expected.status is not ConnectorPutStatus.ACCEPTED
             or expected.route is not Route.FALLBACK
+            or (
+                trial.pool is not None
+                and model.pool is not None
+                and trial.pool.created > model.pool.created
+            )
         ):
-            return
+            return  # (a slot created on the way would take the planned ENOSPC)
         note(f"put_without_space({edge}, {key!r}, payload_length={payload_length})")
         reused_before = connector.health().fallback_reused
         self.os.fail_next("fallocate", errno.ENOSPC)
@@ -348,6 +392,11 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             TALLY.label("fallback file reused")
             return
         TALLY.label("no space")
+        # The pool was asked first (a payload the ring does not admit) and said no,
+        # or took a slot and gave it back (ring full): counters the rehearsal moved.
+        model.health.pool_fallbacks = trial.health.pool_fallbacks
+        if model.pool is not None and trial.pool is not None:
+            model.pool.reused = trial.pool.reused
         # The model is not stepped, except that the ring's put reclaimed before
         # it answered FULL or NOT_ADMITTED (a step the model allows any time).
         if expected.ring_status is PutStatus.FULL:
@@ -412,6 +461,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             assert payload_tag(got.value) == expected.payload, (
                 f"payload: model tag {expected.payload}, implementation tag {payload_tag(got.value)}"
             )
+            if got.route is Route.POOL:
+                TALLY.label("delivered from a pool slot")
 
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(key=st.sampled_from(KEYS))
@@ -457,9 +508,16 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             connector.scope,
             ring_capacity=model.ring_capacity,
             fallback_budget=model.fallback_budget,
+            pool_min_bytes=POOL_MIN_CLASS,
+            pool_max_bytes=POOL_MAX_CLASS,
+            pool_budget_bytes=self.pool_budget,
         )
         self.sibling_model = connector_spec.initialize_connector(
-            model.ring_capacity, model.fallback_budget
+            model.ring_capacity,
+            model.fallback_budget,
+            POOL_MIN_CLASS,
+            POOL_MAX_CLASS,
+            self.pool_budget,
         )
         assert self.sibling.identity[:2] == connector.identity[:2]
         assert self.sibling.identity != connector.identity
@@ -576,14 +634,14 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if self.sibling is not None and self.sibling_model is not None:
             invariants.check_connector(self.sibling_model)
             pairs.append((self.sibling.health(), self.sibling_model.health))
-        for name in ("puts", "ring_puts", "fallbacks", "refusals"):
+        for name in ("puts", "ring_puts", "fallbacks", "refusals", "pool_puts", "pool_fallbacks"):
             for got_health, model_health in pairs:
                 assert getattr(got_health, name) == getattr(model_health, name), (
                     f"health.{name}: model {getattr(model_health, name)}, "
                     f"implementation {getattr(got_health, name)}"
                 )
         # The model counts a get at the producer, the implementation at the receiver.
-        for name in ("gets", "bytes_transferred", "ring_gets"):
+        for name in ("gets", "bytes_transferred", "ring_gets", "pool_gets"):
             got_total = sum(getattr(h, name) for h, _ in pairs)
             model_total = sum(getattr(m, name) for _, m in pairs)
             assert got_total == model_total, (
@@ -599,6 +657,29 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
                 assert (ring is None) == (model_ring is None)
                 if ring is not None and model_ring is not None:
                     assert (ring.head, ring.tail) == (model_ring.head, model_ring.tail)
+        for got_health, model_conn in (
+            (health, model),
+            *(
+                [(self.sibling.health(), self.sibling_model)]
+                if self._sibling_open() and self.sibling is not None and self.sibling_model
+                else []
+            ),
+        ):
+            pool = model_conn.pool
+            if pool is not None and not model_conn.closed:
+                assert (
+                    got_health.pool_slots,
+                    got_health.pool_bytes,
+                    got_health.pool_slots_created,
+                    got_health.pool_slots_reused,
+                    got_health.pool_slots_evicted,
+                ) == (len(pool.slots), pool.used_bytes, pool.created, pool.reused, pool.evicted), (
+                    f"pool: model slots={len(pool.slots)} bytes={pool.used_bytes} "
+                    f"created={pool.created} reused={pool.reused} evicted={pool.evicted}, "
+                    f"implementation {got_health}"
+                )
+            elif pool is None:
+                assert got_health.pool_puts == 0 and got_health.pool_slots == 0
         if model.closed:
             assert health.closed
             return
