@@ -174,9 +174,11 @@ class PoolLockstepMachine(RuleBasedStateMachine):
         TALLY.label("created" if expected.status is AcquireStatus.CREATED else "reused")
         if expected.evicted:
             TALLY.label("evicted")
-        if expected.status is AcquireStatus.REUSED and any(
-            self.before is not None and self.before.slots[expected.index].state is SlotState.CLAIMED
-            for _ in (0,)
+        before = self.before
+        if (
+            expected.status is AcquireStatus.REUSED
+            and before is not None
+            and before.slots[expected.index].state is SlotState.CLAIMED
         ):
             TALLY.label("dead holder's slot reused")
         for index in expected.evicted:
