@@ -124,7 +124,6 @@ EVENT_LABELS = (
     "pool",
     "pool slot reused",
     "pool fallback",
-    "pool slot evicted",
     "delivered from a pool slot",
 )
 TALLY = Tally()  # labels reached and rules run in this process

@@ -201,7 +201,13 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             st.sampled_from([s for s in range(self.SLOTS) if s not in self.live_in_slot])
         )
         worker = Worker(
-            self.scope, {"ring_capacity": RING_CAPACITY, "fallback_budget": FALLBACK_BUDGET}
+            self.scope,
+            # The discovery model has no pool: what the ring refuses is a segment here.
+            {
+                "ring_capacity": RING_CAPACITY,
+                "fallback_budget": FALLBACK_BUDGET,
+                "pool_budget_bytes": 0,
+            },
         )
         identity = worker.identity
         self.workers[identity] = worker

@@ -187,6 +187,16 @@ class SlotMapping:
             self._os.close(fd)
 
 
+def _typed(error: OSError, capacity: int) -> OSError:
+    """ENOSPC / EDQUOT as NoSpaceError (with its errno); any other OSError as it is."""
+    if error.errno not in _NO_SPACE_ERRNOS:
+        return error
+    return NoSpaceError(
+        f"no space for a pool slot of {capacity} bytes: {os.strerror(error.errno or 0)}",
+        error.errno or errno.ENOSPC,
+    )
+
+
 def create_slot_file(
     directory: Directory,
     name: str,
@@ -200,7 +210,10 @@ def create_slot_file(
     NoSpaceError when the OS has no room; any failure leaves no file behind.
     """
     length = compute_slot_file_length(capacity)
-    fd = directory.open(name, OPEN_FLAGS_CREATE)
+    try:
+        fd = directory.open(name, OPEN_FLAGS_CREATE)
+    except OSError as error:
+        raise _typed(error, capacity) from error
     mapping: mmap.mmap | None = None
     try:
         os_facade.ftruncate(fd, length)
@@ -214,11 +227,8 @@ def create_slot_file(
         os_facade.close(fd)
         with contextlib.suppress(OSError):
             directory.unlink(name)
-        if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
-            raise NoSpaceError(
-                f"no space for a pool slot of {capacity} bytes: {os.strerror(error.errno or 0)}",
-                error.errno or errno.ENOSPC,
-            ) from error
+        if isinstance(error, OSError):
+            raise _typed(error, capacity) from error
         raise
     words = slot.words
     assert words is not None
