@@ -75,7 +75,9 @@ def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
     while time.monotonic() < deadline:
         count += 1
         try:
-            with Connector(scope, ring_capacity=4096, fallback_spare_bytes=0) as connector:
+            with Connector(
+                scope, ring_capacity=4096, pool_budget_bytes=0, fallback_spare_bytes=0
+            ) as connector:
                 connector.put(edge, f"k{count}", {"n": count})  # ring, marker, live file
                 connector.put(edge, f"big{count}", {"b": b"x" * 2000})  # a fallback segment
                 joins += 1

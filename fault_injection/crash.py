@@ -211,9 +211,13 @@ def _producer_child(
 
         seam = _CrashingOs(lambda site: armed["close"] and site == stage)
         producer = seamed_connector(
-            scope, Seams(publish_hook=hook), ring_capacity=CAPACITY, os_facade=seam
+            scope,
+            Seams(publish_hook=hook),
+            ring_capacity=CAPACITY,
+            pool_budget_bytes=0,
+            os_facade=seam,
         )
-        own_reader = Connector(scope, ring_capacity=CAPACITY)
+        own_reader = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
         kept = _setup_state(producer, own_reader, cell.state)
         identity = producer.identity  # (pid, start time, instance)
         ring = producer.ring(EDGE)
@@ -237,7 +241,7 @@ def _producer_child(
 
 def run_producer_cell(cell: CrashCell, scope: str) -> None:
     directory = deployment_directory(scope)
-    receiver = Connector(scope, ring_capacity=CAPACITY)
+    receiver = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
     restarted: Connector | None = None
     raw: RingReader | None = None
     try:
@@ -300,7 +304,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
             )
         _require(not os.path.lexists(path), f"ring of the dead producer not reclaimed: {path}")
         # 3. A restarted producer starts clean and owns the reused keys.
-        restarted = Connector(scope, ring_capacity=CAPACITY)
+        restarted = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
         fresh = {key: tagged_payload(200 + index, 300) for index, key in enumerate((*kept, TARGET))}
         for key, payload in fresh.items():
             restarted.put(EDGE, key, payload)
@@ -376,8 +380,8 @@ def _reader_child(
 
 def run_reader_cell(cell: CrashCell, scope: str) -> None:
     directory = deployment_directory(scope)
-    producer = Connector(scope, ring_capacity=CAPACITY)
-    receiver = Connector(scope, ring_capacity=CAPACITY)
+    producer = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
+    receiver = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
     try:
         kept = _setup_state(producer, receiver, cell.state)
         size = max(cell.size, 1200) if cell.point == "fallback mid-copy" else cell.size

@@ -80,6 +80,7 @@ def _doomed(scope: str, index: int, report: Report) -> None:  # pragma: no cover
     connector = Connector(
         scope,
         ring_capacity=RING_CAPACITY,
+        pool_budget_bytes=0,
         fallback_spare_min_bytes=SPARE_MIN,
     )
     connector.put(DEAD_EDGE, f"d{index}r", _payload(index, 100))  # ring, marker, live file
@@ -91,7 +92,7 @@ def _doomed(scope: str, index: int, report: Report) -> None:  # pragma: no cover
 
 def _live(scope: str, total: int, report: Report, read_end: int) -> None:  # pragma: no cover
     with Connector(
-        scope, ring_capacity=RING_CAPACITY, fallback_spare_min_bytes=SPARE_MIN
+        scope, ring_capacity=RING_CAPACITY, pool_budget_bytes=0, fallback_spare_min_bytes=SPARE_MIN
     ) as connector:
         for tag in range(total):
             size = _BIG if tag % 3 == 0 else 200
@@ -104,7 +105,7 @@ def _live(scope: str, total: int, report: Report, read_end: int) -> None:  # pra
 
 def run_crash_loop(scope: str, kills: int) -> CrashLoopReport:
     """Run the loop (see the module docstring) in `scope`; answers what it measured."""
-    receiver = Connector(scope, ring_capacity=RING_CAPACITY)
+    receiver = Connector(scope, ring_capacity=RING_CAPACITY, pool_budget_bytes=0)
     directory = receiver.directory
     receiver.get(EDGE, "join")  # joins: the directory outlives every producer
     to_live_r, to_live_w = os.pipe()

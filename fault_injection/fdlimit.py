@@ -38,7 +38,7 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
     typed: Counter[str] = Counter()
     bare: Counter[str] = Counter()
     wrong = 0
-    with Connector(scope, ring_capacity=4096) as reader:
+    with Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as reader:
         for _ in range(2):
             for key in keys:
                 if key in delivered:
@@ -78,7 +78,7 @@ def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any
             start = read_start_time(helper.pid)
             assert start is not None
             connector = seamed_connector(
-                scope, Seams(identity=(helper.pid, start)), ring_capacity=4096
+                scope, Seams(identity=(helper.pid, start)), ring_capacity=4096, pool_budget_bytes=0
             )
             connectors.append(connector)
             key = f"p{index}"

@@ -366,7 +366,7 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
     identities = borrowed_identities()
     probe_scope = f"fp{uuid.uuid4().hex[:10]}"
     with seamed_connector(
-        probe_scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY
+        probe_scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY, pool_budget_bytes=0
     ) as probe:
         probe.put(EDGE, "a0", b"x" * 300)
         ring = probe.ring(EDGE)
@@ -383,12 +383,18 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
         corrupt_payload, good_payload = b"A" * 300, b"B" * 200
         with (
             seamed_connector(
-                scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY
+                scope,
+                Seams(identity=identities.live_a),
+                ring_capacity=CAPACITY,
+                pool_budget_bytes=0,
             ) as bad,
             seamed_connector(
-                scope, Seams(identity=identities.live_b), ring_capacity=CAPACITY
+                scope,
+                Seams(identity=identities.live_b),
+                ring_capacity=CAPACITY,
+                pool_budget_bytes=0,
             ) as good,
-            Connector(scope, ring_capacity=CAPACITY) as receiver,
+            Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as receiver,
         ):
             bad.put(EDGE, "a0", corrupt_payload)
             good.put(EDGE, "b0", good_payload)
@@ -609,8 +615,8 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
     scope = f"fd{uuid.uuid4().hex[:10]}"
     seam = RecordingOs()
     with (
-        Connector(scope, ring_capacity=CAPACITY) as producer,
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as receiver,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as receiver,
         TransferReceiver(scope, os_facade=seam) as transfers,
     ):
         ring_descriptor = producer.put(EDGE, "r", b"r" * 100).to_dict()
@@ -713,12 +719,12 @@ def forged_battery(scope: str) -> int:
             raise FuzzFailure(f"forged input: {message}")
 
     try:
-        with Connector(scope, ring_capacity=CAPACITY) as receiver:
+        with Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as receiver:
             receiver.get(EDGE, "join")
             directory = receiver.directory
             me = current_producer_identity()
             # 1. A symlink planted at a ring path: the producer refuses it and falls back.
-            with Connector(scope, ring_capacity=CAPACITY) as producer:
+            with Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer:
                 path = ring_path(directory, EDGE[0], EDGE[1], producer.identity)
                 os.symlink(outside, path)
                 descriptor = producer.put(EDGE, "k", b"payload")
@@ -803,7 +809,7 @@ def forged_battery(scope: str) -> int:
         os.symlink(target_dir, link)
         try:
             try:
-                with Connector(link_scope, ring_capacity=CAPACITY) as victim:
+                with Connector(link_scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as victim:
                     victim.put(EDGE, "k", b"x")
                 check(False, "a connector used a symlinked deployment directory")
             except ConfigurationError:
@@ -818,7 +824,7 @@ def forged_battery(scope: str) -> int:
         ran += 1
         # 8. Forged stage names and scopes.
         for bad_edge in (("a/b", "c"), ("..", "c"), ("a", "b.c"), ("a\x00", "b")):
-            with Connector(scope, ring_capacity=CAPACITY) as producer:
+            with Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer:
                 try:
                     producer.put(bad_edge, "k", b"x")
                     check(False, f"put on a forged edge {bad_edge!r}")

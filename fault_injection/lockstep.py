@@ -199,6 +199,7 @@ class Deployment:
             Seams(identity=identity),
             ring_capacity=self.capacity,
             fallback_budget=self.budget,
+            pool_budget_bytes=0,  # the discovery model has no pool: its segments stay segments
             os_facade=self.os,
             spin_seconds=0.0,
             max_sleep_seconds=0.0,

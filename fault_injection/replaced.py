@@ -72,8 +72,12 @@ def _scenario(scope: str, seam: FaultyOs, shm_root: str, errors: list[str]) -> l
         if value is not None and value != {"v": sent}:
             problems.append(f"{what} delivered other bytes: {str(value)[:80]}")
 
-    producer = Connector(scope, ring_capacity=4096, shm_root=shm_root, os_facade=seam)
-    receiver = Connector(scope, ring_capacity=4096, shm_root=shm_root, os_facade=seam)
+    producer = Connector(
+        scope, ring_capacity=4096, pool_budget_bytes=0, shm_root=shm_root, os_facade=seam
+    )
+    receiver = Connector(
+        scope, ring_capacity=4096, pool_budget_bytes=0, shm_root=shm_root, os_facade=seam
+    )
     try:
         for round_ in range(2):
             for name, payload in (("small", _SMALL), ("large", _LARGE)):
@@ -81,7 +85,9 @@ def _scenario(scope: str, seam: FaultyOs, shm_root: str, errors: list[str]) -> l
                 attempt(f"put {key}", lambda k=key, p=payload: producer.put(EDGE, k, {"v": p}))
                 got = attempt(f"get {key}", lambda k=key: receiver.get(EDGE, k))
                 check(f"get {key}", got, payload)
-        late = Connector(scope, ring_capacity=4096, shm_root=shm_root, os_facade=seam)
+        late = Connector(
+            scope, ring_capacity=4096, pool_budget_bytes=0, shm_root=shm_root, os_facade=seam
+        )
         try:
             # another edge: a second connector of this process may not own the same ring
             attempt("late put", lambda: late.put(LATE_EDGE, "late", {"v": _SMALL}))

@@ -39,7 +39,9 @@ def test_crash_loop_of_40_kills_keeps_dev_shm_within_the_live_producers_files() 
 def test_a_killed_producers_files_go_at_the_periodic_rescan_without_any_stamp_move() -> None:
     """A death moves no stamp: the receiver's periodic rescan bounds how long its files stay."""
     scope = f"cl{uuid.uuid4().hex[:8]}"
-    with Connector(scope, ring_capacity=crashloop.RING_CAPACITY, rescan_seconds=0.2) as receiver:
+    with Connector(
+        scope, ring_capacity=crashloop.RING_CAPACITY, pool_budget_bytes=0, rescan_seconds=0.2
+    ) as receiver:
         receiver.get(crashloop.EDGE, "join")
         doomed = ForkedChild(lambda report: crashloop._doomed(scope, 0, report))
         try:

@@ -103,7 +103,7 @@ def test_enospc_at_ring_setup_falls_back_for_that_edge(scope: str) -> None:
     seam = FaultyOs(FaultPlan("fallocate", 1, MODE_TRANSIENT, errno.ENOSPC))
     model = connector_spec.initialize_connector(CAPACITY, 1 << 20)
     with (
-        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as producer,
         Connector(scope) as receiver,
     ):
         descriptor = producer.put(EDGE, "k", b"x" * 100)
@@ -183,7 +183,10 @@ def watchdog() -> Iterator[None]:
 def test_another_process_holding_the_ring_lock_makes_receivers_busy_not_wait(
     scope: str, watchdog: None
 ) -> None:
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
         producer.put(EDGE, "warm", b"w")
         assert receiver.get(EDGE, "warm").delivered
         ring = producer.ring(EDGE)
@@ -210,7 +213,10 @@ def test_another_process_holding_the_ring_lock_makes_receivers_busy_not_wait(
 
 
 def test_a_killed_lock_holder_releases_the_ring(scope: str, watchdog: None) -> None:
-    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
         producer.put(EDGE, "k", b"v")
         ring = producer.ring(EDGE)
         assert ring is not None

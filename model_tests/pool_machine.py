@@ -257,11 +257,13 @@ class PoolLockstepMachine(RuleBasedStateMachine):
 
     def _kill(self, claim: PoolClaim) -> None:
         """What a SIGKILL of the holder leaves: its pid in the holder word, no release ever."""
-        words = claim._slot.mapping.words
+        words = claim._words
         assert words is not None
         store_slot_holder_pid(words, DEAD_PID)
         claim.view.release()
-        claim._released = True  # a dead process releases nothing
+        claim._words = None  # a dead process releases nothing: no DONE is stored
+        claim._released = True
+        words.release()
 
     @rule(held=consumes(claims))
     def release(self, held: tuple[int, int, PoolClaim]) -> None:

@@ -79,8 +79,19 @@ def _mapped(path: str) -> bool:
 # -- descriptor names ------------------------------------------------------------------
 
 
-def test_descriptor_names_are_files_under_the_shm_root(pipeline: Any) -> None:
-    sender, receiver = pipeline
+def test_descriptor_names_are_files_under_the_shm_root(scope: str) -> None:
+    # The seed's per-key segment, as vllm-omni sees it: with the pool (issue 13,
+    # the default) "shm" names the ring file carrying the reference instead
+    # (test_compat.py::test_large_payloads_answer_shm_metadata).
+    sender, receiver = make(scope, 0, pool_budget_bytes=0), make(scope, 1)
+    try:
+        _check_descriptor_names(sender, receiver)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def _check_descriptor_names(sender: SharedMemoryConnector, receiver: SharedMemoryConnector) -> None:
     ok, size, small = sender.put(0, 1, "req_0", {"x": 1})
     assert ok and size == small["size"] > 0
     ok, _, large = sender.put(0, 1, "req_1", LARGE)

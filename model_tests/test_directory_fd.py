@@ -81,7 +81,7 @@ def test_a_removed_directory_refuses_new_files_and_the_join_opens_it_again(scope
 
 def test_a_segment_not_mode_0600_is_never_delivered_and_is_removed(scope: str) -> None:
     with (
-        Connector(scope, ring_capacity=4096) as producer,
+        Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as producer,
         Connector(scope, ring_capacity=4096) as receiver,
     ):
         producer.put(EDGE, "big", {"v": b"x" * 3000})  # > capacity / 4: a fallback segment
@@ -97,7 +97,7 @@ def test_a_segment_owned_by_another_uid_is_never_delivered(scope: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to give a file to another uid")
     with (
-        Connector(scope, ring_capacity=4096) as producer,
+        Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as producer,
         Connector(scope, ring_capacity=4096) as receiver,
     ):
         producer.put(EDGE, "big", {"v": b"x" * 3000})

@@ -271,7 +271,7 @@ def test_a_corrupt_slot_header_is_a_typed_error_and_the_reader_keeps_working(
         (POOL_REF_GENERATION_OFFSET, U64_FORMAT, 999, "reference names generation=999"),
         (POOL_REF_GENERATION_OFFSET, U64_FORMAT, 0, "generation 0"),
         (POOL_REF_PAYLOAD_LENGTH_OFFSET, U64_FORMAT, 1 << 40, "payload length"),
-        (POOL_REF_FLAGS_OFFSET, "<B", 0x80, "unknown flags"),
+        (POOL_REF_FLAGS_OFFSET, U32_FORMAT, 0x80, "unknown flags"),
     ],
 )
 def test_a_forged_reference_is_a_typed_error_and_reads_nothing_else(
@@ -451,3 +451,12 @@ def test_bad_pool_options_are_configuration_errors_naming_them(
 def test_min_class_above_max_class_is_a_configuration_error(scope: str) -> None:
     with pytest.raises(ConfigurationError, match="must not exceed"):
         Connector(scope, pool_min_bytes=1 << 21, pool_max_bytes=1 << 20)
+
+
+def test_a_slot_file_not_mode_0600_is_never_delivered(scope: str) -> None:
+    with Connector(scope, **SMALL) as producer, Connector(scope) as receiver:
+        producer.put(EDGE, "big", tagged_payload(1, 3000))
+        (slot,) = _slots(producer)
+        os.chmod(os.path.join(producer.directory, slot), 0o644)
+        with pytest.raises(CorruptFrameError, match="not trusted"):
+            receiver.get(EDGE, "big")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import tempfile
 from collections.abc import Iterator
 
@@ -98,7 +97,7 @@ def test_a_corrupt_slot_is_claimed_inside_its_file_or_refused_with_a_typed_error
         with open(path, "r+b") as file:
             for offset, value in edits:
                 file.seek(offset)
-                file.write(struct.pack("B", value))
+                file.write(bytes((value,)))
         if size is not None:
             os.truncate(path, size)
         try:

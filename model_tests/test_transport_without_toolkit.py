@@ -91,7 +91,7 @@ def test_the_transport_imports_and_delivers_without_the_toolkit(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stdout + done.stderr
     routes, loaded = done.stdout.strip().split(" ", 1)
-    assert routes.split(",") == ["RING", "FALLBACK"], routes
+    assert routes.split(",") == ["RING", "POOL"], routes  # issue 13: the pool carries it
     assert loaded == "[]"
 
 

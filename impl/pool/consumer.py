@@ -32,6 +32,7 @@ from xxhash import xxh3_64_intdigest
 
 from shmring.impl.directory import Directory, check_private_file
 from shmring.impl.errors import CorruptFrameError
+from shmring.impl.frame_io import SharedWords
 from shmring.impl.liveness import is_holder_alive
 from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
 from shmring.impl.os_seam import OPEN_FLAGS_EXISTING, OsFacade
@@ -77,13 +78,19 @@ class PoolClaim:
     """
 
     _released: bool = False
+    _words: SharedWords | None = None
 
     def __init__(self, slot: _Slot, ref: PoolRef) -> None:
         self._slot = slot
         self.generation = ref.generation
         self.nbytes = ref.payload_length
+        buf = slot.mapping.buf
+        # Its own header words: the reader may unmap the slot (least recently
+        # used out) while a borrowed claim lives; the mapping then stays until
+        # these and the view are released, and `release` still stores DONE.
+        self._words = SharedWords(buf[:POOL_SLOT_HEADER_LENGTH])
         start = POOL_SLOT_HEADER_LENGTH
-        self.view: memoryview = slot.mapping.buf[start : start + ref.payload_length].toreadonly()
+        self.view: memoryview = buf[start : start + ref.payload_length].toreadonly()
 
     @property
     def released(self) -> bool:
@@ -94,14 +101,23 @@ class PoolClaim:
         if self._released:
             return
         self._released = True
-        words = self._slot.mapping.words
+        words, self._words = self._words, None
         if words is None:
-            return  # the consumer unmapped it (closed); the producer's holder check frees it
+            return
         if (
             load_slot_generation(words) == self.generation
             and load_slot_state_acquire(words) == POOL_SLOT_CLAIMED
         ):
             store_slot_state_release(words, POOL_SLOT_DONE)
+        words.release()
+
+    def undo(self) -> None:
+        """The owned decode failed: PUBLISHED again (the carrier stays deliverable)."""
+        self._released = True
+        words, self._words = self._words, None
+        if words is not None:
+            store_slot_state_release(words, POOL_SLOT_PUBLISHED)
+            words.release()
 
 
 class PoolReader:
@@ -242,9 +258,7 @@ class PoolReader:
         try:
             value = decode(view)
         except BaseException:
-            words = claim._slot.mapping.words
-            if words is not None:
-                store_slot_state_release(words, POOL_SLOT_PUBLISHED)
+            claim.undo()
             raise
         finally:
             view.release()  # BufferError if decode kept something made from it
