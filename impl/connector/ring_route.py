@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,11 +47,12 @@ from shmring.impl.errors import (
 from shmring.impl.liveness import Liveness
 from shmring.impl.names import ConnectorIdentity, ring_path
 from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.borrow import BorrowedPayload
 from shmring.impl.ring.producer import PublishHook, RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
 from shmring.spec.connector import Route
-from shmring.spec.ring import PutStatus
+from shmring.spec.ring import ConsumeMode, PutStatus
 
 logger = logging.getLogger("shmring.connector")
 
@@ -66,6 +68,39 @@ class ProducerExited(Exception):
 def decode_sized(view: memoryview) -> tuple[int, Any]:
     """Decode a ring payload into owned memory, keeping its encoded length."""
     return view.nbytes, codec.decode(view)
+
+
+# A borrowed get's decoder: (encoded bytes, value, the payload while a view holds it).
+Borrower = Callable[[BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]"]]
+_LEASE = ConsumeMode.LEASE
+
+
+def borrow_sized(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+    """Decode a claimed payload in place (`codec.decode_borrowed`), keeping its length.
+
+    THE hook of every borrowed get: whatever holds the bytes (a ring frame,
+    a fallback segment's mapping, a pool slot) makes a `BorrowedPayload`
+    over them with its release armed (`BorrowedPayload.arm(release)`: DONE
+    in a frame header, a slot's `.release()`), and hands it here; the value's
+    large leaves hold it, and the release runs when the last of them dies.
+    """
+    return payload.nbytes, codec.decode_borrowed(payload), weakref.ref(payload)
+
+
+def live_borrower(liveness: Liveness, producer: ConnectorIdentity) -> Borrower:
+    """`borrow_sized` that first asks whether `producer` runs (as `live_decoder`)."""
+    is_alive = liveness.is_alive
+
+    def borrow(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+        try:
+            alive = is_alive(producer)
+        except ResourceExhaustedError:
+            alive = True  # as `alive_or_assumed`
+        if not alive:
+            raise ProducerExited(producer)
+        return borrow_sized(payload)
+
+    return borrow
 
 
 def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
@@ -269,9 +304,12 @@ class RingRoute:
     # -- receiver: claim -------------------------------------------------------------------
 
     def claim_by_key(
-        self, edge: Edge, key: str
+        self, edge: Edge, key: str, borrow: bool = False
     ) -> tuple[Delivery | None, bool, ShmringError | None]:
         """The ring half of a get by key: the first live candidate's frame, claimed once.
+
+        `borrow`: the frame is decoded in place and stays CLAIMED while the
+        value's large leaves live (`RingReader.get` in LEASE mode, `borrow_sized`).
 
         Answers (the delivery or None, whether some ring was BUSY, the error
         to raise if nothing else delivers). A damaged ring (CorruptFrameError)
@@ -324,7 +362,11 @@ class RingRoute:
                 decode = live_decoder(deployment.liveness, producer)
                 resolved.append((producer, reader, decode))
             try:
-                got = reader.get(key, decode=decode)
+                if borrow:
+                    borrower = live_borrower(deployment.liveness, producer)
+                    got = reader.get(key, mode=_LEASE, decode=borrower)
+                else:
+                    got = reader.get(key, decode=decode)
             except CorruptFrameError as error:
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
@@ -338,6 +380,8 @@ class RingRoute:
             if got.status is ReceiveStatus.DELIVERED:
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
+                if borrow:
+                    return _borrowed(got.payload, Route.RING, producer), False, None
                 size, value = got.payload
                 return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer), False, None
             if got.status is ReceiveStatus.BUSY:
@@ -350,7 +394,9 @@ class RingRoute:
             self._keep_readers(edge, resolved, complete, sheds)
         return None, busy, corrupt if corrupt is not None else exhausted
 
-    def claim_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
+    def claim_descriptor(
+        self, edge: Edge, key: str, descriptor: RingDescriptor, borrow: bool = False
+    ) -> Delivery:
         """The exact frame a ring descriptor names, claimed once (PRODUCER_GONE first)."""
         deployment = self._deployment
         assert deployment is not None  # joined
@@ -363,7 +409,12 @@ class RingRoute:
         reader = self._reader(edge, producer)
         if reader is None:
             return GONE
-        got = reader.get(key, descriptor.position, decode=decode_sized)
+        if borrow:
+            got = reader.get(key, descriptor.position, mode=_LEASE, decode=borrow_sized)
+            if got.status is ReceiveStatus.DELIVERED:
+                return _borrowed(got.payload, Route.RING, producer)
+        else:
+            got = reader.get(key, descriptor.position, decode=decode_sized)
         if got.status is ReceiveStatus.DELIVERED:
             size, value = got.payload
             return Delivery(GetStatus.DELIVERED, value, size, Route.RING, producer)
@@ -473,6 +524,14 @@ class RingRoute:
                 with contextlib.suppress(ClosedError):
                     values.append(reader.wakeup_sequence)
         return values
+
+
+def _borrowed(
+    got: tuple[int, Any, weakref.ref[BorrowedPayload]], route: Route, producer: ConnectorIdentity
+) -> Delivery:
+    """The Delivery of a borrowed get: `lease` is the payload while the value holds it."""
+    size, value, payload = got
+    return Delivery(GetStatus.DELIVERED, value, size, route, producer, lease=payload)
 
 
 _route_check: type[RouteBackend[RingChannel, RingDescriptor]] = RingRoute

@@ -22,6 +22,7 @@ import contextlib
 import enum
 import fcntl
 import mmap
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,11 +38,13 @@ from shmring.impl.names import (
     parse_segment_owner,
 )
 from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.borrow import BorrowedPayload
 from shmring.impl.ring.frames import segment_problem
 from shmring.spec.layout import (
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     RING_HEADER_LENGTH,
+    RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
 )
 
@@ -137,8 +140,16 @@ def claim_segment(
     owner: tuple[int, ...] | None = None,
     generation: int | None = None,
     mappings: SegmentMappings | None = None,
+    borrow: Callable[[BorrowedPayload], Any] | None = None,
 ) -> Claim:
     """Claim the key's segment on `edge`, exactly once among all readers.
+
+    `borrow` (a connector's borrowed get) replaces `decode`: it gets the
+    payload in place as a `BorrowedPayload` over the segment's mapping. If
+    what it returned holds the payload, the mapping becomes the payload's
+    (closed when the last view dies) and the segment is unlinked, never
+    handed back for reuse, so nobody writes the pages the views read;
+    otherwise the claim ends as a decoding one does.
 
     `mappings` (optional) keeps this reader's mappings of files their
     producer reuses, so a claim of a handed-back file maps nothing.
@@ -159,7 +170,7 @@ def claim_segment(
         return _BUSY_CLAIM
     try:
         return _claim_locked(
-            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings
+            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings, borrow
         )
     finally:
         if mappings is not None:
@@ -180,6 +191,7 @@ def _claim_locked(
     owner: tuple[int, ...] | None,
     generation: int | None,
     mappings: SegmentMappings | None,
+    borrow: Callable[[BorrowedPayload], Any] | None = None,
 ) -> Claim:
     info = os_facade.fstat(fd)
     untrusted = check_private_file(path, info)
@@ -199,7 +211,7 @@ def _claim_locked(
     mapping = mappings.take(mapping_key) if mappings is not None else None
     if mapping is None:
         mapping = os_facade.mmap(fd, size, writable=False)
-    handed_back = False
+    handed_back = lent = False
     try:
         with memoryview(mapping) as buf:
             key_bytes = key.encode("utf-8")
@@ -226,18 +238,64 @@ def _claim_locked(
                         f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
                         f"removed; path={path!r}"
                     )
+                if borrow is None:
+                    try:
+                        value = decode(payload)
+                    except CorruptFrameError:
+                        where.unlink(path)
+                        raise
+            if borrow is not None:
                 try:
-                    value = decode(payload)
+                    value, lent = _lend(mapping, payload_start, payload_length, borrow, path)
                 except CorruptFrameError:
                     where.unlink(path)
                     raise
-            handed_back = _commit(where, path, state, producer, frame_generation)
+            # A lent segment is unlinked (never handed back): its pages are the views'.
+            handed_back = _commit(
+                where, path, RING_STATE_OPEN if lent else state, producer, frame_generation
+            )
     finally:
-        if handed_back and mappings is not None:
+        if lent:
+            pass  # the payload closes the mapping when its last view dies
+        elif handed_back and mappings is not None:
             mappings.keep(mapping_key, mapping)  # its producer will send it again
         else:
-            mapping.close()
+            # BufferError: a failed borrow left views, whose payload closes it after them.
+            with contextlib.suppress(BufferError):
+                mapping.close()
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+def _lend(
+    mapping: mmap.mmap,
+    payload_start: int,
+    payload_length: int,
+    borrow: Callable[[BorrowedPayload], Any],
+    path: str,
+) -> tuple[Any, bool]:
+    """`borrow` of the payload in place; answers (its value, whether the value holds the mapping)."""
+    import numpy  # a borrowed get decodes with numpy anyway (`codec.decode_borrowed`)
+
+    keep = numpy.frombuffer(mapping, numpy.uint8)  # read-only: the segment is mapped so
+    payload = BorrowedPayload(
+        keep,
+        int(keep.ctypes.data) + payload_start,
+        payload_length,
+        mapping_to_close=mapping,
+        label=path,
+    )
+    del keep
+    baseline = sys.getrefcount(payload)
+    try:
+        value = borrow(payload)
+    except BaseException:
+        if sys.getrefcount(payload) <= baseline:
+            payload.disown()  # nothing kept: the caller still closes the mapping
+        raise
+    lent = sys.getrefcount(payload) > baseline
+    if not lent:
+        payload.disown()
+    return value, lent
 
 
 def _commit(
