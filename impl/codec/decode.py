@@ -163,7 +163,7 @@ class _LeafReader:
     def _leaf(self, code: int, data: memoryview) -> Any:
         if code != self.code:
             return Ext(code, bytes(data))
-        if len(data) and data[0] == _BORROWED_BIN_TAG and self.root is not None:
+        if self.root is not None and len(data) and data[0] == _BORROWED_BIN_TAG:
             return self._borrowed_bin(data)
         if len(data) and data[0] == CODEC_TYPE_TAG:
             self.tagged = True
@@ -532,6 +532,7 @@ def _unpoint(reader: _LeafReader) -> None:
     reader.root = None
     reader.payload = None
     reader.bins = []
+    reader.bin_cursor = 0
 
 
 def _check_covered(reader: _LeafReader, shared_length: int) -> None:
@@ -566,21 +567,37 @@ def _decode_framed(
             f"bad prefix: header_length={header_length} shared_length={shared_length} "
             f"leaf_code={code} nbytes={length}"
         )
-    reader = _take_reader()
-    _point(reader, src, code, root, payload, data_start, own_start, length)
+    reader: _LeafReader | None = getattr(_local, "reader", None)
+    if reader is None or reader.busy:  # first use in this thread, or re-entered
+        reader = _take_reader()
+    reader.busy = True
+    reader.src = src
+    reader.code = code
+    reader.shared = bytearray(src[data_start:own_start]) if shared_length else None
+    reader.shared_cursor = 0
+    reader.shared_length = shared_length
+    reader.own_cursor = 0
+    reader.own_start = own_start
+    reader.own_length = length - own_start
+    reader.tagged = False
     try:
         # The header is copied (it is small) so that the ext_hook's views, which
         # an error's traceback may keep, never point into the caller's buffer.
-        header: Any = None
-        if root is not None and header_length >= BORROWED_BYTES_MIN:
-            bins, _ = _large_bins(src, CODEC_PREFIX_LENGTH, header_end)
-            if bins:
-                reader.bins = [(start, end) for _, start, end in bins]
-                header = _with_bin_exts(src, CODEC_PREFIX_LENGTH, header_end, bins, code)
-        if header is None:
+        if root is None:
             header = bytes(src[CODEC_PREFIX_LENGTH:header_end])
+        else:
+            reader.root = root
+            header = _borrowed_header(reader, src, header_end, payload)
         result = reader.decoder_for(type_).decode(header)
-        _check_covered(reader, shared_length)
+        if (
+            reader.shared_cursor != shared_length
+            or reader.own_cursor != reader.own_length
+            or (root is not None and reader.bin_cursor != len(reader.bins))
+        ):
+            raise _corrupt(
+                f"leaves do not cover the data: shared={reader.shared_cursor}/{shared_length} "
+                f"own={reader.own_cursor}/{reader.own_length}"
+            )
         if reader.tagged:
             return _rebuild(result, 0)
         return result
@@ -589,4 +606,22 @@ def _decode_framed(
     except _MSGPACK_ERRORS as error:
         raise _corrupt(f"msgpack header: {error}: nbytes={length}") from error
     finally:
-        _unpoint(reader)
+        reader.busy = False
+        reader.src = None
+        reader.shared = None
+        if root is not None:
+            _unpoint(reader)
+
+
+def _borrowed_header(
+    reader: _LeafReader, src: memoryview, header_end: int, payload: BorrowedPayload | None
+) -> bytes:
+    """A borrowed decode's header: its large bins replaced by Exts that name them."""
+    reader.payload = payload
+    reader.bin_cursor = 0
+    if header_end - CODEC_PREFIX_LENGTH >= BORROWED_BYTES_MIN:
+        bins, _ = _large_bins(src, CODEC_PREFIX_LENGTH, header_end)
+        if bins:
+            reader.bins = [(start, end) for _, start, end in bins]
+            return _with_bin_exts(src, CODEC_PREFIX_LENGTH, header_end, bins, reader.code)
+    return bytes(src[CODEC_PREFIX_LENGTH:header_end])
