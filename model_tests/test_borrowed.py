@@ -87,7 +87,11 @@ def test_borrowed_leaves_are_views_that_keep_the_frame_claimed(
     health = receiver.health()
     assert (health.borrowed_gets, health.borrowed_live, health.borrowed_ring_frames) == (1, 1, 1)
     assert lease_statistics().live == before.live + 1
+    leaves = [value["array"], value["tensor"][5:], value["blob"]]
     del value, got
+    for _ in range(len(leaves)):  # each kind of leaf alone holds the frame
+        assert _claimed(producer) == 1
+        leaves.pop()
     assert _claimed(producer) == 0  # the last view died: DONE
     health = receiver.health()
     assert (health.borrowed_gets, health.borrowed_live, health.borrowed_ring_frames) == (1, 0, 0)
