@@ -19,7 +19,12 @@ two ways, both the model's (`shmring.spec.leases`): the host ring hands the
 caller the lease itself, which ends when `release()` is called and no view
 of it lives (`spec.ring.process_release`); `views.LeaseOwner` (numpy arrays
 of arena frames and segments) ends when the last view of it dies
-(`spec.leases.process_drop`). `lease_statistics` counts both.
+(`spec.leases.process_drop`). A connector's borrowed get
+(`get(..., borrow=True)`, `spec.borrowing`) ends the second way:
+`BorrowedPayload` is the claimed payload, lent to numpy, whose views the
+codec makes the value's large leaves (`codec.decode_borrowed`); the last
+one to die stores DONE in the frame or closes the segment's mapping.
+`lease_statistics` counts all of them.
 """
 
 from __future__ import annotations
