@@ -151,3 +151,31 @@ def test_a_forged_borrowed_bin_ext_on_the_wire_is_corrupt() -> None:
     payload, _, _ = _payload(bytes(broken[:position]) + wire + bytes(broken[position:]))
     with pytest.raises(CorruptFrameError):
         codec.decode_borrowed(payload)
+
+
+def test_a_claim_object_plugs_in_with_its_view_and_release() -> None:
+    """The hook for byte holders other than the ring (the pool's claim: `.view`, `.release()`)."""
+    from shmring.impl.connector.ring_route import borrow_claimed
+
+    class Claim:
+        def __init__(self, data: bytes) -> None:
+            self._buffer = bytearray(data)
+            self.view = memoryview(self._buffer).toreadonly()
+            self.releases = 0
+
+        def release(self) -> None:
+            self.releases += 1
+
+    tree = {"blob": b"p" * BIG, "array": np.arange(BIG // 8)}
+    claim = Claim(codec.encode(tree))
+    size, value, lease = borrow_claimed(claim.view, claim.release, label="slot")
+    assert size == len(claim.view) and lease() is not None and claim.releases == 0
+    assert bytes(value["blob"]) == tree["blob"] and np.array_equal(value["array"], tree["array"])
+    blob = value["blob"]
+    del value
+    assert claim.releases == 0  # a kept leaf holds the slot
+    del blob
+    assert claim.releases == 1 and lease() is None
+    small = Claim(codec.encode({"n": 1}))
+    assert borrow_claimed(small.view, small.release)[1] == {"n": 1}
+    assert small.releases == 1  # nothing borrowed: given back at once

@@ -87,6 +87,25 @@ def borrow_sized(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[Borrow
     return payload.nbytes, codec.decode_borrowed(payload), weakref.ref(payload)
 
 
+def borrow_claimed(
+    view: memoryview, release: Callable[[], object], *, label: str = ""
+) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+    """`borrow_sized` for a claim object that holds its bytes itself (the pool's slot claim).
+
+    `view`: the claimed payload (a read-only memoryview, e.g. ``claim.view``);
+    `release`: gives it back (``claim.release``, idempotent). `release()`
+    runs once, when the last view made from the decoded value dies: at once
+    when the value has no large leaf, and also after a decode that raised.
+    """
+    import numpy  # the borrowed decode needs it anyway
+
+    keep = numpy.frombuffer(view, numpy.uint8)
+    payload = BorrowedPayload(keep, int(keep.ctypes.data), keep.nbytes, label=label)
+    del keep
+    payload.arm(lambda _keep: release())
+    return borrow_sized(payload)
+
+
 def live_borrower(liveness: Liveness, producer: ConnectorIdentity) -> Borrower:
     """`borrow_sized` that first asks whether `producer` runs (as `live_decoder`)."""
     is_alive = liveness.is_alive
