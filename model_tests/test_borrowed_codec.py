@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import tracemalloc
 from typing import Any
 
 import msgspec
@@ -108,12 +109,20 @@ def test_large_leaves_are_views_and_small_ones_copies() -> None:
     assert released == [1]
 
 
-def test_a_top_level_large_bytes_payload_is_one_view() -> None:
-    payload, _, released = _payload(codec.encode(b"q" * (3 * BIG)))
-    value = codec.decode_borrowed(payload)
+@pytest.mark.parametrize("tree", [b"q" * (3 * BIG), [b"q" * (3 * BIG), 1]], ids=["bytes", "list"])
+def test_large_bytes_in_a_plain_payload_are_views_copied_nowhere(tree: Any) -> None:
+    payload, _, released = _payload(codec.encode(tree))
+    tracemalloc.start()
+    try:
+        value = codec.decode_borrowed(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     del payload
-    assert isinstance(value, memoryview) and bytes(value) == b"q" * (3 * BIG)
-    del value
+    assert peak < BIG  # nothing of the payload's size was allocated
+    blob = value if isinstance(value, memoryview) else value[0]
+    assert isinstance(blob, memoryview) and bytes(blob) == b"q" * (3 * BIG)
+    del value, blob
     assert released == [1]
 
 

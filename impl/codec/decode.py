@@ -433,7 +433,7 @@ def decode_borrowed(payload: BorrowedPayload, *, type: Any = None) -> Any:
         # Large bins in a plain payload: an ext code the payload does not use stands for them.
         code = next(c for c in (DEFAULT_LEAF_EXT_CODE, *_LEAF_CODE_CANDIDATES) if c not in codes)
         reader = _take_reader()
-        _point(reader, src, code, root, payload, 0, length, length)
+        _point(reader, src, code, root, payload, length, length, length)  # no areas
         reader.bins = [(data_start, data_end) for _, data_start, data_end in bins]
         try:
             result = reader.decoder_for(type).decode(_with_bin_exts(src, 0, length, bins, code))

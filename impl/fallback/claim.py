@@ -211,7 +211,10 @@ def _claim_locked(
     mapping = mappings.take(mapping_key) if mappings is not None else None
     if mapping is None:
         mapping = os_facade.mmap(fd, size, writable=False)
-    handed_back = lent = False
+    handed_back = False
+    lender = None if borrow is None else _Lender(mapping, borrow, path)
+    if lender is not None:
+        decode = lender  # lends the payload in place instead of decoding a copy
     try:
         with memoryview(mapping) as buf:
             key_bytes = key.encode("utf-8")
@@ -238,24 +241,16 @@ def _claim_locked(
                         f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
                         f"removed; path={path!r}"
                     )
-                if borrow is None:
-                    try:
-                        value = decode(payload)
-                    except CorruptFrameError:
-                        where.unlink(path)
-                        raise
-            if borrow is not None:
                 try:
-                    value, lent = _lend(mapping, payload_start, payload_length, borrow, path)
+                    value = decode(payload)
                 except CorruptFrameError:
                     where.unlink(path)
                     raise
-            # A lent segment is unlinked (never handed back): its pages are the views'.
-            handed_back = _commit(
-                where, path, RING_STATE_OPEN if lent else state, producer, frame_generation
-            )
+            if lender is not None and lender.lent:
+                state = RING_STATE_OPEN  # unlinked, never handed back: its pages are the views'
+            handed_back = _commit(where, path, state, producer, frame_generation)
     finally:
-        if lent:
+        if lender is not None and lender.lent:
             pass  # the payload closes the mapping when its last view dies
         elif handed_back and mappings is not None:
             mappings.keep(mapping_key, mapping)  # its producer will send it again
@@ -266,36 +261,47 @@ def _claim_locked(
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
 
 
-def _lend(
-    mapping: mmap.mmap,
-    payload_start: int,
-    payload_length: int,
-    borrow: Callable[[BorrowedPayload], Any],
-    path: str,
-) -> tuple[Any, bool]:
-    """`borrow` of the payload in place; answers (its value, whether the value holds the mapping)."""
-    import numpy  # a borrowed get decodes with numpy anyway (`codec.decode_borrowed`)
+class _Lender:
+    """A claim's `decode` for a borrowed get: `borrow` of the payload in place, over the mapping.
 
-    keep = numpy.frombuffer(mapping, numpy.uint8)  # read-only: the segment is mapped so
-    payload = BorrowedPayload(
-        keep,
-        int(keep.ctypes.data) + payload_start,
-        payload_length,
-        mapping_to_close=mapping,
-        label=path,
-    )
-    del keep
-    baseline = sys.getrefcount(payload)
-    try:
-        value = borrow(payload)
-    except BaseException:
-        if sys.getrefcount(payload) <= baseline:
-            payload.disown()  # nothing kept: the caller still closes the mapping
-        raise
-    lent = sys.getrefcount(payload) > baseline
-    if not lent:
-        payload.disown()
-    return value, lent
+    `lent`: what `borrow` returned holds the payload; the mapping is then the
+    payload's (closed when the last view dies), no longer the claim's.
+    """
+
+    def __init__(
+        self, mapping: mmap.mmap, borrow: Callable[[BorrowedPayload], Any], path: str
+    ) -> None:
+        self.mapping = mapping
+        self.borrow = borrow
+        self.path = path
+        self.lent = False
+
+    def __call__(self, view: memoryview) -> Any:
+        import numpy  # a borrowed get decodes with numpy anyway (`codec.decode_borrowed`)
+
+        # `view` is the payload's place in the mapping (released when the claim's
+        # block ends); what the payload pins is an export of the mapping itself.
+        keep = numpy.frombuffer(self.mapping, numpy.uint8)  # read-only: the segment is mapped so
+        payload = BorrowedPayload(
+            keep,
+            int(numpy.frombuffer(view, numpy.uint8).ctypes.data),
+            view.nbytes,
+            mapping_to_close=self.mapping,
+            label=self.path,
+        )
+        del keep
+        baseline = sys.getrefcount(payload)
+        try:
+            value = self.borrow(payload)
+        except BaseException:
+            self.lent = sys.getrefcount(payload) > baseline  # views outlive the failure
+            if not self.lent:
+                payload.disown()
+            raise
+        self.lent = sys.getrefcount(payload) > baseline
+        if not self.lent:
+            payload.disown()  # nothing borrowed: the claim ends as a decoding one does
+        return value
 
 
 def _commit(
