@@ -47,6 +47,7 @@ from hypothesis.stateful import (
 )
 
 from shmring.check.explore import compute_payload_length
+from shmring.spec import borrowing as borrowing_spec
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
 from shmring.spec import invariants
@@ -573,6 +574,14 @@ def _leased_ring() -> tuple[leases_spec.LeaseTable, ring_spec.RingState]:
     return table, ring
 
 
+def _borrowed() -> tuple[connector_spec.ConnectorState, borrowing_spec.BorrowState]:
+    conn = connector_spec.initialize_connector(CAPACITY, 1 << 20)
+    borrows = borrowing_spec.BorrowState()
+    connector_spec.process_put(conn, EDGE, "a", 100, "a")
+    borrowing_spec.process_borrowed_get(conn, borrows, EDGE, "a")
+    return conn, borrows
+
+
 def _directories() -> tuple[discovery_spec.DirectoryState, discovery_spec.DirectoryState]:
     before = discovery_spec.DirectoryState({(P1, EDGE)}, 3)
     return before, copy.deepcopy(before)
@@ -793,6 +802,12 @@ VIOLATIONS: dict[
         lambda pair: _set(pair[1].frames[0], state=FRAME_STATE_DONE),
         lambda pair: invariants.check_leases_against_ring(*pair),
         "differ from claimed frames=[]",
+    ),
+    "check_borrows": (
+        _borrowed,
+        lambda pair: _set(pair[0].rings[EDGE].frames[0], state=FRAME_STATE_DONE),
+        lambda pair: invariants.check_borrows(*pair),
+        "claimed frames=[] but borrowed=[0]",
     ),
 }
 

@@ -527,3 +527,36 @@ def check_leases_against_ring(table: LeaseTable, ring: RingState) -> None:
         f"leased positions={sorted(p for p in live if p is not None)} "
         f"differ from claimed frames={sorted(claimed)}",
     )
+
+
+# -- borrowed gets (spec.borrowing) ---------------------------------------------
+
+from shmring.spec.borrowing import BorrowState, get_claimed_frames  # noqa: E402
+from shmring.spec.leases import SOURCE_RING_FRAME  # noqa: E402
+
+
+def check_borrows(conn: ConnectorState, borrows: BorrowState) -> None:
+    """A ring frame is CLAIMED exactly while a live borrowed lease holds it.
+
+    (Every lease-mode claim of a connector is a borrowed get's.) The lease
+    table keeps its own rules: views hold live leases, each released once.
+    """
+    check_leases_views(borrows.table)
+    check_leases_released_once(borrows.table)
+    live_frames = {
+        lease.lease_id
+        for lease in borrows.table.leases.values()
+        if not lease.released and lease.source == SOURCE_RING_FRAME
+    }
+    _require(
+        set(borrows.frames) == live_frames,
+        f"ring-frame leases={sorted(live_frames)} differ from held frames={sorted(borrows.frames)}",
+    )
+    for edge, ring in sorted(conn.rings.items()):
+        claimed = sorted(
+            frame.position
+            for frame in ring.frames
+            if frame.frame_type == DATA_FRAME_TYPE and frame.state == _FRAME_STATE_CLAIMED
+        )
+        held = get_claimed_frames(borrows, edge)
+        _require(claimed == held, f"edge={edge}: claimed frames={claimed} but borrowed={held}")

@@ -36,7 +36,10 @@ from typing import Final
 
 SOURCE_ARENA_FRAME: Final = "arena frame"
 SOURCE_SEGMENT: Final = "segment"
-SOURCES: Final = (SOURCE_ARENA_FRAME, SOURCE_SEGMENT)
+# A connector's borrowed ring frame (`spec.borrowing`): the table records no
+# position (positions repeat across rings); the borrowing state keeps the frame.
+SOURCE_RING_FRAME: Final = "ring frame"
+SOURCES: Final = (SOURCE_ARENA_FRAME, SOURCE_SEGMENT, SOURCE_RING_FRAME)
 
 VIEW_ROOT: Final = "root"  # the array the receiver was handed
 VIEW_ASARRAY: Final = "np.asarray"
@@ -63,7 +66,7 @@ class Lease:
     """One borrowed payload."""
 
     lease_id: int  # unique in the table, never reused
-    source: str  # SOURCE_ARENA_FRAME or SOURCE_SEGMENT
+    source: str  # one of SOURCES
     position: int | None  # the arena frame's ring position; None for a segment
     holder: int = 0  # the process that borrowed it (0: the table's own process)
     # Ids of the live views; the lease is released exactly when this becomes empty.
@@ -201,6 +204,7 @@ __all__ = [
     "DERIVED_VIEW_KINDS",
     "SOURCES",
     "SOURCE_ARENA_FRAME",
+    "SOURCE_RING_FRAME",
     "SOURCE_SEGMENT",
     "VIEW_ASARRAY",
     "VIEW_DTYPE",

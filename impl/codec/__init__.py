@@ -33,7 +33,9 @@ descriptor, shared and own areas). The package, one module per concept:
 Ownership on decode. Nothing returned is a view of the input buffer (a ring
 frame is reused as soon as the get returns); a leaf of `SHARED_LEAF_LIMIT`
 bytes or more gets its own allocation, so a small leaf the receiver keeps
-cannot pin a large tensor (`decode`).
+cannot pin a large tensor (`decode`). The one exception is asked for:
+`decode_borrowed` (a connector's `get(..., borrow=True)`) hands large leaves
+back as views of the claimed payload, which hold it (see `decode`, the module).
 
 What travels, and how it comes back:
 
@@ -65,7 +67,7 @@ a process that only moves bytes and trees never imports either.
 
 from __future__ import annotations
 
-from shmring.impl.codec.decode import decode
+from shmring.impl.codec.decode import BORROWED_BYTES_MIN, decode, decode_borrowed
 from shmring.impl.codec.encode import EncodePlan, encode, prepare
 from shmring.impl.codec.wire import (
     DEFAULT_LEAF_EXT_CODE,
@@ -83,6 +85,7 @@ from shmring.spec.layout import CODEC_FRAMED_MARKER as FRAMED_MARKER
 from shmring.spec.layout import CODEC_REGION_ALIGNMENT as REGION_ALIGNMENT
 
 __all__ = [
+    "BORROWED_BYTES_MIN",
     "DEFAULT_LEAF_EXT_CODE",
     "DIRECT_BYTES_MIN",
     "FORMAT_VERSION",
@@ -97,6 +100,7 @@ __all__ = [
     "TORCH_DTYPE_NAMES",
     "EncodePlan",
     "decode",
+    "decode_borrowed",
     "encode",
     "prepare",
 ]

@@ -12,6 +12,18 @@ once into one ``bytearray`` and every small leaf is a view of it; a leaf in
 the own area gets its own allocation, so a small leaf the receiver keeps
 cannot pin a large tensor. Torch tensors come back writable, numpy arrays
 read-only.
+
+Borrowed decode (`decode_borrowed`, a connector's `get(..., borrow=True)`).
+The input is a `ring.borrow.BorrowedPayload`: the claimed payload, in place.
+Own-area leaves (tensors and arrays of `SHARED_LEAF_LIMIT` bytes or more)
+and bytes values of `BORROWED_BYTES_MIN` bytes or more are views of it
+(numpy read-only, bytes as read-only memoryviews, tensors over a writable
+`tensor_face`); the rest (the shared area, small bytes, every other value)
+is copied as above. The views hold the payload: the frame stays claimed
+until the last one dies. Large bytes values sit inline in the msgpack, so
+the decoder first walks the msgpack items (`_large_bins`, a flat walk:
+every item's length is in its own header) and hands msgspec a header in
+which each large bin is an Ext naming its place; the checks are the same.
 """
 
 from __future__ import annotations
@@ -32,10 +44,12 @@ from shmring.impl.codec.wire import (
     _DIMS_BY_NDIM,
     _DTYPES,
     _ITEMSIZES,
+    _LEAF_CODE_CANDIDATES,
     _PREFIX,
     DEFAULT_LEAF_EXT_CODE,
     MAX_NDIM,
     MAX_NESTING,
+    SHARED_LEAF_LIMIT,
     TIMESTAMP_EXT_CODE,
     _numpy_storage,
     _type_name,
@@ -43,6 +57,7 @@ from shmring.impl.codec.wire import (
     load_torch,
 )
 from shmring.impl.errors import CorruptFrameError
+from shmring.impl.ring.borrow import BorrowedPayload, tensor_face
 from shmring.spec.layout import (
     CODEC_DESCRIPTOR_DIMENSIONS_OFFSET,
     CODEC_DESCRIPTOR_LENGTH,
@@ -56,6 +71,11 @@ from shmring.spec.layout import (
     CODEC_TYPE_TAG,
 )
 
+# Bytes values this large are borrowed by `decode_borrowed` (smaller ones are copied).
+BORROWED_BYTES_MIN: Final = SHARED_LEAF_LIMIT
+# First byte of the Ext a borrowed decode puts in place of a large bin (never on
+# the wire: a wire Ext starting with it is a bad descriptor, as before).
+_BORROWED_BIN_TAG: Final = CODEC_TYPE_TAG - 1
 # Registered objects rebuilt from nesting deeper than this are refused as corrupt.
 _MAX_REBUILD_DEPTH: Final = 4 * MAX_NESTING
 
@@ -98,12 +118,16 @@ class _LeafReader:
     """
 
     __slots__ = (
+        "bin_cursor",
+        "bins",
         "busy",
         "code",
         "decoder",
         "own_cursor",
         "own_length",
         "own_start",
+        "payload",
+        "root",
         "shared",
         "shared_cursor",
         "shared_length",
@@ -122,6 +146,10 @@ class _LeafReader:
         self.code = DEFAULT_LEAF_EXT_CODE
         self.shared_cursor = self.shared_length = 0
         self.own_cursor = self.own_length = self.own_start = 0
+        self.root: Any = None  # borrowed decode: the payload as a read-only uint8 array
+        self.payload: BorrowedPayload | None = None  # borrowed decode: what the views hold
+        self.bins: list[tuple[int, int]] = []  # borrowed decode: large bins, (start, end) in `root`
+        self.bin_cursor = 0
 
     def decoder_for(self, type_: Any) -> Decoder[Any]:
         if type_ is None:
@@ -135,6 +163,8 @@ class _LeafReader:
     def _leaf(self, code: int, data: memoryview) -> Any:
         if code != self.code:
             return Ext(code, bytes(data))
+        if self.root is not None and len(data) and data[0] == _BORROWED_BIN_TAG:
+            return self._borrowed_bin(data)
         if len(data) and data[0] == CODEC_TYPE_TAG:
             self.tagged = True
             try:
@@ -177,9 +207,19 @@ class _LeafReader:
                 )
             self.own_cursor = offset + padded
             begin = self.own_start + offset
-            assert self.src is not None
-            storage = bytearray(self.src[begin : begin + nbytes]) if nbytes else None
-            start = 0
+            if self.root is not None and nbytes:
+                # Borrowed: a view of the claimed payload (numpy read-only; torch
+                # has no read-only tensors, so a writable face that holds it).
+                if is_numpy:
+                    storage, start = self.root, begin
+                else:
+                    assert self.payload is not None
+                    storage = (_np or _numpy()).asarray(tensor_face(self.payload, begin, nbytes))
+                    start = 0
+            else:
+                assert self.src is not None
+                storage = bytearray(self.src[begin : begin + nbytes]) if nbytes else None
+                start = 0
         else:
             raise _corrupt(f"unknown leaf area: area={area}")
         numpy = _np or _numpy()
@@ -205,6 +245,15 @@ class _LeafReader:
             if isinstance(error, CorruptFrameError):
                 raise
             raise _corrupt(f"leaf shape={shape} does not make an array: {error}") from error
+
+    def _borrowed_bin(self, data: memoryview) -> memoryview:
+        """The large bin a borrowed decode replaced by this Ext: a read-only view of the payload."""
+        index = int.from_bytes(data[1:], "big")
+        if len(data) != _BIN_EXT_DATA_LENGTH or index != self.bin_cursor or index >= len(self.bins):
+            raise _corrupt(f"borrowed bytes out of place: index={index} length={len(data)}")
+        self.bin_cursor = index + 1
+        start, end = self.bins[index]
+        return memoryview(self.root[start:end])
 
 
 class _TypeTag:
@@ -272,6 +321,134 @@ def _plain_decoder_for(type_: Any) -> Decoder[Any]:
     return decoder
 
 
+# -- borrowed decode -----------------------------------------------------------------
+
+# msgpack item headers 0xC0..0xDF: (header bytes, bytes of the length field that
+# follows the type byte; 0: none). Containers count items, not bytes: their header
+# is all they occupy themselves (their items follow). -1: no such item (0xC1).
+_MSGPACK_ITEMS: Final = (
+    (1, 0), (-1, 0), (1, 0), (1, 0),  # nil, (never used), false, true
+    (2, 1), (3, 2), (5, 4),  # bin 8 / 16 / 32
+    (3, 1), (4, 2), (6, 4),  # ext 8 / 16 / 32 (length, then the type byte)
+    (5, 0), (9, 0),  # float 32 / 64
+    (2, 0), (3, 0), (5, 0), (9, 0), (2, 0), (3, 0), (5, 0), (9, 0),  # uint, int 8..64
+    (3, 0), (4, 0), (6, 0), (10, 0), (18, 0),  # fixext 1 / 2 / 4 / 8 / 16
+    (2, 1), (3, 2), (5, 4),  # str 8 / 16 / 32
+    (3, 0), (5, 0), (3, 0), (5, 0),  # array 16 / 32, map 16 / 32
+)  # fmt: skip
+_MSGPACK_BIN32: Final = 0xC6
+_MSGPACK_EXT8: Final = 0xC7
+_MSGPACK_EXT32: Final = 0xC9
+_MSGPACK_FIXEXT1: Final = 0xD4
+_MSGPACK_FIXEXT16: Final = 0xD8
+_MSGPACK_FIXSTR: Final = 0xA0
+_MSGPACK_FIXSTR_MASK: Final = 0x1F
+_MSGPACK_ITEMS_FIRST: Final = 0xC0
+_MSGPACK_ITEMS_END: Final = 0xE0  # from here: negative fixints
+# The Ext that stands for a large bin: the tag, then the bin's index (u32).
+_BIN_INDEX_LENGTH: Final = 4
+_BIN_EXT_DATA_LENGTH: Final = 1 + _BIN_INDEX_LENGTH
+
+
+def _signed(byte: int) -> int:
+    return byte - 256 if byte >= 128 else byte
+
+
+def _large_bins(
+    src: memoryview, start: int, end: int
+) -> tuple[list[tuple[int, int, int]], set[int]]:
+    """The bins of at least BORROWED_BYTES_MIN bytes in the msgpack items of src[start:end].
+
+    Answers ([(item start, data start, data end)], the ext codes used). A flat
+    walk, one item header at a time; anything malformed stops it with what
+    it found so far (msgspec then reports the corruption as usual).
+    """
+    bins: list[tuple[int, int, int]] = []
+    codes: set[int] = set()
+    pos = start
+    items = _MSGPACK_ITEMS
+    while pos < end:
+        byte = src[pos]
+        if byte < _MSGPACK_FIXSTR:
+            pos += 1  # positive fixint, fixmap, fixarray
+        elif byte < _MSGPACK_ITEMS_FIRST:
+            pos += 1 + (byte & _MSGPACK_FIXSTR_MASK)  # fixstr
+        elif byte >= _MSGPACK_ITEMS_END:
+            pos += 1  # negative fixint
+        else:
+            head, width = items[byte - _MSGPACK_ITEMS_FIRST]
+            if head < 0 or pos + head > end:
+                break
+            size = int.from_bytes(src[pos + 1 : pos + 1 + width], "big") if width else 0
+            if byte == _MSGPACK_BIN32 and size >= BORROWED_BYTES_MIN and pos + head + size <= end:
+                bins.append((pos, pos + head, pos + head + size))
+            elif _MSGPACK_EXT8 <= byte <= _MSGPACK_EXT32:
+                codes.add(_signed(src[pos + head - 1]))  # ext 8 / 16 / 32: type after the length
+            elif _MSGPACK_FIXEXT1 <= byte <= _MSGPACK_FIXEXT16:
+                codes.add(_signed(src[pos + 1]))
+            pos += head + size
+    return bins, codes
+
+
+def _with_bin_exts(
+    src: memoryview, start: int, end: int, bins: list[tuple[int, int, int]], code: int
+) -> bytes:
+    """src[start:end] with each large bin replaced by an ext8 (`_BORROWED_BIN_TAG`, its index)."""
+    pieces: list[Any] = []
+    last = start
+    head = bytes((_MSGPACK_EXT8, _BIN_EXT_DATA_LENGTH, code & 0xFF, _BORROWED_BIN_TAG))
+    for index, (item, _, data_end) in enumerate(bins):
+        pieces.append(src[last:item])
+        pieces.append(head + index.to_bytes(_BIN_INDEX_LENGTH, "big"))
+        last = data_end
+    pieces.append(src[last:end])
+    return b"".join(pieces)
+
+
+def decode_borrowed(payload: BorrowedPayload, *, type: Any = None) -> Any:
+    """Decode a claimed payload in place: its large leaves are views that hold `payload`.
+
+    What is borrowed and what is copied: see the module docstring. The same
+    checks as `decode`, the same errors; a value without large leaves holds
+    nothing of `payload` (the caller then sees it die at once).
+    """
+    numpy = _np or _numpy()
+    root = numpy.asarray(payload)  # read-only uint8, its base is `payload`
+    src = memoryview(root)
+    try:
+        length = len(src)
+        if length == 0:
+            raise _corrupt("empty payload")
+        if src[0] == CODEC_FRAMED_MARKER:
+            return _decode_framed(src, length, type, root, payload)
+        bins: list[tuple[int, int, int]] = []
+        if length >= BORROWED_BYTES_MIN:
+            bins, codes = _large_bins(src, 0, length)
+        if not bins:
+            try:
+                decoder = _plain_decoder if type is None else _plain_decoder_for(type)
+                return decoder.decode(src)
+            except _MSGPACK_ERRORS as error:
+                raise _corrupt(f"msgpack: {error}: nbytes={length}") from error
+        # Large bins in a plain payload: an ext code the payload does not use stands for them.
+        code = next(c for c in (DEFAULT_LEAF_EXT_CODE, *_LEAF_CODE_CANDIDATES) if c not in codes)
+        reader = _take_reader()
+        _point(reader, src, code, root, payload, length, length, length)  # no areas
+        reader.bins = [(data_start, data_end) for _, data_start, data_end in bins]
+        try:
+            result = reader.decoder_for(type).decode(_with_bin_exts(src, 0, length, bins, code))
+            _check_covered(reader, 0)
+            return _rebuild(result, 0) if reader.tagged else result
+        except CorruptFrameError:
+            raise
+        except _MSGPACK_ERRORS as error:
+            raise _corrupt(f"msgpack: {error}: nbytes={length}") from error
+        finally:
+            _unpoint(reader)
+    finally:
+        src.release()
+
+
 def decode(buf: Any, *, type: Any = None) -> Any:
     """Decode one encoding into independently owned objects.
 
@@ -311,7 +488,72 @@ def decode(buf: Any, *, type: Any = None) -> Any:
         view.release()
 
 
-def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
+def _take_reader() -> _LeafReader:
+    """This thread's `_LeafReader`, or a fresh one when it is busy (a re-entered decode)."""
+    reader: _LeafReader | None = getattr(_local, "reader", None)
+    if reader is None or reader.busy:  # first use in this thread, or re-entered
+        reader = _LeafReader()
+        if getattr(_local, "reader", None) is None:
+            _local.reader = reader
+    return reader
+
+
+def _point(
+    reader: _LeafReader,
+    src: memoryview,
+    code: int,
+    root: Any,
+    payload: BorrowedPayload | None,
+    data_start: int,
+    own_start: int,
+    length: int,
+) -> None:
+    """Point `reader` at one message (undone by `_unpoint`)."""
+    reader.busy = True
+    reader.src = src
+    reader.code = code
+    shared_length = own_start - data_start
+    reader.shared = bytearray(src[data_start:own_start]) if shared_length else None
+    reader.shared_cursor = 0
+    reader.shared_length = shared_length
+    reader.own_cursor = 0
+    reader.own_start = own_start
+    reader.own_length = length - own_start
+    reader.tagged = False
+    reader.root = root
+    reader.payload = payload
+    reader.bin_cursor = 0
+
+
+def _unpoint(reader: _LeafReader) -> None:
+    reader.busy = False
+    reader.src = None
+    reader.shared = None
+    reader.root = None
+    reader.payload = None
+    reader.bins = []
+    reader.bin_cursor = 0
+
+
+def _check_covered(reader: _LeafReader, shared_length: int) -> None:
+    if (
+        reader.shared_cursor != shared_length
+        or reader.own_cursor != reader.own_length
+        or reader.bin_cursor != len(reader.bins)
+    ):
+        raise _corrupt(
+            f"leaves do not cover the data: shared={reader.shared_cursor}/{shared_length} "
+            f"own={reader.own_cursor}/{reader.own_length}"
+        )
+
+
+def _decode_framed(
+    src: memoryview,
+    length: int,
+    type_: Any,
+    root: Any = None,
+    payload: BorrowedPayload | None = None,
+) -> Any:
     if length < CODEC_PREFIX_LENGTH:
         raise _corrupt(f"framed payload shorter than its prefix: nbytes={length}")
     _, version, code, flags, header_length, shared_length = _PREFIX.unpack_from(src)
@@ -327,9 +569,7 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
         )
     reader: _LeafReader | None = getattr(_local, "reader", None)
     if reader is None or reader.busy:  # first use in this thread, or re-entered
-        reader = _LeafReader()
-        if getattr(_local, "reader", None) is None:
-            _local.reader = reader
+        reader = _take_reader()
     reader.busy = True
     reader.src = src
     reader.code = code
@@ -343,8 +583,17 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
     try:
         # The header is copied (it is small) so that the ext_hook's views, which
         # an error's traceback may keep, never point into the caller's buffer.
-        result = reader.decoder_for(type_).decode(bytes(src[CODEC_PREFIX_LENGTH:header_end]))
-        if reader.shared_cursor != shared_length or reader.own_cursor != reader.own_length:
+        if root is None:
+            header = bytes(src[CODEC_PREFIX_LENGTH:header_end])
+        else:
+            reader.root = root
+            header = _borrowed_header(reader, src, header_end, payload)
+        result = reader.decoder_for(type_).decode(header)
+        if (
+            reader.shared_cursor != shared_length
+            or reader.own_cursor != reader.own_length
+            or (root is not None and reader.bin_cursor != len(reader.bins))
+        ):
             raise _corrupt(
                 f"leaves do not cover the data: shared={reader.shared_cursor}/{shared_length} "
                 f"own={reader.own_cursor}/{reader.own_length}"
@@ -360,3 +609,19 @@ def _decode_framed(src: memoryview, length: int, type_: Any) -> Any:
         reader.busy = False
         reader.src = None
         reader.shared = None
+        if root is not None:
+            _unpoint(reader)
+
+
+def _borrowed_header(
+    reader: _LeafReader, src: memoryview, header_end: int, payload: BorrowedPayload | None
+) -> bytes:
+    """A borrowed decode's header: its large bins replaced by Exts that name them."""
+    reader.payload = payload
+    reader.bin_cursor = 0
+    if header_end - CODEC_PREFIX_LENGTH >= BORROWED_BYTES_MIN:
+        bins, _ = _large_bins(src, CODEC_PREFIX_LENGTH, header_end)
+        if bins:
+            reader.bins = [(start, end) for _, start, end in bins]
+            return _with_bin_exts(src, CODEC_PREFIX_LENGTH, header_end, bins, reader.code)
+    return bytes(src[CODEC_PREFIX_LENGTH:header_end])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, overload
 
 from shmring.impl import codec
@@ -171,6 +172,9 @@ class Connector(BlockingGets):
         self._puts = self._gets = self._bytes = 0
         self._ring_puts = self._ring_gets = self._fallbacks = self._refusals = self._busy = 0
         self._pool_gets = 0
+        # Borrowed gets: how many held their payload, and those payloads while they live.
+        self._borrowed_gets = 0
+        self._borrowed: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # -- context manager -------------------------------------------------------------
 
@@ -303,25 +307,69 @@ class Connector(BlockingGets):
         /,
         *,
         descriptor: Descriptor | None = None,
+        borrow: bool = False,
     ) -> Delivery: ...
 
     @overload
     def get(
-        self, edge: tuple[Stage, Stage], key: str, /, *, descriptor: Descriptor | None = None
+        self,
+        edge: tuple[Stage, Stage],
+        key: str,
+        /,
+        *,
+        descriptor: Descriptor | None = None,
+        borrow: bool = False,
     ) -> Delivery: ...
 
-    def get(self, *args: Any, descriptor: Descriptor | None = None) -> Delivery:
+    def get(
+        self, *args: Any, descriptor: Descriptor | None = None, borrow: bool = False
+    ) -> Delivery:
         """``get(src, dst, key)`` or ``get((src, dst), key)``: claim the key's version, once.
 
         `spec.discovery.process_get`. With `descriptor` only the exact frame
         or segment it names. Never waits for another process (BUSY instead);
         see `get_with_deadline`.
+
+        The value is independently owned by default. `borrow=True`
+        (`spec.borrowing.process_borrowed_get`): its large leaves (tensors
+        and arrays of `codec.SHARED_LEAF_LIMIT` bytes or more, bytes values
+        of `codec.BORROWED_BYTES_MIN` or more, which come back as read-only
+        memoryviews) are views of the claimed payload, copied nowhere on
+        this side; numpy arrays and memoryviews are read-only, torch tensors
+        are not (torch has none): never write one. A ring frame stays
+        CLAIMED while any of them lives (also past this connector's and the
+        producer's close) and becomes DONE after the last dies, or at
+        `Delivery.release()` when nothing else holds one; while claimed it
+        stops its ring's in-order reclaim, so the producer's puts go to the
+        fallback once the ring is full behind it (`health().borrowed_ring_frames`).
+        A fallback segment is borrowed by keeping its mapping (the file is
+        unlinked at the claim; its /dev/shm pages stay held, outside the
+        producer's budget, until the last view dies). Small leaves are
+        copied. A process killed while holding a frame frees it at the
+        producer's next put that finds the ring full (the dead-holder rule).
         """
         edge, (key,) = split_edge(args, 1, "get")
+        if borrow:
+            return self._track_borrowed(self._get(edge, key, descriptor, None, True))
         return self._get(edge, key, descriptor, None)
 
+    def _track_borrowed(self, got: Delivery) -> Delivery:
+        """Count a borrowed delivery whose value holds its payload (`health().borrowed_*`)."""
+        lease = got.lease
+        payload = lease() if lease is not None else None
+        if payload is not None:
+            with self._lock:
+                self._borrowed_gets += 1
+                self._borrowed.add(payload)
+        return got
+
     def _get(
-        self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
+        self,
+        edge: Edge,
+        key: str,
+        descriptor: Descriptor | None,
+        bell: int | None,
+        borrow: bool = False,
     ) -> Delivery:
         """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll."""
         with self._lock:
@@ -340,7 +388,7 @@ class Connector(BlockingGets):
                 self._ring_route.scanned()
             if descriptor is None:
                 # By key: get_candidates' rings (live producers, discovery's order) ...
-                got, busy, problem = self._ring_route.claim_by_key(edge, key)
+                got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
                 if got is not None:
                     self._gets += 1  # `_count`, inline on the hot path
                     self._bytes += got.size
@@ -353,7 +401,7 @@ class Connector(BlockingGets):
                 if self._misses.unchanged(edge, key, bell):
                     got = BUSY if busy else NOT_FOUND
                 else:
-                    got = self._fallback_route.claim(edge, key, None, busy)
+                    got = self._fallback_route.claim(edge, key, None, busy, borrow)
                     if bell is not None and got.status is GetStatus.NOT_FOUND:
                         self._misses.record(edge, key, bell)
                 status = got.status
@@ -373,9 +421,9 @@ class Connector(BlockingGets):
                 )
             # With a descriptor: only its route and place (PRODUCER_GONE first).
             if isinstance(descriptor, RingDescriptor):
-                got = self._ring_route.claim_descriptor(edge, key, descriptor)
+                got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
             else:
-                got = self._fallback_route.claim_descriptor(edge, key, descriptor)
+                got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
             self._count(got)
             return got
 
@@ -517,6 +565,7 @@ class Connector(BlockingGets):
             ring = self._ring_route
             pool_route = self._pool_route
             pool = pool_route.statistics()
+            borrowed = list(self._borrowed)
             return ConnectorHealth(
                 puts=self._puts,
                 gets=self._gets,
@@ -548,4 +597,7 @@ class Connector(BlockingGets):
                 pool_slots_evicted=pool.evicted if pool else 0,
                 pool_create_failures=pool.create_failures if pool else 0,
                 pool_mapping_hits=pool_route.reader.hits if pool_route.reader else 0,
+                borrowed_gets=self._borrowed_gets,
+                borrowed_live=len(borrowed),
+                borrowed_ring_frames=sum(payload.position is not None for payload in borrowed),
             )

@@ -21,7 +21,7 @@ from shmring.impl.connector.descriptors import FallbackDescriptor
 from shmring.impl.connector.edges import Edge
 from shmring.impl.connector.joining import Deployment
 from shmring.impl.connector.results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
-from shmring.impl.connector.ring_route import alive_or_assumed
+from shmring.impl.connector.ring_route import alive_or_assumed, borrow_sized
 from shmring.impl.connector.routes import Hook, RouteBackend
 from shmring.impl.connector.shortage import retry_short_of_descriptors
 from shmring.impl.errors import ResourceExhaustedError, ShmringError, is_exhaustion
@@ -116,12 +116,19 @@ class FallbackRoute:
     # -- receiver: claim -------------------------------------------------------------------
 
     def claim(
-        self, edge: Edge, key: str, descriptor: FallbackDescriptor | None, busy: bool
+        self,
+        edge: Edge,
+        key: str,
+        descriptor: FallbackDescriptor | None,
+        busy: bool,
+        borrow: bool = False,
     ) -> Delivery:
         """`_get_fallback` of `spec.connector.process_get`: the key's segment, claimed once.
 
         With a descriptor only its exact segment (owner and generation).
         `busy`: a ring of the edge was BUSY, so a miss here answers BUSY.
+        `borrow`: decoded in place; the value's large leaves keep the
+        segment's mapping (`claim_segment`'s `borrow`, `ring_route.borrow_sized`).
         """
         deployment = self._deployment
         assert deployment is not None  # joined
@@ -138,12 +145,23 @@ class FallbackRoute:
                 owner=descriptor.producer if descriptor else None,
                 generation=descriptor.generation if descriptor else None,
                 mappings=self.mappings,
+                borrow=borrow_sized if borrow else None,
             ),
             self._shed,
         )
         status = claim.status
         if status is ClaimStatus.DELIVERED:
             assert claim.owner is not None
+            if borrow:
+                _, value, payload = claim.value
+                return Delivery(
+                    GetStatus.DELIVERED,
+                    value,
+                    claim.payload_length,
+                    Route.FALLBACK,
+                    claim.owner,  # type: ignore[arg-type]  # the (pid, start, instance) it names
+                    lease=payload,
+                )
             return Delivery(
                 GetStatus.DELIVERED,
                 claim.value,
@@ -159,9 +177,11 @@ class FallbackRoute:
             return STALE
         return NOT_FOUND
 
-    def claim_descriptor(self, edge: Edge, key: str, descriptor: FallbackDescriptor) -> Delivery:
+    def claim_descriptor(
+        self, edge: Edge, key: str, descriptor: FallbackDescriptor, borrow: bool = False
+    ) -> Delivery:
         """The exact segment a fallback descriptor names; PRODUCER_GONE when it is not delivering."""
-        got = self.claim(edge, key, descriptor, False)
+        got = self.claim(edge, key, descriptor, False, borrow)
         if got.status is GetStatus.NOT_FOUND or got.status is GetStatus.STALE:
             return STALE if self._is_delivering(descriptor.producer) else GONE
         return got

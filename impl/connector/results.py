@@ -8,7 +8,8 @@ plus what only the implementation can count.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from shmring.impl.names import ConnectorIdentity
@@ -32,17 +33,50 @@ class GetStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class Delivery:
-    """The answer to a get. True exactly when something was delivered."""
+    """The answer to a get. True exactly when something was delivered.
+
+    A borrowed get (`get(..., borrow=True)`): the value's large leaves are
+    read-only views of the claimed frame or segment (see `Connector.get`),
+    which stays claimed until the last of them dies. `release()` (or leaving
+    a ``with`` block) drops this delivery's own reference to the value at
+    once; a leaf the caller still holds keeps the frame claimed until it
+    dies, so no view ever reads memory the producer reused.
+    """
 
     status: GetStatus
-    value: Any = None  # the payload, in independently owned memory (DELIVERED only)
+    value: Any = None  # the payload, owned memory; a borrowed get: large leaves borrowed
     size: int = 0  # encoded payload bytes (DELIVERED only)
     route: Route | None = None  # where it came from (DELIVERED only)
     producer: ConnectorIdentity | None = None  # whose frame it was (DELIVERED only)
+    # A borrowed get: the claimed payload (a `ring.borrow.BorrowedPayload`) while
+    # anything holds it; dead (or None) once it was given back.
+    lease: weakref.ref[Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def delivered(self) -> bool:
         return self.status is GetStatus.DELIVERED
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether the value still holds a claimed frame or segment (views of it live)."""
+        lease = self.lease
+        return lease is not None and lease() is not None
+
+    def release(self) -> bool:
+        """Drop this delivery's value now; answers whether nothing borrowed is held any more.
+
+        True: the frame or segment went back (or nothing was borrowed).
+        False: a leaf of the value lives elsewhere and keeps it claimed; it
+        goes back when the last such view dies. Idempotent.
+        """
+        object.__setattr__(self, "value", None)
+        return not self.borrowed
+
+    def __enter__(self) -> Delivery:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
     def __bool__(self) -> bool:
         return self.status is GetStatus.DELIVERED
@@ -96,3 +130,6 @@ class ConnectorHealth:
     pool_slots_evicted: int = 0  # slot files removed to make room for another class
     pool_create_failures: int = 0  # slot creations the OS refused (ENOSPC, EMFILE, ...)
     pool_mapping_hits: int = 0  # pool claims that found the slot already mapped
+    borrowed_gets: int = 0  # gets delivered with borrow=True whose value held the payload
+    borrowed_live: int = 0  # of those, still claimed now (their views live)
+    borrowed_ring_frames: int = 0  # of the live ones, ring frames: each stops its ring's reclaim

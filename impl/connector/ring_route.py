@@ -22,9 +22,11 @@ the producer was found delivering (`spec.discovery.process_get`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -47,11 +49,13 @@ from shmring.impl.liveness import Liveness
 from shmring.impl.names import ConnectorIdentity, ring_path
 from shmring.impl.os_seam import OsFacade
 from shmring.impl.pool import PoolReader, is_pool_ref
+from shmring.impl.ring.borrow import BorrowedPayload
 from shmring.impl.ring.producer import PublishHook, RingChannel
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
 from shmring.spec.connector import Route
-from shmring.spec.ring import PutStatus
+from shmring.spec.layout import POOL_REF_LENGTH
+from shmring.spec.ring import ConsumeMode, PutStatus
 
 logger = logging.getLogger("shmring.connector")
 _RING = Route.RING
@@ -86,6 +90,108 @@ def pool_decoder(pool: PoolReader | None, producer: ConnectorIdentity) -> Decode
         return view.nbytes, codec.decode(view), _RING
 
     return decode
+
+
+# A borrowed get's decoder: (encoded bytes, value, the payload while a view holds it).
+Borrower = Callable[[BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]"]]
+_LEASE = ConsumeMode.LEASE
+
+
+def borrow_sized(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+    """Decode a claimed payload in place (`codec.decode_borrowed`), keeping its length.
+
+    THE hook of every borrowed get: whatever holds the bytes (a ring frame,
+    a fallback segment's mapping, a pool slot) makes a `BorrowedPayload`
+    over them with its release armed (`BorrowedPayload.arm(release)`: DONE
+    in a frame header, a slot's `.release()`), and hands it here; the value's
+    large leaves hold it, and the release runs when the last of them dies.
+    """
+    return payload.nbytes, codec.decode_borrowed(payload), weakref.ref(payload)
+
+
+def borrow_claimed(
+    view: memoryview, release: Callable[[], object], *, label: str = ""
+) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+    """`borrow_sized` for a claim object that holds its bytes itself (the pool's slot claim).
+
+    `view`: the claimed payload (a read-only memoryview, e.g. ``claim.view``);
+    `release`: gives it back (``claim.release``, idempotent). `release()`
+    runs once, when the last view made from the decoded value dies: at once
+    when the value has no large leaf, and also after a decode that raised.
+    """
+    import numpy  # the borrowed decode needs it anyway
+
+    keep = numpy.frombuffer(view, numpy.uint8)
+    payload = BorrowedPayload(keep, int(keep.ctypes.data), keep.nbytes, label=label)
+    del keep
+    payload.arm(lambda _keep: release())
+    return borrow_sized(payload)
+
+
+def borrow_pool_ref(
+    pool: PoolReader, producer: ConnectorIdentity, data: bytes
+) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
+    """A borrowed get of a pool reference: the slot's payload decoded in place.
+
+    `spec.pool.process_pool_claim`, then the borrowed decode over the slot
+    (`borrow_sized`); the slot is released (DONE) when the last view dies,
+    and its carrier ring frame is DONE at once (the carrier's payload is
+    the 32-byte reference, which no view holds). A decode that raises undoes
+    the claim (PUBLISHED again), as the owned path does.
+    """
+    import numpy  # the borrowed decode needs it anyway
+
+    claim = pool.claim(producer, data)
+    keep = numpy.frombuffer(claim.view, numpy.uint8)
+    payload = BorrowedPayload(keep, int(keep.ctypes.data), keep.nbytes, label="pool slot")
+    del keep
+    try:
+        value = codec.decode_borrowed(payload)
+    except BaseException:
+        payload.disown()
+        claim.undo()
+        raise
+    release = claim.release
+    payload.arm(lambda _keep: release())
+    return payload.nbytes, value, weakref.ref(payload)
+
+
+# A borrowed ring get's decoder: `Borrower`'s answer and the route that carried the bytes.
+RouteBorrower = Callable[
+    [BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]", Route]
+]
+
+
+def pool_borrower(pool: PoolReader | None, producer: ConnectorIdentity) -> RouteBorrower:
+    """`borrow_sized` for a ring frame that may be a pool reference (then `borrow_pool_ref`)."""
+
+    def borrow(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload], Route]:
+        if pool is not None and payload.nbytes == POOL_REF_LENGTH:
+            data = ctypes.string_at(payload.address, payload.nbytes)
+            if is_pool_ref(data):
+                return (*borrow_pool_ref(pool, producer, data), _POOL)
+        return (*borrow_sized(payload), _RING)
+
+    return borrow
+
+
+def live_borrower(
+    liveness: Liveness, producer: ConnectorIdentity, pool: PoolReader | None = None
+) -> RouteBorrower:
+    """`pool_borrower` that first asks whether `producer` runs (as `live_decoder`)."""
+    is_alive = liveness.is_alive
+    borrow_frame = pool_borrower(pool, producer)
+
+    def borrow(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload], Route]:
+        try:
+            alive = is_alive(producer)
+        except ResourceExhaustedError:
+            alive = True  # as `alive_or_assumed`
+        if not alive:
+            raise ProducerExited(producer)
+        return borrow_frame(payload)
+
+    return borrow
 
 
 def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
@@ -295,9 +401,12 @@ class RingRoute:
     # -- receiver: claim -------------------------------------------------------------------
 
     def claim_by_key(
-        self, edge: Edge, key: str
+        self, edge: Edge, key: str, borrow: bool = False
     ) -> tuple[Delivery | None, bool, ShmringError | None]:
         """The ring half of a get by key: the first live candidate's frame, claimed once.
+
+        `borrow`: the frame is decoded in place and stays CLAIMED while the
+        value's large leaves live (`RingReader.get` in LEASE mode, `borrow_sized`).
 
         Answers (the delivery or None, whether some ring was BUSY, the error
         to raise if nothing else delivers). A damaged ring (CorruptFrameError)
@@ -350,7 +459,11 @@ class RingRoute:
                 decode = live_decoder(deployment.liveness, producer, self.pool)
                 resolved.append((producer, reader, decode))
             try:
-                got = reader.get(key, decode=decode)
+                if borrow:
+                    borrower = live_borrower(deployment.liveness, producer, self.pool)
+                    got = reader.get(key, mode=_LEASE, decode=borrower)
+                else:
+                    got = reader.get(key, decode=decode)
             except CorruptFrameError as error:
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
@@ -364,6 +477,8 @@ class RingRoute:
             if got.status is ReceiveStatus.DELIVERED:
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
+                if borrow:
+                    return _borrowed(got.payload, producer), False, None
                 size, value, route = got.payload
                 return Delivery(GetStatus.DELIVERED, value, size, route, producer), False, None
             if got.status is ReceiveStatus.BUSY:
@@ -376,7 +491,9 @@ class RingRoute:
             self._keep_readers(edge, resolved, complete, sheds)
         return None, busy, corrupt if corrupt is not None else exhausted
 
-    def claim_descriptor(self, edge: Edge, key: str, descriptor: RingDescriptor) -> Delivery:
+    def claim_descriptor(
+        self, edge: Edge, key: str, descriptor: RingDescriptor, borrow: bool = False
+    ) -> Delivery:
         """The exact frame a ring descriptor names, claimed once (PRODUCER_GONE first)."""
         deployment = self._deployment
         assert deployment is not None  # joined
@@ -389,7 +506,14 @@ class RingRoute:
         reader = self._reader(edge, producer)
         if reader is None:
             return GONE
-        got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
+        if borrow:
+            got = reader.get(
+                key, descriptor.position, mode=_LEASE, decode=pool_borrower(self.pool, producer)
+            )
+            if got.status is ReceiveStatus.DELIVERED:
+                return _borrowed(got.payload, producer)
+        else:
+            got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
         if got.status is ReceiveStatus.DELIVERED:
             size, value, route = got.payload
             return Delivery(GetStatus.DELIVERED, value, size, route, producer)
@@ -501,6 +625,14 @@ class RingRoute:
                 with contextlib.suppress(ClosedError):
                     values.append(reader.wakeup_sequence)
         return values
+
+
+def _borrowed(
+    got: tuple[int, Any, weakref.ref[BorrowedPayload], Route], producer: ConnectorIdentity
+) -> Delivery:
+    """The Delivery of a borrowed get: `lease` is the payload while the value holds it."""
+    size, value, payload, route = got
+    return Delivery(GetStatus.DELIVERED, value, size, route, producer, lease=payload)
 
 
 _route_check: type[RouteBackend[RingChannel, RingDescriptor]] = RingRoute

@@ -160,9 +160,17 @@ class BlockingGets:
     _ring_route: RingRoute
 
     def _get(
-        self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
+        self,
+        edge: Edge,
+        key: str,
+        descriptor: Descriptor | None,
+        bell: int | None,
+        borrow: bool = False,
     ) -> Delivery:
         raise NotImplementedError  # `Connector._get`
+
+    def _track_borrowed(self, got: Delivery) -> Delivery:
+        raise NotImplementedError  # `Connector._track_borrowed`
 
     def _require_open(self) -> None:
         raise NotImplementedError  # `Connector._require_open`
@@ -182,6 +190,7 @@ class BlockingGets:
         deadline: float | None = None,
         timeout: float | None = None,
         wait_for_locks: bool = True,
+        borrow: bool = False,
     ) -> Delivery: ...
 
     @overload
@@ -195,6 +204,7 @@ class BlockingGets:
         deadline: float | None = None,
         timeout: float | None = None,
         wait_for_locks: bool = True,
+        borrow: bool = False,
     ) -> Delivery: ...
 
     def get_with_deadline(
@@ -204,6 +214,7 @@ class BlockingGets:
         deadline: float | None = None,
         timeout: float | None = None,
         wait_for_locks: bool = True,
+        borrow: bool = False,
     ) -> Delivery:
         """Like `get`, but wait until `deadline` (a `time.monotonic()` value) or `timeout` seconds.
 
@@ -212,11 +223,23 @@ class BlockingGets:
         one when time runs out (NOT_FOUND or BUSY). With
         `wait_for_locks=False` a BUSY answer is final too: a receive loop
         that polls many keys never spends its deadline on one that another
-        process holds.
+        process holds. `borrow=True`: a borrowed get (see `Connector.get`).
         """
         if deadline is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 0.0)
         edge, (key,) = split_edge(args, 1, "get_with_deadline")
+        if borrow:
+            return self._track_borrowed(
+                poll_until(
+                    lambda bell: self._get(edge, key, descriptor, bell, True),
+                    self._bell,
+                    lambda: self._wake_signature(edge),
+                    deadline=deadline,
+                    spin_seconds=self.config.spin_seconds,
+                    max_sleep_seconds=self.config.max_sleep_seconds,
+                    wait_for_locks=wait_for_locks,
+                )
+            )
         return poll_until(
             lambda bell: self._get(edge, key, descriptor, bell),
             self._bell,

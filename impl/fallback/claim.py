@@ -22,6 +22,7 @@ import contextlib
 import enum
 import fcntl
 import mmap
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,11 +38,13 @@ from shmring.impl.names import (
     parse_segment_owner,
 )
 from shmring.impl.os_seam import OsFacade
+from shmring.impl.ring.borrow import BorrowedPayload
 from shmring.impl.ring.frames import segment_problem
 from shmring.spec.layout import (
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     RING_HEADER_LENGTH,
+    RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
 )
 
@@ -137,8 +140,16 @@ def claim_segment(
     owner: tuple[int, ...] | None = None,
     generation: int | None = None,
     mappings: SegmentMappings | None = None,
+    borrow: Callable[[BorrowedPayload], Any] | None = None,
 ) -> Claim:
     """Claim the key's segment on `edge`, exactly once among all readers.
+
+    `borrow` (a connector's borrowed get) replaces `decode`: it gets the
+    payload in place as a `BorrowedPayload` over the segment's mapping. If
+    what it returned holds the payload, the mapping becomes the payload's
+    (closed when the last view dies) and the segment is unlinked, never
+    handed back for reuse, so nobody writes the pages the views read;
+    otherwise the claim ends as a decoding one does.
 
     `mappings` (optional) keeps this reader's mappings of files their
     producer reuses, so a claim of a handed-back file maps nothing.
@@ -159,7 +170,7 @@ def claim_segment(
         return _BUSY_CLAIM
     try:
         return _claim_locked(
-            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings
+            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings, borrow
         )
     finally:
         if mappings is not None:
@@ -180,6 +191,7 @@ def _claim_locked(
     owner: tuple[int, ...] | None,
     generation: int | None,
     mappings: SegmentMappings | None,
+    borrow: Callable[[BorrowedPayload], Any] | None = None,
 ) -> Claim:
     info = os_facade.fstat(fd)
     untrusted = check_private_file(path, info)
@@ -200,6 +212,9 @@ def _claim_locked(
     if mapping is None:
         mapping = os_facade.mmap(fd, size, writable=False)
     handed_back = False
+    lender = None if borrow is None else _Lender(mapping, borrow, path)
+    if lender is not None:
+        decode = lender  # lends the payload in place instead of decoding a copy
     try:
         with memoryview(mapping) as buf:
             key_bytes = key.encode("utf-8")
@@ -231,13 +246,62 @@ def _claim_locked(
                 except CorruptFrameError:
                     where.unlink(path)
                     raise
+            if lender is not None and lender.lent:
+                state = RING_STATE_OPEN  # unlinked, never handed back: its pages are the views'
             handed_back = _commit(where, path, state, producer, frame_generation)
     finally:
-        if handed_back and mappings is not None:
+        if lender is not None and lender.lent:
+            pass  # the payload closes the mapping when its last view dies
+        elif handed_back and mappings is not None:
             mappings.keep(mapping_key, mapping)  # its producer will send it again
         else:
-            mapping.close()
+            # BufferError: a failed borrow left views, whose payload closes it after them.
+            with contextlib.suppress(BufferError):
+                mapping.close()
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+class _Lender:
+    """A claim's `decode` for a borrowed get: `borrow` of the payload in place, over the mapping.
+
+    `lent`: what `borrow` returned holds the payload; the mapping is then the
+    payload's (closed when the last view dies), no longer the claim's.
+    """
+
+    def __init__(
+        self, mapping: mmap.mmap, borrow: Callable[[BorrowedPayload], Any], path: str
+    ) -> None:
+        self.mapping = mapping
+        self.borrow = borrow
+        self.path = path
+        self.lent = False
+
+    def __call__(self, view: memoryview) -> Any:
+        import numpy  # a borrowed get decodes with numpy anyway (`codec.decode_borrowed`)
+
+        # `view` is the payload's place in the mapping (released when the claim's
+        # block ends); what the payload pins is an export of the mapping itself.
+        keep = numpy.frombuffer(self.mapping, numpy.uint8)  # read-only: the segment is mapped so
+        payload = BorrowedPayload(
+            keep,
+            int(numpy.frombuffer(view, numpy.uint8).ctypes.data),
+            view.nbytes,
+            mapping_to_close=self.mapping,
+            label=self.path,
+        )
+        del keep
+        baseline = sys.getrefcount(payload)
+        try:
+            value = self.borrow(payload)
+        except BaseException:
+            self.lent = sys.getrefcount(payload) > baseline  # views outlive the failure
+            if not self.lent:
+                payload.disown()
+            raise
+        self.lent = sys.getrefcount(payload) > baseline
+        if not self.lent:
+            payload.disown()  # nothing borrowed: the claim ends as a decoding one does
+        return value
 
 
 def _commit(

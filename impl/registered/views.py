@@ -40,10 +40,10 @@ import numpy as np
 from shmring.impl.directory import open_private_file
 from shmring.impl.errors import CorruptFrameError
 from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.ring.borrow import Lease, LeaseStatistics, ReleaseHook, lease_statistics
+from shmring.impl.ring.borrow import CollectedLease, LeaseStatistics, ReleaseHook, lease_statistics
 
 
-class LeaseOwner(Lease):
+class LeaseOwner(CollectedLease):
     """Owns one borrowed payload's memory for as long as any view of it lives.
 
     Who owns the memory: this object, through `_keep` (an export of the
@@ -57,7 +57,8 @@ class LeaseOwner(Lease):
 
     The numpy face of the one lease (`shmring.impl.ring.borrow.Lease`): the
     same export, release-once and counting; it ends by collection instead of
-    by an explicit `release()`.
+    by an explicit `release()` (`borrow.CollectedLease`, as a connector's
+    borrowed get does).
     """
 
     def __init__(
@@ -86,12 +87,6 @@ class LeaseOwner(Lease):
             "strides": None,
         }
         super().__init__(keep, release=release, mapping_to_close=mapping_to_close, label=label)
-
-    def release(self) -> None:
-        raise TypeError("a LeaseOwner ends when the last view of it dies, not by release()")
-
-    def __del__(self) -> None:
-        self._end()
 
     def __repr__(self) -> str:
         return f"<LeaseOwner {self.label} live={self._keep is not None}>"

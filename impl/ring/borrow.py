@@ -19,7 +19,12 @@ two ways, both the model's (`shmring.spec.leases`): the host ring hands the
 caller the lease itself, which ends when `release()` is called and no view
 of it lives (`spec.ring.process_release`); `views.LeaseOwner` (numpy arrays
 of arena frames and segments) ends when the last view of it dies
-(`spec.leases.process_drop`). `lease_statistics` counts both.
+(`spec.leases.process_drop`). A connector's borrowed get
+(`get(..., borrow=True)`, `spec.borrowing`) ends the second way:
+`BorrowedPayload` is the claimed payload, lent to numpy, whose views the
+codec makes the value's large leaves (`codec.decode_borrowed`); the last
+one to die stores DONE in the frame or closes the segment's mapping.
+`lease_statistics` counts all of them.
 """
 
 from __future__ import annotations
@@ -234,12 +239,111 @@ class Lease:
         return f"Lease(position={self.position}, {state})"
 
 
+class CollectedLease(Lease):
+    """A lease that ends when the last object holding it dies (`spec.leases.process_drop`).
+
+    Not released by a call: `release()` raises TypeError. Its views are
+    ordinary references to it (numpy's base chain, a tensor's storage, a
+    memoryview's exporter), so CPython ends it right after the last one goes.
+    """
+
+    def release(self) -> None:
+        raise TypeError("this lease ends when the last view of it dies, not by release()")
+
+    def __del__(self) -> None:
+        self._end()
+
+
+def _array_interface(address: int, nbytes: int, readonly: bool) -> dict[str, Any]:
+    return {
+        "version": 3,
+        "shape": (nbytes,),
+        "typestr": "|u1",
+        "data": (address, readonly),
+        "strides": None,
+    }
+
+
+class BorrowedPayload(CollectedLease):
+    """One claimed payload lent in place: a connector's borrowed get (`borrow=True`).
+
+    Who owns the memory: the producer's ring frame (or a fallback segment's
+    mapping, already unlinked); this object pins it through `keep`, an export
+    of the mapping, so neither the reader's nor the connector's close unmaps
+    it. For how long: until the last object made from it dies (numpy's
+    `__array_interface__` makes it the base of `numpy.asarray(payload)`; the
+    codec's borrowed leaves are views of that array); then the armed
+    `release(keep)` runs once (a ring frame becomes DONE and the producer may
+    reclaim it) and `mapping_to_close` (a segment's mapping) is closed.
+    Whether it may be written: `numpy.asarray(payload)` is read-only, and so
+    is every numpy array and memoryview the codec derives from it; torch has
+    no read-only tensors, so borrowed tensors come from `tensor_face` and
+    are writable: a write lands in the claimed frame, which no one else reads
+    while it lives (never write one; take an owned get to modify data).
+
+    The release is armed only when the claim commits (`arm`): a claim that
+    fails after the payload was built gives nothing back for it.
+    """
+
+    def __init__(
+        self,
+        keep: Any,
+        address: int,
+        nbytes: int,
+        *,
+        mapping_to_close: mmap.mmap | None = None,
+        label: str = "",
+        position: int | None = None,
+    ) -> None:
+        self.address = address  # the payload's first byte in this process
+        self.nbytes = nbytes
+        self.__array_interface__ = _array_interface(address, nbytes, True)
+        super().__init__(
+            keep, release=None, mapping_to_close=mapping_to_close, label=label, position=position
+        )
+
+    def arm(self, release: ReleaseHook | None) -> None:
+        """The claim committed: `release(keep)` runs when the last view dies."""
+        self._release = release
+
+    def disown(self) -> None:
+        """Nothing was borrowed after all: the caller keeps the mapping; nothing runs at the end."""
+        self._release = None
+        self._mapping = None
+
+    def __repr__(self) -> str:
+        live = self._keep is not None
+        return f"<BorrowedPayload {self.label} position={self.position} live={live}>"
+
+
+class _TensorFace:
+    """A writable face of part of a `BorrowedPayload` for torch (which has no read-only tensors)."""
+
+    __slots__ = ("__array_interface__", "payload")
+
+    def __init__(self, payload: BorrowedPayload, start: int, nbytes: int) -> None:
+        self.payload = payload  # keeps the lease alive for as long as the tensor lives
+        self.__array_interface__ = _array_interface(payload.address + start, nbytes, False)
+
+
+def tensor_face(payload: BorrowedPayload, start: int, nbytes: int) -> object:
+    """An `__array_interface__` object over `payload[start:start + nbytes]`, writable, holding it."""
+    if start < 0 or start + nbytes > payload.nbytes:
+        raise ValueError(
+            f"face outside its payload: start={start} nbytes={nbytes} payload={payload.nbytes}"
+        )
+    return _TensorFace(payload, start, nbytes)
+
+
 __all__ = [
+    "BorrowedPayload",
+    "CollectedLease",
     "Lease",
     "LeaseStatistics",
     "ReleaseHook",
     "call_with_view",
     "lease_statistics",
     "mark_frame_done",
+    "tensor_face",
     "views_outlive",
 ]

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import stat
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +34,10 @@ from shmring.impl.os_seam import (
     OsFacade,
 )
 from shmring.impl.ring.borrow import (
+    BorrowedPayload,
     Lease,
     call_with_view,
+    mark_frame_done,
 )
 from shmring.impl.ring.frames import (
     RING_FILE,
@@ -231,7 +234,13 @@ class RingReader(_RingFile):
         `decode` raises, the frame stays deliverable.
 
         LEASE: the answer's payload is a `Lease` borrowing the payload in
-        place; the frame is DONE when the lease is released.
+        place; the frame is DONE when the lease is released. LEASE with
+        `decode` (a connector's borrowed get): `decode` gets the payload as
+        a `borrow.BorrowedPayload` and the answer holds what it returned;
+        the frame is CLAIMED (this process its holder) until the last view
+        made from the payload dies, then DONE. If `decode` raises, the frame
+        stays deliverable (unless something made from it outlives the
+        failure: then it is claimed until that dies).
 
         With `position` (a descriptor) only that exact frame may be claimed;
         anything else answers STALE. BUSY: another process holds the ring
@@ -324,7 +333,9 @@ class RingReader(_RingFile):
                     f"frame checksum mismatch at position={position}: checksum={checksum:#010x}; "
                     f"frame retired; path={self.path!r}"
                 )
-            if mode is ConsumeMode.LEASE:
+            if mode is ConsumeMode.LEASE and decode is not None:
+                value = self._lend(words, offset, payload_start, payload_end, position, decode)
+            elif mode is ConsumeMode.LEASE:
                 # The lease's export covers the whole frame: its release stores
                 # DONE in this header (`borrow.mark_frame_done`).
                 keep = (ctypes.c_char * (payload_end - offset)).from_buffer(
@@ -360,6 +371,52 @@ class RingReader(_RingFile):
         del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
         self._gets += 1
         return _new_outcome(Received, (_DELIVERED, position, value))
+
+    def _lend(
+        self,
+        words: SharedWords | None,
+        offset: int,
+        payload_start: int,
+        payload_end: int,
+        position: int,
+        decode: Callable[[BorrowedPayload], Any],
+    ) -> Any:
+        """LEASE with a decoder, under the lock: `decode` borrows the payload in place.
+
+        The payload's export starts at the frame, so its release stores DONE
+        in this header (`borrow.mark_frame_done`), armed only once the frame
+        is CLAIMED: a decode that raises gives back nothing it did not take.
+        """
+        assert words is not None
+        keep = (ctypes.c_char * (payload_end - offset)).from_buffer(
+            self._mapping,  # type: ignore[arg-type]
+            offset,
+        )
+        payload = BorrowedPayload(
+            keep,
+            ctypes.addressof(keep) + (payload_start - offset),
+            payload_end - payload_start,
+            label=self.path,
+            position=position,
+        )
+        del keep
+        baseline = sys.getrefcount(payload)
+        try:
+            value = decode(payload)
+        except BaseException:
+            if sys.getrefcount(payload) > baseline:  # a view outlives the failure: pin the frame
+                self._hold(words, offset, payload)
+            raise
+        self._hold(words, offset, payload)
+        return value  # `payload` dies here when nothing was borrowed: DONE at once
+
+    @staticmethod
+    def _hold(words: SharedWords, offset: int, payload: BorrowedPayload) -> None:
+        # The holder first, then CLAIMED (release), as for a `Lease`; then the
+        # release is armed: DONE once the last view of the payload dies.
+        store_frame_holder_pid(words, offset, os.getpid())
+        store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
+        payload.arm(mark_frame_done)
 
     def _claimed_elsewhere(
         self, words: SharedWords | None, key_bytes: bytes, position: int, state: int
