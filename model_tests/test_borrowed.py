@@ -218,7 +218,9 @@ def test_borrow_with_a_descriptor_and_with_a_deadline(pair: tuple[Connector, Con
 def test_a_borrowed_fallback_segment_keeps_its_mapping_not_its_name(scope: str) -> None:
     # Spares on: the producer asks for the file back; a borrowed claim unlinks it instead.
     with (
-        Connector(scope, ring_capacity=CAPACITY, fallback_spare_min_bytes=4096) as producer,
+        Connector(
+            scope, ring_capacity=CAPACITY, fallback_spare_min_bytes=4096, pool_budget_bytes=0
+        ) as producer,
         Connector(scope) as receiver,
     ):
         sent = {"big": np.arange(4 * LEAF_FLOATS, dtype=np.float32), "blob": b"q" * 300_000}
@@ -284,3 +286,33 @@ def test_a_sigkilled_borrower_does_not_wedge_the_ring(scope: str) -> None:
         assert ring is not None
         assert ring.statistics().reclaimed_from_dead_holders == 1
         assert _claimed(producer) == 0
+
+
+def test_a_borrowed_pool_payload_holds_its_slot_not_the_ring(scope: str) -> None:
+    # The ring (1 MiB) refuses a 1 MiB array: the pool carries it, the ring holds a reference.
+    sent = {"big": np.arange(256 * 1024, dtype=np.float32), "n": 3}
+    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+        assert producer.put(EDGE, "p", sent).route is Route.POOL
+        got = receiver.get(EDGE, "p", borrow=True)
+        assert got.route is Route.POOL and got.borrowed
+        big = got.value["big"]
+        assert not big.flags.writeable and not big.flags.owndata
+        assert np.array_equal(big, sent["big"]) and got.value["n"] == 3
+        assert _claimed(producer) == 0  # the carrier frame went back at once
+        health = receiver.health()
+        assert health.borrowed_live == 1 and health.borrowed_ring_frames == 0
+        # The slot is CLAIMED while the view lives: the next payload of its class needs another.
+        producer.put(EDGE, "q", {"big": np.zeros(256 * 1024, dtype=np.float32), "n": 4})
+        assert producer.health().pool_slots_created == 2
+        assert np.array_equal(big, sent["big"])  # still the borrowed bytes
+        other = receiver.get(EDGE, "q")
+        assert other.route is Route.POOL and not other.borrowed
+        del got, big
+        gc.collect()
+        assert receiver.health().borrowed_live == 0
+        # Both slots are free again: two more puts reuse them, none is created.
+        for key in ("r", "s"):
+            producer.put(EDGE, key, sent)
+            assert np.array_equal(receiver.get(EDGE, key).value["big"], sent["big"])
+        assert producer.health().pool_slots_created == 2
+        assert producer.health().pool_slots_reused >= 2

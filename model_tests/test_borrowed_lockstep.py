@@ -85,7 +85,12 @@ class BorrowedGetMachine(RuleBasedStateMachine):
 
     @initialize(scope=st.uuids())
     def setup(self, scope: Any) -> None:
-        self.conn = Connector(f"b{scope.hex[:12]}", ring_capacity=CAPACITY, fallback_budget=BUDGET)
+        self.conn = Connector(
+            f"b{scope.hex[:12]}",
+            ring_capacity=CAPACITY,
+            fallback_budget=BUDGET,
+            pool_budget_bytes=0,
+        )
 
     def teardown(self) -> None:
         self.roots.clear()

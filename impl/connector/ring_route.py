@@ -157,9 +157,7 @@ def borrow_pool_ref(
 
 
 # A borrowed ring get's decoder: `Borrower`'s answer and the route that carried the bytes.
-RouteBorrower = Callable[
-    [BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]", Route]
-]
+RouteBorrower = Callable[[BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]", Route]]
 
 
 def pool_borrower(pool: PoolReader | None, producer: ConnectorIdentity) -> RouteBorrower:
