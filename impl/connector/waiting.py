@@ -42,10 +42,14 @@ class Doorbell:
 
     stamp: Stamp | None = None
     wake: Callable[[], None] | None = None  # rings the bell (`Stamp.waker`); None without one
+    # Loads the bell (`Stamp.reader`), one call for a hot path; None without one.
+    # Raises ValueError once the stamp is closed (callers hold the connector's lock).
+    read: Callable[[], int] | None = None
 
     def attach(self, stamp: Stamp | None) -> None:
         self.stamp = stamp
         self.wake = stamp.waker() if stamp is not None else None
+        self.read = stamp.reader() if stamp is not None else None
 
     def value(self) -> int | None:
         """The doorbell's value, or None when there is none to wait on."""
@@ -74,13 +78,16 @@ class Doorbell:
 
 
 class FallbackMisses:
-    """When a polling get may skip looking for the key's segment (one failing openat).
+    """When a get may skip looking for the key's segment (one failing openat).
 
-    Every put rings the doorbell after it publishes, so when the bell still
-    reads what it read before our last look found nothing, nothing was
-    published since by any producer that rings. A producer that cannot ring
-    (its discovery stamp failed) is still found: the segment is looked for
-    again at least every `FALLBACK_RECHECK_SECONDS`.
+    Every put rings the doorbell after it publishes, and a ring is an exact
+    increment (`futex.FutexWord.bump_and_wake`: one atomic add in the
+    kernel, after the publication is visible), so when the bell still reads
+    what it read before our last look found nothing, nothing was published
+    since by any producer that rings: the look would find nothing again. A
+    producer that cannot ring (its discovery stamp failed) is still found:
+    the segment is looked for again at least every `FALLBACK_RECHECK_SECONDS`.
+    Plain `get` and `get_with_deadline` both read the bell before they look.
     """
 
     # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
@@ -135,9 +142,15 @@ def poll_until(
         now = time.monotonic()
         if now >= deadline:
             return got
-        if now - start < spin_seconds:
-            continue
         stamp = doorbell.stamp
+        spun = now - start
+        if spun < spin_seconds:
+            if bell is not None and stamp is not None and got.status is GetStatus.NOT_FOUND:
+                # Nothing for the key, and every publish rings the bell after it
+                # shows: watch the bell word (a load, no lock, no syscall) instead
+                # of polling again, and poll again as soon as it moves.
+                stamp.spin(bell, min(spin_seconds - spun, deadline - now))
+            continue
         if bell is not None and stamp is not None and got.status is not GetStatus.BUSY:
             stamp.wait(bell, min(deadline - now, MAX_DOORBELL_WAIT_SECONDS))
             continue

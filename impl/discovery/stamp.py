@@ -117,10 +117,20 @@ class Stamp:
         if doorbell is not None:
             doorbell.bump_and_wake()
 
+    def reader(self) -> Callable[[], int] | None:
+        """`doorbell` as one bound call for a hot path (None without futexes); ValueError once closed."""
+        doorbell = self._doorbell
+        return doorbell.load if doorbell is not None else None
+
     def waker(self) -> Callable[[], None] | None:
         """`ring` as one bound call for a hot path (None without futexes); a no-op once closed."""
         doorbell = self._doorbell
         return doorbell.bump_and_wake if doorbell is not None else None
+
+    def spin(self, seen: int, seconds: float) -> bool:
+        """Busy-wait (bounded: `seconds`) until the doorbell moves past `seen`; answer whether it did."""
+        doorbell = self._doorbell
+        return doorbell.spin_while(seen, seconds) if doorbell is not None else True
 
     def wait(self, seen: int | None, timeout: float) -> None:
         """Sleep until the doorbell moves past `seen`, or `timeout` seconds.
