@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 
 _DELIVERED = GetStatus.DELIVERED
 _BUSY_STATUS = GetStatus.BUSY
-_READ_BELL = -1  # `_get`'s bell for a plain get: load the doorbell under the lock
 
 
 class Connector(BlockingGets):
@@ -288,15 +287,20 @@ class Connector(BlockingGets):
         if len(args) == 3 and type(args[0]) is str and type(args[1]) is str:
             known = EDGE_CACHE.get((args[0], args[1]))  # `split_edge`'s hot path, inline
         if known is not None:
-            return self._get(known, args[2], descriptor, _READ_BELL)
+            return self._get(known, args[2], descriptor, None)
         edge, (key,) = split_edge(args, 1, "get")
-        return self._get(edge, key, descriptor, _READ_BELL)
+        return self._get(edge, key, descriptor, None)
 
     def _get(
         self, edge: Edge, key: str, descriptor: Descriptor | None, bell: int | None
     ) -> Delivery:
-        """`get`; `bell` is the doorbell read before this poll (`get_with_deadline`), or
-        `_READ_BELL` (a plain get: read it here, before looking)."""
+        """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll.
+
+        A plain get (None) always looks for the key's segment: a producer
+        that cannot ring the doorbell (its stamp failed) may have written it
+        a moment ago, and the model's get finds it (fault cell `restart`
+        with EMFILE at open #18 showed a skip there answering NOT_FOUND).
+        """
         with self._lock:
             if self._closed:
                 self._require_open()  # CLOSED
@@ -305,9 +309,6 @@ class Connector(BlockingGets):
             deployment = self._deployment
             if deployment is None:  # not (fully) joined yet: `_join` retries what failed
                 deployment = self._join()
-            if bell == _READ_BELL:
-                read = self._bell.read  # open: the stamp closes only in `close`, under the lock
-                bell = read() if read is not None else None
             # process_refresh: a directory scan only when the stamp moved.
             discovery = deployment.discovery
             if retry_short_of_descriptors(

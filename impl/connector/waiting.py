@@ -42,14 +42,10 @@ class Doorbell:
 
     stamp: Stamp | None = None
     wake: Callable[[], None] | None = None  # rings the bell (`Stamp.waker`); None without one
-    # Loads the bell (`Stamp.reader`), one call for a hot path; None without one.
-    # Raises ValueError once the stamp is closed (callers hold the connector's lock).
-    read: Callable[[], int] | None = None
 
     def attach(self, stamp: Stamp | None) -> None:
         self.stamp = stamp
         self.wake = stamp.waker() if stamp is not None else None
-        self.read = stamp.reader() if stamp is not None else None
 
     def value(self) -> int | None:
         """The doorbell's value, or None when there is none to wait on."""
@@ -78,7 +74,7 @@ class Doorbell:
 
 
 class FallbackMisses:
-    """When a get may skip looking for the key's segment (one failing openat).
+    """When a polling get may skip looking for the key's segment (one failing openat).
 
     Every put rings the doorbell after it publishes, and a ring is an exact
     increment (`futex.FutexWord.bump_and_wake`: one atomic add in the
@@ -87,7 +83,8 @@ class FallbackMisses:
     since by any producer that rings: the look would find nothing again. A
     producer that cannot ring (its discovery stamp failed) is still found:
     the segment is looked for again at least every `FALLBACK_RECHECK_SECONDS`.
-    Plain `get` and `get_with_deadline` both read the bell before they look.
+    That bound is why only `get_with_deadline` skips: a plain `get` answers
+    at once what the model's get answers, so it always looks.
     """
 
     # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.

@@ -117,11 +117,6 @@ class Stamp:
         if doorbell is not None:
             doorbell.bump_and_wake()
 
-    def reader(self) -> Callable[[], int] | None:
-        """`doorbell` as one bound call for a hot path (None without futexes); ValueError once closed."""
-        doorbell = self._doorbell
-        return doorbell.load if doorbell is not None else None
-
     def waker(self) -> Callable[[], None] | None:
         """`ring` as one bound call for a hot path (None without futexes); a no-op once closed."""
         doorbell = self._doorbell
