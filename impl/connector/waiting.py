@@ -2,11 +2,13 @@
 
 The model's gets never wait (`spec.connector.process_get` answers
 NOT_FOUND); `get_with_deadline` repeats the non-blocking get until it
-answers something final or time runs out. Between polls it spins briefly,
-then sleeps on the deployment's doorbell (a futex word of the discovery
-stamp that every connector rings when it publishes, retires or
-registers), so an idle wait costs no CPU and wakes as soon as something may
-have arrived. Each sleep is bounded by `MAX_DOORBELL_WAIT_SECONDS`, so what
+answers something final or time runs out. After a miss it watches the
+deployment's doorbell (a futex word of the discovery stamp that every
+connector rings when it publishes, retires or registers) for at most
+`spin_seconds`, polling again as soon as the word moves (plain loads: a
+whole poll costs 30-60 Python calls), then sleeps on it, so an idle wait
+costs no CPU past its spin and wakes as soon as something may have
+arrived. Each sleep is bounded by `MAX_DOORBELL_WAIT_SECONDS`, so what
 rings no bell (a producer dying) is still seen promptly. While another
 process holds a lock (BUSY), or without futexes, it sleeps in short steps
 instead, backing off up to `max_sleep_seconds`.
