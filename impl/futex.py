@@ -112,9 +112,10 @@ class FutexWord:
             # futex(word, FUTEX_WAKE_OP, wake all, wake none on word 2, word 2 = word, add one)
             if _syscall(_SYS_FUTEX, pointer, _FUTEX_WAKE_OP, _WAKE_ALL, 0, pointer, _ADD_ONE) >= 0:
                 return
-            if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
-                raise OSError(ctypes.get_errno(), "futex wake failed")
-            _Wake.atomic = False  # this kernel refuses it: plain increment, then FUTEX_WAKE
+            # Never an error here: the caller has published already. Refused
+            # for good (ENOSYS, EINVAL): the plain path from now on; else this once.
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL):
+                _Wake.atomic = False
         word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
             _syscall(_SYS_FUTEX, self._pointer, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)

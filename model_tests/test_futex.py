@@ -26,7 +26,12 @@ LONG_WAIT_S = 30.0
 WATCHDOG_S = 20.0
 
 
-def test_waiter_wakes_when_the_word_is_bumped() -> None:
+@pytest.mark.parametrize("atomic", [True, False], ids=["wake-op", "plain-increment-fallback"])
+def test_waiter_wakes_when_the_word_is_bumped(
+    atomic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both ways of ringing: FUTEX_WAKE_OP, and the fallback for kernels that refuse it.
+    monkeypatch.setattr(futex._Wake, "atomic", atomic)
     mapping = mmap.mmap(-1, 64)
     word = futex.FutexWord(mapping, 8)
     try:
