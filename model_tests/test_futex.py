@@ -193,3 +193,26 @@ def test_spin_while_answers_whether_the_word_moved_within_its_bound() -> None:
     finally:
         word.close()
         mapping.close()
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["wake-op", "plain-increment-fallback"])
+def test_one_ring_wakes_a_waiter_already_asleep(
+    atomic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake call itself, on both ring paths: one ring, given after the waiter went to sleep."""
+    import time
+
+    monkeypatch.setattr(futex._Wake, "atomic", atomic)
+    mapping = mmap.mmap(-1, 64)
+    word = futex.FutexWord(mapping, 8)
+    try:
+        seen = word.load()
+        waiter = threading.Thread(target=word.wait, args=(seen, LONG_WAIT_S))
+        waiter.start()
+        time.sleep(0.2)  # asleep by now (were it not, the changed word ends its wait at once)
+        word.bump_and_wake()
+        waiter.join(WATCHDOG_S)
+        assert not waiter.is_alive()  # a ring without the wake call leaves it asleep for 30 s
+    finally:
+        word.close()
+        mapping.close()
