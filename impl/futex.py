@@ -42,6 +42,8 @@ _FUTEX_WAKE_OP: Final = 5
 _WAKE_ALL: Final = 0x7FFFFFFF
 # FUTEX_WAKE_OP's operation word (linux/futex.h FUTEX_OP): op FUTEX_OP_ADD (1)
 # with oparg 1 on the second word, compare FUTEX_OP_CMP_EQ (0) with 0: "add one".
+# (When the old value was 0, once per 2**32 rings, the compare holds and the
+# kernel wakes one waiter more, which is already being woken: harmless.)
 _ADD_ONE: Final = (1 << 28) | (1 << 12)
 
 AVAILABLE: Final = sys.platform == "linux" and _SYS_FUTEX is not None

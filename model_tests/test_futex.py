@@ -206,6 +206,8 @@ def test_one_ring_wakes_a_waiter_already_asleep(
     mapping = mmap.mmap(-1, 64)
     word = futex.FutexWord(mapping, 8)
     try:
+        # Not 0: FUTEX_WAKE_OP's compare ("old value == 0") would wake one more waiter.
+        word.bump_and_wake()
         seen = word.load()
         waiter = threading.Thread(target=word.wait, args=(seen, LONG_WAIT_S))
         waiter.start()
