@@ -9,12 +9,20 @@ this module calls `syscall(SYS_futex, ...)` through ctypes; where that is not
 available (another OS or architecture) `AVAILABLE` is False and callers fall
 back to sleeping in short steps.
 
-The word is read and written with plain aligned 32-bit loads and stores. A
-waker always increments the word *and then* calls FUTEX_WAKE; two wakers
-racing may lose one increment, but not the wake call, so a waiter already
-asleep is always woken. The one window left (a waiter that read the word
-after the first increment and goes to sleep after the second waker's wake)
-is closed by callers waiting with a bounded timeout.
+A waker increments the word and wakes every waiter in ONE system call,
+FUTEX_WAKE_OP with the word as both of its words: the kernel adds one with a
+locked instruction (a full fence on x86: everything the waker stored before,
+a ring frame say, is visible before the new value) and then wakes. So the
+word is an exact counter of rings (mod 2**32) even when wakers in several
+processes race, and a receiver that read value v before it looked for work
+and reads v again knows nobody rang since (`connector.waiting.FallbackMisses`
+relies on it). Python has no atomic read-modify-write on shared memory
+(the `atomics` wheel costs 6-22 us per operation here, more than the system
+call), which is why the kernel does it. Where FUTEX_WAKE_OP is refused the
+word is incremented with a plain load and store, then FUTEX_WAKE: two
+wakers racing may then lose one increment (never the wake call), and
+callers bound every wait (and every skipped look) in time. Readers load the
+word with plain aligned 32-bit loads.
 """
 
 from __future__ import annotations
@@ -24,12 +32,19 @@ import errno
 import mmap
 import platform
 import sys
+import time
 from typing import Final
 
 _SYS_FUTEX: Final = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT: Final = 0
 _FUTEX_WAKE: Final = 1
+_FUTEX_WAKE_OP: Final = 5
 _WAKE_ALL: Final = 0x7FFFFFFF
+# FUTEX_WAKE_OP's operation word (linux/futex.h FUTEX_OP): op FUTEX_OP_ADD (1)
+# with oparg 1 on the second word, compare FUTEX_OP_CMP_EQ (0) with 0: "add one".
+# (When the old value was 0, once per 2**32 rings, the compare holds and the
+# kernel wakes one waiter more, which is already being woken: harmless.)
+_ADD_ONE: Final = (1 << 28) | (1 << 12)
 
 AVAILABLE: Final = sys.platform == "linux" and _SYS_FUTEX is not None
 
@@ -39,6 +54,10 @@ class _Timespec(ctypes.Structure):
 
 
 _syscall = ctypes.CDLL(None, use_errno=True).syscall if AVAILABLE else None
+
+
+class _Wake:
+    atomic = True  # FUTEX_WAKE_OP works here (False once the kernel refused it)
 
 
 class FutexWord:
@@ -64,11 +83,41 @@ class FutexWord:
             raise ValueError("futex word is closed")
         return int(word.value)
 
+    def spin_while(self, expected: int, seconds: float) -> bool:
+        """Load the word until it differs from `expected` or `seconds` pass; answer whether it moved.
+
+        A bounded busy wait with no system call (the clock is the vDSO's):
+        what a receiver does for a few hundred microseconds before it sleeps
+        in `wait`, so a message arriving meanwhile is seen within a load or
+        two instead of one whole poll later.
+        """
+        word = self._word
+        if word is None:
+            return True  # closed: let the caller look (and see it closed)
+        expected &= 0xFFFFFFFF
+        if word.value != expected:
+            return True
+        clock = time.monotonic
+        until = clock() + seconds
+        while clock() < until:
+            if word.value != expected:
+                return True
+        return word.value != expected
+
     def bump_and_wake(self) -> None:
         """Change the word, then wake every process waiting on it."""
         word = self._word
         if word is None:
             return
+        if _syscall is not None and _Wake.atomic:
+            pointer = self._pointer
+            # futex(word, FUTEX_WAKE_OP, wake all, wake none on word 2, word 2 = word, add one)
+            if _syscall(_SYS_FUTEX, pointer, _FUTEX_WAKE_OP, _WAKE_ALL, 0, pointer, _ADD_ONE) >= 0:
+                return
+            # Never an error here: the caller has published already. Refused
+            # for good (ENOSYS, EINVAL): the plain path from now on; else this once.
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL):
+                _Wake.atomic = False
         word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
             _syscall(_SYS_FUTEX, self._pointer, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)

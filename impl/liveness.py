@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 from collections.abc import Callable
 from typing import Final
 
@@ -105,6 +106,8 @@ class Liveness:
         # owner releases what it caches and answers how many it released.
         self.on_exhausted = on_exhausted
         self._pidfds: dict[ProducerIdentity, int] = {}  # in least recently opened order
+        # A kept poll object per pidfd (`OsFacade.pidfd_poller`), dropped with its pidfd.
+        self._pollers: dict[ProducerIdentity, select.poll] = {}
         self._pidfd_cap: int | None = None  # after EMFILE: hold at most this many pidfds
         self._dead: set[ProducerIdentity] = set()
         self._pidfd_supported = hasattr(os, "pidfd_open")
@@ -125,7 +128,10 @@ class Liveness:
         pidfd = self._pidfds.get(producer)
         if pidfd is not None:
             try:
-                alive = self._os.pidfd_alive(pidfd)
+                poller = self._pollers.get(producer)
+                if poller is None:
+                    poller = self._pollers[producer] = self._os.pidfd_poller(pidfd)
+                alive = self._os.pidfd_alive(pidfd, poller)
             except OSError:
                 # Cannot poll the pidfd now: ask /proc. A get asks after it
                 # claimed a frame, and an error here would lose the frame.
@@ -233,13 +239,16 @@ class Liveness:
 
     def forget(self, producer: tuple[int, ...]) -> None:
         """Drop the pidfd of `producer`'s process (its verdict, if dead, is kept)."""
-        pidfd = self._pidfds.pop(process_of(producer), None)
+        process = process_of(producer)
+        self._pollers.pop(process, None)  # it watches the descriptor closed below
+        pidfd = self._pidfds.pop(process, None)
         if pidfd is not None:
             self._os.close(pidfd)
 
     def close(self) -> None:
         """Close every pidfd. Idempotent."""
         self._closed = True
+        self._pollers.clear()
         while self._pidfds:
             _, pidfd = self._pidfds.popitem()
             with contextlib.suppress(OSError):

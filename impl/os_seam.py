@@ -219,16 +219,25 @@ class OsFacade:
         self._enter(SITE_PIDFD)
         return os.pidfd_open(pid)
 
-    def pidfd_alive(self, pidfd: int) -> bool:
+    def pidfd_alive(self, pidfd: int, poller: select.poll | None = None) -> bool:
         """A pidfd becomes readable when its process exits.
 
         `poll`, not `select`: select cannot watch a descriptor numbered 1024
-        or more, which a process with many open files reaches.
+        or more, which a process with many open files reaches. `poller` is
+        one `pidfd_poller(pidfd)` made earlier and kept by whoever keeps the
+        pidfd (dropped with it): making one per question costs about as much
+        as the poll itself.
         """
         self._enter(SITE_PIDFD)
+        if poller is None:
+            poller = self.pidfd_poller(pidfd)
+        return not poller.poll(0)
+
+    def pidfd_poller(self, pidfd: int) -> select.poll:
+        """A poll object watching `pidfd` (for `pidfd_alive`); valid while that pidfd is open."""
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        return not poller.poll(0)
+        return poller
 
 
 #: The facade production code uses when none is given.

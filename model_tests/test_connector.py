@@ -42,7 +42,7 @@ from shmring.impl.names import (
     parse_ring_file_name,
     ring_path,
 )
-from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_SCANDIR
+from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_SCANDIR, OsFacade
 from shmring.model_tests.connector_support import Worker, stop_worker
 from shmring.spec.connector import compute_fallback_charge
 
@@ -753,26 +753,26 @@ def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
     assert [w.exitcode for w in workers[2:]] == [0, 0]
 
 
+class _OpenAttempts(OsFacade):
+    """Records every open attempt's file name, failed ones included."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+        self.names.append(os.path.basename(path))
+        return super().open(path, flags, mode)
+
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+        self.names.append(name)
+        return super().open_at(dir_fd, name, flags, mode)
+
+
 def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope: str) -> None:
     """Spinning on a key with nothing published costs no failing openat per poll."""
     from shmring.impl.names import fallback_segment_file_name
-    from shmring.impl.os_seam import OsFacade
 
-    class OpenAttempts(OsFacade):
-        """Records every open attempt's file name, failed ones included."""
-
-        def __init__(self) -> None:
-            self.names: list[str] = []
-
-        def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-            self.names.append(os.path.basename(path))
-            return super().open(path, flags, mode)
-
-        def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
-            self.names.append(name)
-            return super().open_at(dir_fd, name, flags, mode)
-
-    seam = OpenAttempts()
+    seam = _OpenAttempts()
     with (
         Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
         Connector(scope, os_facade=seam, spin_seconds=0.05) as receiver,
@@ -805,3 +805,72 @@ def test_a_producer_that_cannot_ring_the_doorbell_is_still_found_by_a_polling_ge
         assert producer.put(EDGE, "k", tagged_payload(1, 100)).route is Route.FALLBACK
         got = receiver.get_with_deadline(EDGE, "k", timeout=5)
         assert got.delivered and payload_tag(got.value) == 1
+
+
+def test_a_plain_get_finds_a_segment_of_a_producer_that_cannot_ring_at_once(scope: str) -> None:
+    """Issue 13 regression: only `get_with_deadline` skips the segment look, a plain get never.
+
+    A skip while the doorbell has not moved would answer NOT_FOUND for up
+    to the recheck interval for a producer whose stamp failed, where the
+    model's get delivers (fault cell `restart`, EMFILE at open #18).
+    """
+    seam = FaultyOs()
+    seam.fail_open(STAMP_FILE_NAME, errno.ENOSPC)  # no stamp: its puts ring nothing
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as producer,
+        Connector(scope, ring_capacity=CAPACITY) as receiver,
+    ):
+        receiver.put(EDGE, "ring it", tagged_payload(0, 100))  # the receiver has a doorbell
+        for index in range(30):  # a skip would show as soon as one put takes under 1 ms
+            key = f"k{index}"
+            assert receiver.get(EDGE, key).status is GetStatus.NOT_FOUND  # the doorbell unmoved
+            assert producer.put(EDGE, key, tagged_payload(index, 100)).route is Route.FALLBACK
+            got = receiver.get(EDGE, key)
+            assert got.delivered and payload_tag(got.value) == index, (index, got.status)
+
+
+def test_get_with_deadline_watches_the_doorbell_between_polls(scope: str) -> None:
+    """Issue 13: while it spins, a waiting get polls again only when the doorbell moved."""
+    import threading
+
+    with (
+        watchdog(60),
+        Connector(scope, ring_capacity=CAPACITY) as producer,
+        Connector(scope, spin_seconds=0.5) as receiver,
+    ):
+        producer.put(EDGE, "warm", tagged_payload(0, 100))
+        assert receiver.get(EDGE, "warm").delivered
+        polls = 0
+        real_get = receiver._get
+
+        def counted(*args: Any) -> Any:
+            nonlocal polls
+            polls += 1
+            return real_get(*args)
+
+        receiver._get = counted  # type: ignore[method-assign]
+        late = threading.Timer(0.1, producer.put, (EDGE, "late", tagged_payload(3, 100)))
+        late.start()
+        try:
+            got = receiver.get_with_deadline(EDGE, "late", timeout=30)
+        finally:
+            late.join()
+        assert got.delivered and payload_tag(got.value) == 3
+        # One poll before the put, one after its ring (and none in the 0.1 s between,
+        # where a spin of full polls made thousands).
+        assert polls <= 4, f"{polls} polls"
+
+
+def test_an_idle_get_with_deadline_sleeps_after_its_bounded_spin(scope: str) -> None:
+    """Issue 13: no unbounded busy loop while idle; the spin ends, the doorbell wait sleeps."""
+    with Connector(scope, ring_capacity=CAPACITY) as producer, Connector(scope) as receiver:
+        producer.put(EDGE, "warm", tagged_payload(0, 100))  # the deployment has a doorbell
+        assert receiver.get(EDGE, "warm").delivered
+        wall = time.monotonic()
+        cpu = time.thread_time()
+        got = receiver.get_with_deadline(EDGE, "idle", timeout=0.3)
+        cpu = time.thread_time() - cpu
+        wall = time.monotonic() - wall
+        assert got.status is GetStatus.NOT_FOUND and wall >= 0.3
+        # Spinning for the whole wait would use about all of it.
+        assert cpu < 0.5 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s idle"

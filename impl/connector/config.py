@@ -26,7 +26,7 @@ from shmring.spec.ring import compute_capacity_error
 
 DEFAULT_RING_CAPACITY: Final = 4 * 1024 * 1024
 DEFAULT_FALLBACK_BUDGET: Final = 16 * 1024 * 1024 * 1024
-DEFAULT_SPIN_SECONDS: Final = 0.0002  # get_with_deadline polls without sleeping this long
+DEFAULT_SPIN_SECONDS: Final = 0.0002  # get_with_deadline watches the doorbell this long
 DEFAULT_MAX_SLEEP_SECONDS: Final = 0.001  # then sleeps, backing off up to this between polls
 # Bounds of the wait tuning: a longer spin only burns a core, a longer sleep step only adds latency.
 MAX_SPIN_SECONDS: Final = 1.0

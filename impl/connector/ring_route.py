@@ -442,9 +442,8 @@ class RingRoute:
                     return self.claim_by_key(edge, key)
                 assert reader is not None
                 readers[slot] = reader  # most recently used last, as `_reader` does
-                if reader.producer_closed:
-                    self.release(edge, producer)
-                    continue
+                # A closed ring delivers nothing (`RingReader.get`); it is
+                # released after the miss below, not looked at before each get.
             else:
                 try:
                     reader = self._reader(edge, producer)
@@ -463,6 +462,9 @@ class RingRoute:
                 else:
                     got = reader.get(key, decode=decode)
             except CorruptFrameError as error:
+                if cached and reader.producer_closed:
+                    self.release(edge, producer)  # closed: nothing to report, as before the get
+                    continue
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
                 corrupt = corrupt or error

@@ -2,11 +2,13 @@
 
 The model's gets never wait (`spec.connector.process_get` answers
 NOT_FOUND); `get_with_deadline` repeats the non-blocking get until it
-answers something final or time runs out. Between polls it spins briefly,
-then sleeps on the deployment's doorbell (a futex word of the discovery
-stamp that every connector rings when it publishes, retires or
-registers), so an idle wait costs no CPU and wakes as soon as something may
-have arrived. Each sleep is bounded by `MAX_DOORBELL_WAIT_SECONDS`, so what
+answers something final or time runs out. After a miss it watches the
+deployment's doorbell (a futex word of the discovery stamp that every
+connector rings when it publishes, retires or registers) for at most
+`spin_seconds`, polling again as soon as the word moves (plain loads: a
+whole poll costs 30-60 Python calls), then sleeps on it, so an idle wait
+costs no CPU past its spin and wakes as soon as something may have
+arrived. Each sleep is bounded by `MAX_DOORBELL_WAIT_SECONDS`, so what
 rings no bell (a producer dying) is still seen promptly. While another
 process holds a lock (BUSY), or without futexes, it sleeps in short steps
 instead, backing off up to `max_sleep_seconds`.
@@ -76,11 +78,15 @@ class Doorbell:
 class FallbackMisses:
     """When a polling get may skip looking for the key's segment (one failing openat).
 
-    Every put rings the doorbell after it publishes, so when the bell still
-    reads what it read before our last look found nothing, nothing was
-    published since by any producer that rings. A producer that cannot ring
-    (its discovery stamp failed) is still found: the segment is looked for
-    again at least every `FALLBACK_RECHECK_SECONDS`.
+    Every put rings the doorbell after it publishes, and a ring is an exact
+    increment (`futex.FutexWord.bump_and_wake`: one atomic add in the
+    kernel, after the publication is visible), so when the bell still reads
+    what it read before our last look found nothing, nothing was published
+    since by any producer that rings: the look would find nothing again. A
+    producer that cannot ring (its discovery stamp failed) is still found:
+    the segment is looked for again at least every `FALLBACK_RECHECK_SECONDS`.
+    That bound is why only `get_with_deadline` skips: a plain `get` answers
+    at once what the model's get answers, so it always looks.
     """
 
     # (edge, key, doorbell, time) of the last polling get whose segment look found nothing.
@@ -135,9 +141,15 @@ def poll_until(
         now = time.monotonic()
         if now >= deadline:
             return got
-        if now - start < spin_seconds:
-            continue
         stamp = doorbell.stamp
+        spun = now - start
+        if spun < spin_seconds:
+            if bell is not None and stamp is not None and got.status is GetStatus.NOT_FOUND:
+                # Nothing for the key, and every publish rings the bell after it
+                # shows: watch the bell word (a load, no lock, no syscall) instead
+                # of polling again, and poll again as soon as it moves.
+                stamp.spin(bell, min(spin_seconds - spun, deadline - now))
+            continue
         if bell is not None and stamp is not None and got.status is not GetStatus.BUSY:
             stamp.wait(bell, min(deadline - now, MAX_DOORBELL_WAIT_SECONDS))
             continue

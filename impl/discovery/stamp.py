@@ -122,6 +122,11 @@ class Stamp:
         doorbell = self._doorbell
         return doorbell.bump_and_wake if doorbell is not None else None
 
+    def spin(self, seen: int, seconds: float) -> bool:
+        """Busy-wait (bounded: `seconds`) until the doorbell moves past `seen`; answer whether it did."""
+        doorbell = self._doorbell
+        return doorbell.spin_while(seen, seconds) if doorbell is not None else True
+
     def wait(self, seen: int | None, timeout: float) -> None:
         """Sleep until the doorbell moves past `seen`, or `timeout` seconds.
 
