@@ -496,6 +496,8 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
     not_run: dict[str, dict[str, str]] = {}
     started = time.monotonic()
     pair = Pair()
+    sections = {"latency": 0.0, "throughput": 0.0, "probes": 0.0}  # seconds spent in each
+    mark = time.monotonic()
     try:
         for repeat in range(plan.repeats):
             shift = repeat % len(transports)
@@ -514,6 +516,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     route = route_of(stats)
                     if route:
                         routes.setdefault(f"latency {label}", {}).setdefault(name, set()).add(route)
+            mark = _lap(sections, "latency", mark)
             cases = [(size, count, batches, False) for size, count, batches in plan.throughput]
             cases += [(size, count, batches, True) for size, count, batches in plan.bursts]
             for size, count, batches, burst in cases:
@@ -562,6 +565,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                         reuse.setdefault(label, {}).setdefault(name, []).append(
                             {"messages": (batches + 1) * count, "fallback_reused": reused}
                         )
+            mark = _lap(sections, "throughput", mark)
             counter += 1
             probes = run_probes(pair, plan, f"b{token}{counter:05d}", copy_sizes)
             for label, by_kind in probes["copies"].items():
@@ -575,6 +579,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             wake_after_put_ns.extend(probes["wake_after_put_ns"])
             if probes["idle_cpu_fraction"] is not None:
                 idle_fractions.append(probes["idle_cpu_fraction"])
+            mark = _lap(sections, "probes", mark)
             print(
                 f"repeat {repeat + 1}/{plan.repeats} done after {time.monotonic() - started:.0f} s",
                 file=log,
@@ -617,7 +622,15 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
         "tree_encoded_bytes": tree_size,
         "pinned_cpus": {who: info["cpus"] for who, info in pair.info.items()},
         "seconds": round(time.monotonic() - started, 1),
+        "section_seconds": {name: round(value, 1) for name, value in sections.items()},
     }
+
+
+def _lap(sections: dict[str, float], name: str, mark: float) -> float:
+    """Add the time since `mark` to `sections[name]`; the new mark."""
+    now = time.monotonic()
+    sections[name] += now - mark
+    return now
 
 
 def _rate_summary(rates: list[float]) -> dict[str, float]:
