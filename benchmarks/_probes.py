@@ -218,3 +218,36 @@ def _all_taken(connector: Any) -> bool:
         return True
     stats = ring.statistics()
     return bool(stats.published_frames == 0 and stats.claimed_frames == 0)
+
+
+def ring_lockstep_rate(max_examples: int | None) -> dict[str, Any]:
+    """Steps per second of the ring lockstep machine (spec vs impl), one run in this process.
+
+    The suite's own run (`model_tests/test_ring_lockstep.py`, the "ring-ci"
+    profile) unless `max_examples` is given (fewer examples of the same
+    profile: the smoke run). Answers the steps, seconds and rate, or why it
+    did not run (the test dependencies are not installed, or the machine
+    failed: then model and implementation disagree, which the suite reports).
+    """
+    try:
+        from hypothesis import settings
+
+        from shmring.model_tests import ring_machine
+        from shmring.model_tests.machine_runs import run_machine
+    except ImportError as error:
+        return {"not_run": f"the lockstep machine needs the test dependencies ({error})"}
+    profile = ring_machine.CI_PROFILE
+    if max_examples is not None:
+        profile = f"{ring_machine.CI_PROFILE}-bench-{max_examples}"
+        settings.register_profile(
+            profile, settings.get_profile(ring_machine.CI_PROFILE), max_examples=max_examples
+        )
+    run = run_machine(ring_machine, ring_machine.RingLockstepMachine, profile)
+    if run.error is not None:
+        return {"not_run": f"the machine failed: {type(run.error).__name__}: {run.error}"}
+    return {
+        "profile": profile,
+        "steps": run.steps,
+        "seconds": run.seconds,
+        "steps_per_s": run.steps / run.seconds if run.seconds > 0 else None,
+    }

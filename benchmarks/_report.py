@@ -12,8 +12,8 @@ from `markdown()` instead of retyped. Two kinds of baseline appear:
   rows against them say so (``source: external``) -- a ratio across runs,
   weaker than the side-by-side ones.
 
-The lockstep machines' steps/s target is measured by the test suite, not
-here; its row points there.
+The lockstep target (the ring machine's steps/s) is one run of the suite's
+ring machine in the parent process (`_probes.ring_lockstep_rate`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ OWNED_VS_ICEORYX2 = ("64 KiB", "1 MiB", "16 MiB")
 SEED_RING_ONE_WAY_US = {"tree": 104.0, "64 B": 25.0, "4 KiB": 33.0, "64 KiB": 40.0}
 VLLM_QUEUE_MIB_S = {"16 MiB": 6200 * MB_TO_MIB, "256 MiB": 1430 * MB_TO_MIB}
 EXTERNAL_SOURCE = "issue 13's table (measured outside this repository, another run)"
-SUITE_SOURCE = "the test suite (pytest model_tests/test_ring_lockstep.py -s prints steps/s)"
 IDLE_CPU_LIMIT = 0.05  # "idle-cheap": a busy loop is ~1.0 of a core; 5% is a bounded spin
 LOCKSTEP_STEPS_S = 2000
 
@@ -211,19 +210,22 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             1.0 if idle is not None else None,
             IDLE_CPU_LIMIT,
             True,
-            unit="of a core",
+            unit="fraction",
         )
     )
+    lockstep = result.get("ring_lockstep", {})
+    rate = lockstep.get("steps_per_s")
     rows.append(
         _row(
             f"ring lockstep machine >= {LOCKSTEP_STEPS_S:,} steps/s",
             "spec vs impl",
-            "-",
-            None,
-            None,
+            f"profile {lockstep.get('profile', '-')}",
+            rate,
+            1.0 if rate is not None else None,
             float(LOCKSTEP_STEPS_S),
             False,
-            SUITE_SOURCE,
+            unit="steps/s",
+            not_run=lockstep.get("not_run"),
         )
     )
     return rows
@@ -241,8 +243,10 @@ def _verdict(row: dict[str, Any]) -> str:
 def _ratio_text(row: dict[str, Any]) -> str:
     if row["ratio"] is None:
         return "-"
+    if row.get("unit") == "fraction":
+        return f"{row['ratio']:.2%} of a core"
     if row.get("unit"):
-        return f"{row['ratio']:.2%} {row['unit']}"
+        return f"{row['ratio']:,.0f} {row['unit']}"
     text = f"{row['ratio']:.2f}x"
     if row.get("p99_ratio") is not None:
         text += f" [p99 {row['p99_ratio']:.2f}x]"
@@ -253,8 +257,10 @@ def _ratio_text(row: dict[str, Any]) -> str:
 
 def _limit_text(row: dict[str, Any]) -> str:
     sign = "<=" if row["at_most"] else ">="
-    if row.get("unit"):
+    if row.get("unit") == "fraction":
         return f"{sign} {row['limit']:.0%}"
+    if row.get("unit"):
+        return f"{sign} {row['limit']:,.0f}"
     return f"{sign} {row['limit']:g}" + ("" if row["limit"] >= 100 else "x")
 
 
@@ -340,8 +346,14 @@ def _notes(result: dict[str, Any]) -> list[str]:
     sources = {row["source"] for row in result["targets"]}
     if EXTERNAL_SOURCE in sources:
         lines.append(f"- (external) baselines: {EXTERNAL_SOURCE}; a ratio across runs")
-    if SUITE_SOURCE in sources:
-        lines.append(f"- lockstep steps/s: not measured here; see {SUITE_SOURCE}")
+    lockstep = result.get("ring_lockstep", {})
+    if "not_run" in lockstep:
+        lines.append(f"- ring lockstep machine: not run: {lockstep['not_run']}")
+    elif lockstep:
+        lines.append(
+            f"- ring lockstep machine: {lockstep['steps']} steps in {lockstep['seconds']:.1f} s "
+            f"(profile {lockstep['profile']}, in the parent process after the workers exit)"
+        )
     return lines
 
 
@@ -368,11 +380,11 @@ def table(result: dict[str, Any], transports: list[str]) -> str:
 def markdown(result: dict[str, Any], transports: list[str]) -> str:
     """A snippet for docs/performance.md: how the run was made, its tables, the target table."""
     host = result.get("host", {})
-    load = host.get("load_average_1m", ["?", "?"])
+    load = [f"{value:.2f}" for value in host.get("load_average_1m", [])] or ["?", "?"]
     lines = [
         f"Run {result.get('date', '?')}, `{result.get('command', '')}` "
         f"({result.get('plan', {}).get('repeats', '?')} interleaved repeats, "
-        f"{result.get('seconds', '?')} s; load average {load[0]:.2f} before, {load[1]:.2f} after; "
+        f"{result.get('seconds', '?')} s; load average {load[0]} before, {load[-1]} after; "
         f"Python {host.get('python', '?')}, {host.get('cpus', '?')} CPUs, "
         f"kernel {host.get('kernel', '?')}). Medians; ratios are of medians in this one run.",
         "",

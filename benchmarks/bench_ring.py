@@ -80,6 +80,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _probes  # noqa: E402
 from _harness import summarize, worker_main  # noqa: E402
 from _report import markdown, table, targets, write_plot  # noqa: E402
+from _space import space_shortfall  # noqa: E402
 from _transports import (  # noqa: E402
     BYTES,
     SHM_ROOT,
@@ -94,14 +95,9 @@ KIB = 1024
 MIB = 1024 * KIB
 LATENCY_CAPACITY = 4 * MIB
 THROUGHPUT_CAPACITY = 64 * MIB
-GIB = 1024 * MIB
 CONTROL_TIMEOUT_S = 600.0  # one control step (a whole batch); the workers' own deadlines come first
 
 PROBE_TIMEOUT_S = 60.0  # one wake-up or futex round trip; a watchdog, not a bound
-# Cases holding this much at once check the free space first (`space_shortfall`).
-SPACE_CHECK_FROM = 256 * MIB
-SHM_MARGIN = 512 * MIB
-MEMORY_MARGIN = 2 * GIB
 
 LATENCY_PAYLOADS = (
     ("tree", TREE, 0),
@@ -133,6 +129,8 @@ class Plan:
     wake_count: int = 100  # timed ones per repeat
     wake_gap_s: float = 0.002  # idle before each (>= 10x the receiver's spin)
     idle_s: float = 0.2  # the idle get_with_deadline whose CPU time is measured
+    # Examples of the ring lockstep machine's steps/s run (None: the suite's profile).
+    lockstep_examples: int | None = None
 
 
 def make_plan(mode: str, repeats: int | None) -> Plan:
@@ -149,6 +147,7 @@ def make_plan(mode: str, repeats: int | None) -> Plan:
             wake_warm=3,
             wake_count=10,
             idle_s=0.05,
+            lockstep_examples=3,
         )
     if mode == "quick":
         return Plan(
@@ -340,47 +339,6 @@ def route_of(stats: dict[str, Any]) -> str | None:
         return next(iter(received))
     parts = ", ".join(f"{route} {count}" for route, count in sorted(received.items()))
     return f"mixed ({parts})"
-
-
-def _shm_free_bytes() -> int:
-    info = os.statvfs(SHM_ROOT)
-    return info.f_bavail * info.f_frsize
-
-
-def _memory_available_bytes() -> int | None:
-    with contextlib.suppress(OSError), open("/proc/meminfo") as stream:
-        for line in stream:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * KIB
-    return None
-
-
-def space_shortfall(size: int, in_flight: int) -> str | None:
-    """Why a case that holds `in_flight` messages of `size` bytes at once cannot run now, if so.
-
-    Every transport here keeps what is in flight in memory: tmpfs files
-    (pool slots, fallback and per-key segments, iceoryx2's data segment) or
-    its own buffers (zmq, the Queue's pipe). So the case needs that many
-    bytes free in /dev/shm plus `SHM_MARGIN` and as much available memory
-    plus `MEMORY_MARGIN` (the producer's payload, the receiver's copy, the
-    workers themselves).
-    """
-    need = size * in_flight
-    if need < SPACE_CHECK_FROM:
-        return None
-    free = _shm_free_bytes()
-    if free < need + SHM_MARGIN:
-        return (
-            f"skipped: it holds up to {need / GIB:.2f} GiB at once; {SHM_ROOT} has "
-            f"{free / GIB:.2f} GiB free (needs {(need + SHM_MARGIN) / GIB:.2f})"
-        )
-    available = _memory_available_bytes()
-    if available is not None and available < need + MEMORY_MARGIN:
-        return (
-            f"skipped: it holds up to {need / GIB:.2f} GiB at once; {available / GIB:.2f} GiB of "
-            f"memory available (needs {(need + MEMORY_MARGIN) / GIB:.2f})"
-        )
-    return None
 
 
 def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[str, Any]:
@@ -587,6 +545,9 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
     finally:
         pair.close()
         _remove_leftovers(token)
+    print("ring lockstep machine (steps/s)", file=log)
+    lockstep = _probes.ring_lockstep_rate(plan.lockstep_examples)
+    sections["lockstep"] = lockstep.get("seconds", 0.0)
     return {
         "latency_us": {
             label: {
@@ -613,6 +574,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             if samples
         },
         "idle_cpu_fraction": _median(idle_fractions) if idle_fractions else None,
+        "ring_lockstep": lockstep,
         "routes": {
             case: {name: sorted(r) for name, r in by.items()} for case, by in routes.items()
         },

@@ -4,8 +4,8 @@ Not a timing test: nothing here looks at a number except to check that it
 was measured. It runs `benchmarks/bench_ring.py --smoke` once (one repeat, a
 few round trips of the tree and of 64 B, one small 64 KiB batch, a 1 MiB x20
 burst on a 4 MiB ring so the connector's large-payload path carries it, the
-single-thread copy, futex and wake-up probes, the PNG plot and the markdown
-snippet) in a child process, and each test checks one part of what it
+single-thread copy, futex and wake-up probes, a short run of the ring
+lockstep machine, the PNG plot and the markdown snippet) in a child process, and each test checks one part of what it
 wrote, so a change to the ring, the connector or the codec that breaks the
 benchmark scripts fails CI instead of being found at the next measurement.
 Transports whose package (or, for ``connector/borrow``, whose API) is
@@ -184,7 +184,10 @@ def test_bench_ring_smoke_target_table_has_every_target(
     assert wake["ratio"] is not None and wake["p50_ratio"] is not None
     idle = [row for (target, _), row in rows.items() if "idle-cheap" in target]
     assert len(idle) == 1 and idle[0]["ratio"] == result["idle_cpu_fraction"]
-    assert any("lockstep" in target for target, _ in rows)
+    # The lockstep rate: the suite's ring machine, a few examples in the smoke run.
+    (lockstep,) = [row for (target, _), row in rows.items() if "lockstep" in target]
+    assert result["ring_lockstep"]["steps"] > 0
+    assert lockstep["ratio"] == result["ring_lockstep"]["steps_per_s"] > 0
     for row in result["targets"]:
         if row["ratio"] is not None:
             within = (
