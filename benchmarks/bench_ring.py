@@ -24,7 +24,7 @@ cores (`_harness.py`):
   ending with its own copy of each: per repeat an untimed batch, then one
   or more timed batches (three for the small sizes, whose batches last only
   milliseconds); median and worst over all timed batches;
-* bursts (``16 MiB x64 burst``, ``256 MiB x10 burst``): the producer sends
+* bursts (``16 MiB x64 burst``, ``256 MiB x8 burst``): the producer sends
   a whole batch before the receiver starts, so every message is in flight
   at once -- more than the connector's spare fallback files hold (16 of 16
   MiB by default); the JSON's ``routes`` and ``large_payload_health`` say
@@ -164,7 +164,7 @@ def make_plan(mode: str, repeats: int | None) -> Plan:
         50,
         400,
         ((64 * KIB, 512, 3), (MIB, 32, 3), (16 * MIB, 8, 1), (256 * MIB, 2, 1)),
-        ((16 * MIB, 64, 1), (256 * MIB, 10, 1)),
+        ((16 * MIB, 64, 1), (256 * MIB, 8, 1)),
         copy_count=10,
         wake_warm=20,
         wake_count=300,
