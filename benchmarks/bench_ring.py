@@ -157,6 +157,7 @@ def make_plan(mode: str, repeats: int | None) -> Plan:
             100,
             ((64 * KIB, 256, 2), (MIB, 16, 2), (16 * MIB, 4, 1)),
             ((16 * MIB, 24, 1),),
+            lockstep_examples=30,
         )
     return Plan(
         repeats or 5,
