@@ -343,6 +343,8 @@ def _notes(result: dict[str, Any]) -> list[str]:
             lines.append(f"- {name} {label}: {why}")
     for name, why in result["unavailable"].items():
         lines.append(f"- {name}: not run: {why}")
+    for label, why in result.get("copy_not_run", {}).items():
+        lines.append(f"- copy into shm, 1 thread, {label}: {why}")
     sources = {row["source"] for row in result["targets"]}
     if EXTERNAL_SOURCE in sources:
         lines.append(f"- (external) baselines: {EXTERNAL_SOURCE}; a ratio across runs")

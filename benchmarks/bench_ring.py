@@ -345,11 +345,12 @@ def route_of(stats: dict[str, Any]) -> str | None:
 def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[str, Any]:
     """One repeat of the reference measurements (`_probes`): copies, futex round trips, wake-ups."""
     copies: dict[str, dict[str, list[float]]] = {}
+    skipped: dict[str, str] = {}
     for size in sizes:
         label = size_label(size)
         reason = space_shortfall(size, 2)
         if reason:
-            copies[label] = {"skipped": [], "reason": reason}  # type: ignore[dict-item]
+            skipped[label] = reason
             continue
         for kind in ("warm", "fresh"):
             path = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-copy")
@@ -416,6 +417,7 @@ def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[s
     received = pair.wait("b")
     return {
         "copies": copies,
+        "copy_skipped": skipped,
         "futex_round_trip_ns": round_trips,
         "wake_ns": [
             r - s for r, s in zip(received["received_ns"], sent["put_started_ns"], strict=True)
@@ -527,10 +529,8 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             mark = _lap(sections, "throughput", mark)
             counter += 1
             probes = run_probes(pair, plan, f"b{token}{counter:05d}", copy_sizes)
+            probe_skips.update(probes["copy_skipped"])
             for label, by_kind in probes["copies"].items():
-                if "reason" in by_kind:
-                    probe_skips[label] = by_kind["reason"]  # type: ignore[assignment]
-                    continue
                 for kind, rates in by_kind.items():
                     copies.setdefault(label, {}).setdefault(kind, []).extend(rates)
             futex_ns.extend(probes["futex_round_trip_ns"])
