@@ -34,9 +34,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+# The futex probe's two words, each the first word of its own file (no layout
+# to share): "<prefix>-ping" (a wakes b) and "<prefix>-pong" (b wakes a).
 FUTEX_FILE_BYTES = 4096
-FUTEX_PING_OFFSET = 0  # a -> b
-FUTEX_PONG_OFFSET = 64  # b -> a (another cache line)
+FUTEX_WORDS = ("ping", "pong")
 WAIT_SLICE_S = 1.0  # one FUTEX_WAIT; the loop re-checks the word after each
 
 
@@ -84,7 +85,14 @@ def _map_new(path: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
-def _words(path: str) -> tuple[mmap.mmap, Any, Any]:
+def futex_word_paths(prefix: str) -> tuple[str, str]:
+    """The ping and pong files of the futex probe named `prefix` (the parent makes both)."""
+    ping, pong = (f"{prefix}-{word}" for word in FUTEX_WORDS)
+    return ping, pong
+
+
+def _word(path: str) -> tuple[mmap.mmap, Any]:
+    """The futex word at the start of the file at `path`, and its mapping."""
     from shmring.impl.futex import FutexWord
 
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -92,7 +100,21 @@ def _words(path: str) -> tuple[mmap.mmap, Any, Any]:
         mapping = mmap.mmap(fd, FUTEX_FILE_BYTES)
     finally:
         os.close(fd)
-    return mapping, FutexWord(mapping, FUTEX_PING_OFFSET), FutexWord(mapping, FUTEX_PONG_OFFSET)
+    return mapping, FutexWord(mapping, 0)
+
+
+def _words(prefix: str) -> tuple[tuple[mmap.mmap, mmap.mmap], Any, Any]:
+    ping_path, pong_path = futex_word_paths(prefix)
+    ping_map, ping = _word(ping_path)
+    pong_map, pong = _word(pong_path)
+    return (ping_map, pong_map), ping, pong
+
+
+def _close_words(mappings: tuple[mmap.mmap, mmap.mmap], *words: Any) -> None:
+    for word in words:
+        word.close()
+    for mapping in mappings:
+        mapping.close()
 
 
 def _wait_change(word: Any, seen: int, deadline: float) -> int:
@@ -104,9 +126,9 @@ def _wait_change(word: Any, seen: int, deadline: float) -> int:
     return int(value)
 
 
-def futex_echo(control: Connection, path: str, count: int, timeout_s: float) -> None:
+def futex_echo(control: Connection, prefix: str, count: int, timeout_s: float) -> None:
     """Worker b: sleep until a's word moves, then move ours and wake a; `count` times."""
-    mapping, ping, pong = _words(path)
+    mappings, ping, pong = _words(prefix)
     try:
         seen = ping.load()
         control.send(("armed", None))
@@ -115,14 +137,12 @@ def futex_echo(control: Connection, path: str, count: int, timeout_s: float) -> 
             seen = _wait_change(ping, seen, deadline)
             pong.bump_and_wake()
     finally:
-        ping.close()
-        pong.close()
-        mapping.close()
+        _close_words(mappings, ping, pong)
 
 
-def futex_ping(path: str, warm: int, count: int, gap_s: float, timeout_s: float) -> list[int]:
+def futex_ping(prefix: str, warm: int, count: int, gap_s: float, timeout_s: float) -> list[int]:
     """Worker a: idle `gap_s` (b is asleep), wake b, sleep until b wakes us; round trips in ns."""
-    mapping, ping, pong = _words(path)
+    mappings, ping, pong = _words(prefix)
     clock = time.perf_counter_ns
     samples: list[int] = []
     try:
@@ -136,9 +156,7 @@ def futex_ping(path: str, warm: int, count: int, gap_s: float, timeout_s: float)
             if index >= warm:
                 samples.append(clock() - began)
     finally:
-        ping.close()
-        pong.close()
-        mapping.close()
+        _close_words(mappings, ping, pong)
     return samples
 
 

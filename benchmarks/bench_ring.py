@@ -360,16 +360,18 @@ def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[s
                 "copy_bandwidth",
                 {"path": path, "size": size, "copies": plan.copy_count, "fresh": kind == "fresh"},
             )
-    futex_path = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-futex")
-    with open(futex_path, "wb") as stream:
-        stream.truncate(_probes.FUTEX_FILE_BYTES)
+    futex_prefix = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-futex")
+    word_paths = _probes.futex_word_paths(futex_prefix)
     try:
+        for path in word_paths:
+            with open(path, "wb") as stream:
+                stream.truncate(_probes.FUTEX_FILE_BYTES)
         count = plan.wake_warm + plan.wake_count
         pair.send(
             "b",
             "probe",
             "futex_echo",
-            {"path": futex_path, "count": count, "timeout_s": PROBE_TIMEOUT_S},
+            {"prefix": futex_prefix, "count": count, "timeout_s": PROBE_TIMEOUT_S},
         )
         pair.wait("b", "armed")
         round_trips = pair.ask(
@@ -377,7 +379,7 @@ def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[s
             "probe",
             "futex_ping",
             {
-                "path": futex_path,
+                "prefix": futex_prefix,
                 "warm": plan.wake_warm,
                 "count": plan.wake_count,
                 "gap_s": plan.wake_gap_s,
@@ -386,7 +388,9 @@ def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[s
         )
         pair.wait("b")
     finally:
-        os.unlink(futex_path)
+        for path in word_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     scope = f"{case_id}w"
     pair.send(
         "b",
