@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+import _probes
 from _transports import (
     TRANSPORTS,
     TREE,
@@ -40,6 +41,8 @@ from _transports import (
     tree_equal,
 )
 
+# The `_probes` functions that wait for the peer and send "armed" first.
+_ARMED_PROBES = frozenset(("futex_echo", "wake_receive"))
 RECEIVE_TIMEOUT_S = 120.0  # one message; generous: 256 MiB through a pipe on a busy VM
 
 
@@ -177,6 +180,18 @@ class _Worker:
             gc.enable()
         return began
 
+    def probe(self, control: Connection, name: str, kwargs: dict[str, Any]) -> Any:
+        """One side of a reference measurement (`_probes`), the collector paused as for a case."""
+        function = getattr(_probes, name)
+        gc.collect()
+        gc.disable()
+        try:
+            if name in _ARMED_PROBES:  # the waiting side: tells the parent when it waits
+                return function(control, **kwargs)
+            return function(**kwargs)
+        finally:
+            gc.enable()
+
     def teardown(self) -> dict[str, Any]:
         transport, self.transport = self.transport, None
         if transport is None:
@@ -214,6 +229,8 @@ def worker_main(me: str, control: Connection, shared: dict[str, Any], cpu: int |
                 answer = worker.consume(control, *args)
             elif command == "produce":
                 answer = worker.produce(*args)
+            elif command == "probe":
+                answer = worker.probe(control, *args)
             elif command == "teardown":
                 answer = worker.teardown()
             else:

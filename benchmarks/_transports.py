@@ -8,8 +8,11 @@ message each, and `close` removes everything this process made. Messages are
 numbered; transports that address by key (the ring, the connector, per-key
 segments) use the number as the key, stream transports ignore it.
 
-What `recv` answers is always owned by the receiver: bytes (or a buffer the
-receiver alone holds, for zmq), or a decoded tree in fresh memory. Payloads
+What `recv` answers is owned by the receiver: bytes (or a buffer the
+receiver alone holds, for zmq), or a decoded tree in fresh memory -- except
+``connector/borrow``, which answers a borrowed read-only view and holds its
+delivery until the next receive (issue 13's borrowed receive; not run where
+the connector has no ``borrow`` parameter). Payloads
 are either ``bytes`` or the small tensor tree; transports with no tensor
 support carry the tree as bytes: the shmring codec for the shared-memory
 and socket baselines (so they pay the same serialization as shmring),
@@ -103,6 +106,7 @@ class Transport:
     # Whether a sender may put a whole burst before the receiver starts
     # (False: a bounded kernel buffer would block the sender for good).
     buffers_bursts = True
+    measures_latency = True  # False: throughput only (what it answers cannot be echoed)
 
     def __init__(self, spec: CaseSpec, me: str, peer: str, shared: dict[str, Any]) -> None:
         self.spec = spec
@@ -221,6 +225,7 @@ class ConnectorTransport(Transport):
         from shmring.impl.connector import Connector
 
         self._connector = Connector(self.spec.case_id, ring_capacity=self.spec.ring_capacity)
+        self._routes: dict[str, int] = {}
         return {}
 
     def send(self, seq: int, obj: Any) -> None:
@@ -230,24 +235,94 @@ class ConnectorTransport(Transport):
         got = self._connector.get_with_deadline(self.peer, self.me, str(seq), deadline=deadline)
         if not got:
             raise BenchTimeout(f"connector recv seq={seq}: {got.status}")
+        self._count_route(got)
         return got.value
 
+    def _count_route(self, got: Any) -> None:
+        """Tally where each delivery came from (`Delivery.route`: ring, pool, fallback)."""
+        route = got.route
+        name = route.name.lower() if route is not None else "unknown"
+        self._routes[name] = self._routes.get(name, 0) + 1
+
     def stats(self) -> dict[str, Any]:
+        """The health counters (issue 13's pool counters included where present), routes received."""
+        import dataclasses
+
         if self._connector is None:
             return {}
         health = self._connector.health()
-        return {
-            "ring_puts": health.ring_puts,
-            "fallbacks": health.fallbacks,
-            "ring_gets": health.ring_gets,
-            "fallback_reused": health.fallback_reused,
-            "fallback_mapping_hits": health.fallback_mapping_hits,
+        counters = {
+            field.name: getattr(health, field.name)
+            for field in dataclasses.fields(health)
+            if isinstance(getattr(health, field.name), int)
+            and not isinstance(getattr(health, field.name), bool)
         }
+        return {**counters, "received_routes": dict(self._routes)}
 
     def close(self) -> None:
         connector, self._connector = self._connector, None
         if connector is not None:
             connector.close()
+
+
+def borrow_supported() -> str | None:
+    """None when `Connector.get` and `get_with_deadline` take ``borrow``, else why not.
+
+    Borrowed receive is issue 13's; the bench runs before and after it
+    lands, so the row is reported as not run where the parameter is absent.
+    """
+    import inspect
+
+    from shmring.impl.connector import Connector
+
+    missing = [
+        name
+        for name in ("get", "get_with_deadline")
+        if "borrow" not in inspect.signature(getattr(Connector, name)).parameters
+    ]
+    if missing:
+        return f"Connector.{'/'.join(missing)} has no borrow parameter (no borrowed receive here)"
+    return None
+
+
+class ConnectorBorrowTransport(ConnectorTransport):
+    """`Connector.put` / `get_with_deadline(..., borrow=True)`: read-only views, no receive copy.
+
+    The receiver holds one borrowed delivery at a time, the way a consumer
+    that only reads (an encoder, a model step) would: each receive releases
+    the previous delivery (`Delivery.release()`) before it takes the next,
+    and `close` releases the last. What it answers is the delivered value
+    itself (a read-only view over shared memory for large payloads), valid
+    until the next receive; the harness only reads it. Measured for
+    throughput only: a ping-pong would send the borrowed view back.
+    """
+
+    name = "connector/borrow"
+    kinds = (BYTES,)
+    measures_latency = False
+    _held: Any = None
+
+    def recv(self, seq: int, deadline: float) -> Any:
+        self._release_held()
+        got = self._connector.get_with_deadline(
+            self.peer, self.me, str(seq), deadline=deadline, borrow=True
+        )
+        if not got:
+            raise BenchTimeout(f"connector/borrow recv seq={seq}: {got.status}")
+        self._held = got
+        self._count_route(got)
+        return got.value
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            release = getattr(held, "release", None)
+            if release is not None:
+                release()
+
+    def close(self) -> None:
+        self._release_held()
+        super().close()
 
 
 class ConnectorPollTransport(ConnectorTransport):
@@ -261,6 +336,7 @@ class ConnectorPollTransport(ConnectorTransport):
         while True:
             got = get(self.peer, self.me, key)
             if got:
+                self._count_route(got)
                 return got.value
             if time.monotonic() >= deadline:
                 raise BenchTimeout(f"connector/poll recv seq={seq}: {got.status}")
@@ -659,6 +735,7 @@ TRANSPORTS: dict[str, type[Transport]] = {
     RingRaw.name: RingRaw,
     ConnectorTransport.name: ConnectorTransport,
     ConnectorPollTransport.name: ConnectorPollTransport,
+    ConnectorBorrowTransport.name: ConnectorBorrowTransport,
     ShmPerKey.name: ShmPerKey,
     ShmPerKeyLocked.name: ShmPerKeyLocked,
     ShmPerKeyPickle.name: ShmPerKeyPickle,
@@ -678,4 +755,6 @@ def transport_unavailable(name: str) -> str | None:
             return f"pyzmq not installed ({error})"
     if name == "iceoryx2":
         return iceoryx2_available()
+    if name == ConnectorBorrowTransport.name:
+        return borrow_supported()
     return None

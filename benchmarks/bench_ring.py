@@ -2,9 +2,12 @@
 
 Transports: the raw ring channel (`RingChannel` / `RingReader`, codec into
 and out of the frame), the `Connector` (routing, discovery, codec; its ring
-path while frames fit, the per-key fallback when they do not) received two
-ways (`get_with_deadline`, which spins briefly and then sleeps on the
-doorbell, and ``connector/poll``, a busy loop of plain `get`), per-key POSIX
+path while frames fit, its large-payload path -- the pool where it has one,
+else the per-key fallback -- when they do not) received three ways
+(`get_with_deadline`, which spins briefly and then sleeps on the doorbell;
+``connector/poll``, a busy loop of plain `get`; ``connector/borrow``,
+`get_with_deadline(..., borrow=True)`, throughput only, not run where the
+connector has no ``borrow`` parameter), per-key POSIX
 SHM segments (vllm-omni's SharedMemoryConnector pattern), a
 `multiprocessing.Pipe`, a `multiprocessing.Queue`, pyzmq PAIR over ipc://,
 and iceoryx2 publish-subscribe when it is installed (the optional extra).
@@ -21,28 +24,39 @@ cores (`_harness.py`):
   ending with its own copy of each: per repeat an untimed batch, then one
   or more timed batches (three for the small sizes, whose batches last only
   milliseconds); median and worst over all timed batches;
-* bursts (``16 MiB x32 burst``): the producer sends a whole batch before
-  the receiver starts, so every message is in flight at once -- more than
-  the connector's spare fallback files hold (16 of 16 MiB by default); the
-  JSON's ``burst_fallback_reuse`` says how many puts reused a file.
-  Transports with a bounded kernel buffer (the Pipe) cannot take a burst.
+* bursts (``16 MiB x64 burst``, ``256 MiB x8 burst``): the producer sends
+  a whole batch before the receiver starts, so every message is in flight
+  at once -- more than the connector's spare fallback files hold (16 of 16
+  MiB by default); the JSON's ``routes`` and ``large_payload_health`` say
+  which path carried them (ring, pool, fallback) and the producer's
+  counters. Transports with a bounded kernel buffer (the Pipe) cannot take
+  a burst. A case that would hold more than /dev/shm or memory has free is
+  skipped with the reason (`space_shortfall`);
+* reference measurements (`_probes.py`): a single-thread copy of each large
+  payload into a mapped shm buffer (the producer side alone, the borrowed
+  target's baseline), a futex round trip between the two workers, and the
+  wake-up of a receiver asleep in `get_with_deadline` (plus the CPU an idle
+  wait costs).
 
 Next to ``--json out.json`` it writes ``out.png`` (or ``--plot PATH``):
 latency and throughput per transport and size (matplotlib, the [bench]
-extra). The targets printed at the end are issue 13's: the connector
-within 10% of the raw ring and at most iceoryx2 per latency payload, and at
-least iceoryx2's throughput at 64 KiB, 1 MiB, 16 MiB and in the bursts.
+extra), and ``out.md`` (or ``--markdown PATH``): the tables and issue 13's
+target table for docs/performance.md. The target table (`_report.targets`:
+every target of issue 13, its ratio, met or missed) is printed at the end
+and stored in the JSON.
 
 Repeats interleave: each repeat runs every case of every transport, the
 transport order rotated per repeat, so machine noise hits all alike.
 
-    .venv/bin/python benchmarks/bench_ring.py [--quick | --smoke] [--repeats N] [--json out.json] [--plot out.png]
+    .venv/bin/python benchmarks/bench_ring.py [--quick | --smoke] [--repeats N] [--json out.json]
+        [--plot out.png] [--markdown out.md] [--transports a,b,...]
 
 Ring capacity: 4 MiB (the connector's default) for latency, 64 MiB (the
-maximum) for throughput. A frame larger than capacity/4 is not admitted, so
+maximum) for throughput (4 MiB in ``--smoke``, so its 1 MiB burst takes the
+large-payload path). A frame larger than capacity/4 is not admitted, so
 16 MiB and 256 MiB messages do not fit any ring: the raw channel cannot send
-them (shown as n/a) and the connector sends them through its per-key
-fallback (the table says which route each connector cell took).
+them (shown as n/a) and the connector sends them by its large-payload path
+(the table says which route each connector cell took).
 """
 
 from __future__ import annotations
@@ -63,7 +77,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _probes  # noqa: E402
 from _harness import summarize, worker_main  # noqa: E402
+from _report import markdown, table, targets, write_plot  # noqa: E402
+from _space import space_shortfall  # noqa: E402
 from _transports import (  # noqa: E402
     BYTES,
     SHM_ROOT,
@@ -79,6 +96,8 @@ MIB = 1024 * KIB
 LATENCY_CAPACITY = 4 * MIB
 THROUGHPUT_CAPACITY = 64 * MIB
 CONTROL_TIMEOUT_S = 600.0  # one control step (a whole batch); the workers' own deadlines come first
+
+PROBE_TIMEOUT_S = 60.0  # one wake-up or futex round trip; a watchdog, not a bound
 
 LATENCY_PAYLOADS = (
     ("tree", TREE, 0),
@@ -102,11 +121,34 @@ class Plan:
     # receiver starts, so all of them are in flight at once (more than the
     # connector's spare fallback files hold: 16 of 16 MiB by default).
     bursts: tuple[tuple[int, int, int], ...] = ()
+    # Ring capacity of the throughput cases (64 MiB: the largest; smoke: 4 MiB,
+    # the connector's default, so its 1 MiB burst takes the large-payload path).
+    throughput_capacity: int = THROUGHPUT_CAPACITY
+    copy_count: int = 5  # timed single-thread copies per size and repeat (`_probes`)
+    wake_warm: int = 10  # untimed wake-ups / futex round trips per repeat
+    wake_count: int = 100  # timed ones per repeat
+    wake_gap_s: float = 0.002  # idle before each (>= 10x the receiver's spin)
+    idle_s: float = 0.2  # the idle get_with_deadline whose CPU time is measured
+    # Examples of the ring lockstep machine's steps/s run (None: the suite's profile).
+    lockstep_examples: int | None = None
 
 
 def make_plan(mode: str, repeats: int | None) -> Plan:
     if mode == "smoke":  # the smallest sizes, one repeat: the scripts cannot rot
-        return Plan(repeats or 1, LATENCY_PAYLOADS[:2], 2, 5, ((64 * KIB, 4, 1),), ((MIB, 4, 1),))
+        return Plan(
+            repeats or 1,
+            LATENCY_PAYLOADS[:2],
+            2,
+            5,
+            ((64 * KIB, 4, 1),),
+            ((MIB, 20, 1),),
+            throughput_capacity=LATENCY_CAPACITY,
+            copy_count=2,
+            wake_warm=3,
+            wake_count=10,
+            idle_s=0.05,
+            lockstep_examples=3,
+        )
     if mode == "quick":
         return Plan(
             repeats or 3,
@@ -115,6 +157,7 @@ def make_plan(mode: str, repeats: int | None) -> Plan:
             100,
             ((64 * KIB, 256, 2), (MIB, 16, 2), (16 * MIB, 4, 1)),
             ((16 * MIB, 24, 1),),
+            lockstep_examples=30,
         )
     return Plan(
         repeats or 5,
@@ -122,7 +165,11 @@ def make_plan(mode: str, repeats: int | None) -> Plan:
         50,
         400,
         ((64 * KIB, 512, 3), (MIB, 32, 3), (16 * MIB, 8, 1), (256 * MIB, 2, 1)),
-        ((16 * MIB, 32, 1),),
+        ((16 * MIB, 64, 1), (256 * MIB, 8, 1)),
+        copy_count=10,
+        wake_warm=20,
+        wake_count=300,
+        idle_s=0.5,
     )
 
 
@@ -282,16 +329,109 @@ def run_throughput(
 
 
 def route_of(stats: dict[str, Any]) -> str | None:
-    """Which way the connector's puts went, from the producer's health counters."""
-    producer = stats.get("a", {})
-    if "ring_puts" not in producer:
+    """Which way the connector's messages came, from what its receivers counted per delivery."""
+    received: dict[str, int] = {}
+    for side in stats.values():
+        for route, count in side.get("received_routes", {}).items():
+            received[route] = received.get(route, 0) + count
+    if not received:
         return None
-    ring, fallback = producer["ring_puts"], producer["fallbacks"]
-    if fallback == 0:
-        return "ring"
-    if ring == 0:
-        return "fallback"
-    return f"mixed ({fallback}/{ring + fallback} fallback)"
+    if len(received) == 1:
+        return next(iter(received))
+    parts = ", ".join(f"{route} {count}" for route, count in sorted(received.items()))
+    return f"mixed ({parts})"
+
+
+def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[str, Any]:
+    """One repeat of the reference measurements (`_probes`): copies, futex round trips, wake-ups."""
+    copies: dict[str, dict[str, list[float]]] = {}
+    skipped: dict[str, str] = {}
+    for size in sizes:
+        label = size_label(size)
+        reason = space_shortfall(size, 2)
+        if reason:
+            skipped[label] = reason
+            continue
+        for kind in ("warm", "fresh"):
+            path = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-copy")
+            copies.setdefault(label, {})[kind] = pair.ask(
+                "a",
+                "probe",
+                "copy_bandwidth",
+                {"path": path, "size": size, "copies": plan.copy_count, "fresh": kind == "fresh"},
+            )
+    futex_prefix = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-futex")
+    word_paths = _probes.futex_word_paths(futex_prefix)
+    try:
+        for path in word_paths:
+            with open(path, "wb") as stream:
+                stream.truncate(_probes.FUTEX_FILE_BYTES)
+        count = plan.wake_warm + plan.wake_count
+        pair.send(
+            "b",
+            "probe",
+            "futex_echo",
+            {"prefix": futex_prefix, "count": count, "timeout_s": PROBE_TIMEOUT_S},
+        )
+        pair.wait("b", "armed")
+        round_trips = pair.ask(
+            "a",
+            "probe",
+            "futex_ping",
+            {
+                "prefix": futex_prefix,
+                "warm": plan.wake_warm,
+                "count": plan.wake_count,
+                "gap_s": plan.wake_gap_s,
+                "timeout_s": PROBE_TIMEOUT_S,
+            },
+        )
+        pair.wait("b")
+    finally:
+        for path in word_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    scope = f"{case_id}w"
+    pair.send(
+        "b",
+        "probe",
+        "wake_receive",
+        {
+            "scope": scope,
+            "warm": plan.wake_warm,
+            "count": plan.wake_count,
+            "idle_s": plan.idle_s,
+            "timeout_s": PROBE_TIMEOUT_S,
+        },
+    )
+    pair.wait("b", "armed")
+    sent = pair.ask(
+        "a",
+        "probe",
+        "wake_send",
+        {
+            "scope": scope,
+            "warm": plan.wake_warm,
+            "count": plan.wake_count,
+            "gap_s": plan.wake_gap_s,
+            "idle_s": plan.idle_s,
+            "timeout_s": PROBE_TIMEOUT_S,
+        },
+    )
+    received = pair.wait("b")
+    return {
+        "copies": copies,
+        "copy_skipped": skipped,
+        "futex_round_trip_ns": round_trips,
+        "wake_ns": [
+            r - s for r, s in zip(received["received_ns"], sent["put_started_ns"], strict=True)
+        ],
+        "wake_after_put_ns": [
+            r - s for r, s in zip(received["received_ns"], sent["put_returned_ns"], strict=True)
+        ],
+        "idle_cpu_fraction": received["idle_cpu_fraction"],
+        "wake_gap_s": sent["gap_s"],
+    }
 
 
 def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, Any]:
@@ -308,18 +448,29 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
     }
     for size, count, _ in plan.bursts:
         throughput[burst_label(size, count)] = {t: [] for t in transports}
+    copy_sizes = sorted({size for size, _, _ in (*plan.throughput, *plan.bursts) if size >= MIB})
+    copies: dict[str, dict[str, list[float]]] = {}
+    probe_skips: dict[str, str] = {}
+    futex_ns: list[int] = []
+    wake_ns: list[int] = []
+    wake_after_put_ns: list[int] = []
+    idle_fractions: list[float] = []
     routes: dict[str, dict[str, set[str]]] = {}
     reuse: dict[str, dict[str, list[dict[str, int]]]] = {}  # bursts: files reused per case
+    health: dict[str, dict[str, list[dict[str, int]]]] = {}  # large cases: the producer's counters
     not_run: dict[str, dict[str, str]] = {}
     started = time.monotonic()
     pair = Pair()
+    sections = {"latency": 0.0, "throughput": 0.0, "probes": 0.0}  # seconds spent in each
+    mark = time.monotonic()
     try:
         for repeat in range(plan.repeats):
             shift = repeat % len(transports)
             order = transports[shift:] + transports[:shift]
             for label, kind, size in plan.latency_payloads:
                 for name in order:
-                    if kind not in TRANSPORTS[name].kinds:
+                    transport = TRANSPORTS[name]
+                    if kind not in transport.kinds or not transport.measures_latency:
                         continue
                     counter += 1
                     spec = CaseSpec(
@@ -330,6 +481,7 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                     route = route_of(stats)
                     if route:
                         routes.setdefault(f"latency {label}", {}).setdefault(name, set()).add(route)
+            mark = _lap(sections, "latency", mark)
             cases = [(size, count, batches, False) for size, count, batches in plan.throughput]
             cases += [(size, count, batches, True) for size, count, batches in plan.bursts]
             for size, count, batches, burst in cases:
@@ -343,17 +495,20 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                             "a bounded kernel buffer: the sender would block before the receiver starts"
                         )
                         continue
-                    if name == "ring" and not ring_admits(
-                        THROUGHPUT_CAPACITY, size, (batches + 1) * count
-                    ):
+                    capacity = plan.throughput_capacity
+                    if name == "ring" and not ring_admits(capacity, size, (batches + 1) * count):
                         not_run.setdefault(label, {})[name] = (
-                            f"not admitted: a {size_label(size)} frame exceeds capacity/4 of the largest ring (64 MiB)"
+                            f"not admitted: a {size_label(size)} frame exceeds capacity/4 of the "
+                            f"{size_label(capacity)} ring"
                         )
                         continue
+                    reason = space_shortfall(size, count)
+                    if reason:
+                        not_run.setdefault(label, {})[name] = reason
+                        print(f"{name} {label}: {reason}", file=log)
+                        continue
                     counter += 1
-                    spec = CaseSpec(
-                        f"b{token}{counter:05d}", name, BYTES, size, THROUGHPUT_CAPACITY, count
-                    )
+                    spec = CaseSpec(f"b{token}{counter:05d}", name, BYTES, size, capacity, count)
                     rates, stats = run_throughput(pair, spec, count, batches, burst=burst)
                     throughput[label][name].extend(rates)
                     route = route_of(stats)
@@ -361,11 +516,33 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
                         routes.setdefault(f"throughput {label}", {}).setdefault(name, set()).add(
                             route
                         )
-                    reused = stats.get("a", {}).get("fallback_reused")
+                    producer = stats.get("a", {})
+                    if "puts" in producer and size >= MIB:
+                        health.setdefault(label, {}).setdefault(name, []).append(
+                            {
+                                key: value
+                                for key, value in producer.items()
+                                if key != "received_routes" and value
+                            }
+                        )
+                    reused = producer.get("fallback_reused")
                     if burst and reused is not None:
                         reuse.setdefault(label, {}).setdefault(name, []).append(
                             {"messages": (batches + 1) * count, "fallback_reused": reused}
                         )
+            mark = _lap(sections, "throughput", mark)
+            counter += 1
+            probes = run_probes(pair, plan, f"b{token}{counter:05d}", copy_sizes)
+            probe_skips.update(probes["copy_skipped"])
+            for label, by_kind in probes["copies"].items():
+                for kind, rates in by_kind.items():
+                    copies.setdefault(label, {}).setdefault(kind, []).extend(rates)
+            futex_ns.extend(probes["futex_round_trip_ns"])
+            wake_ns.extend(probes["wake_ns"])
+            wake_after_put_ns.extend(probes["wake_after_put_ns"])
+            if probes["idle_cpu_fraction"] is not None:
+                idle_fractions.append(probes["idle_cpu_fraction"])
+            mark = _lap(sections, "probes", mark)
             print(
                 f"repeat {repeat + 1}/{plan.repeats} done after {time.monotonic() - started:.0f} s",
                 file=log,
@@ -373,6 +550,9 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
     finally:
         pair.close()
         _remove_leftovers(token)
+    print("ring lockstep machine (steps/s)", file=log)
+    lockstep = _probes.ring_lockstep_rate(plan.lockstep_examples)
+    sections["lockstep"] = lockstep.get("seconds", 0.0)
     return {
         "latency_us": {
             label: {
@@ -381,22 +561,47 @@ def run(plan: Plan, transports: list[str], log: Any = sys.stderr) -> dict[str, A
             for label, by in latency.items()
         },
         "throughput_mib_s": {
-            label: {
-                name: {"median": _median(rates), "worst": min(rates), "runs": len(rates)}
-                for name, rates in by.items()
-                if rates
-            }
+            label: {name: _rate_summary(rates) for name, rates in by.items() if rates}
             for label, by in throughput.items()
         },
+        "copy_mib_s": {
+            label: {kind: _rate_summary(rates) for kind, rates in by.items() if rates}
+            for label, by in copies.items()
+        },
+        "copy_not_run": probe_skips,
+        "wake_us": {
+            name: _scaled(summarize(samples), 1e-3)
+            for name, samples in (
+                ("futex round trip", futex_ns),
+                ("get_with_deadline wake", wake_ns),
+                ("get_with_deadline wake, from put's return", wake_after_put_ns),
+            )
+            if samples
+        },
+        "idle_cpu_fraction": _median(idle_fractions) if idle_fractions else None,
+        "ring_lockstep": lockstep,
         "routes": {
             case: {name: sorted(r) for name, r in by.items()} for case, by in routes.items()
         },
         "not_run": not_run,
         "burst_fallback_reuse": reuse,
+        "large_payload_health": health,
         "tree_encoded_bytes": tree_size,
         "pinned_cpus": {who: info["cpus"] for who, info in pair.info.items()},
         "seconds": round(time.monotonic() - started, 1),
+        "section_seconds": {name: round(value, 1) for name, value in sections.items()},
     }
+
+
+def _lap(sections: dict[str, float], name: str, mark: float) -> float:
+    """Add the time since `mark` to `sections[name]`; the new mark."""
+    now = time.monotonic()
+    sections[name] += now - mark
+    return now
+
+
+def _rate_summary(rates: list[float]) -> dict[str, float]:
+    return {"median": _median(rates), "worst": min(rates), "runs": len(rates)}
 
 
 def _median(values: list[float]) -> float:
@@ -426,188 +631,11 @@ def _remove_leftovers(token: str) -> None:
                             os.unlink(entry.path)
 
 
-# -- targets and tables --------------------------------------------------------------------
-
-
-CONNECTORS = ("connector", "connector/poll")
-
-
-def _ratio_row(
-    what: str,
-    ours: str,
-    cell: dict[str, float] | None,
-    base: dict[str, float] | None,
-    limit: float,
-    at_most: bool,
-    p99: bool = False,
-) -> dict[str, Any]:
-    if cell is None or base is None:
-        return {"target": what, "ours": ours, "ratio": None, "limit": limit, "met": None}
-    ratio = cell["median"] / base["median"]
-    row = {
-        "target": what,
-        "ours": ours,
-        "ratio": ratio,
-        "limit": limit,
-        "met": ratio <= limit if at_most else ratio >= limit,
-    }
-    if p99:
-        row["p99_ratio"] = cell["p99"] / base["p99"]
-    return row
-
-
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 13's targets as measured ratios; `met` is None where a side did not run.
-
-    Small messages: the connector (both receive styles) within 10% of the raw
-    ring and at most iceoryx2, per latency payload. Throughput: the connector
-    at least iceoryx2 at 64 KiB, 1 MiB, 16 MiB and in the bursts.
-    """
-    rows: list[dict[str, Any]] = []
-    for label, cells in result["latency_us"].items():
-        for ours in CONNECTORS:
-            cell = cells.get(ours)
-            for baseline, limit, what in (
-                ("ring", 1.1, f"{label} one-way latency <= raw ring + 10%"),
-                ("iceoryx2", 1.0, f"{label} one-way latency <= iceoryx2"),
-            ):
-                rows.append(
-                    _ratio_row(what, ours, cell, cells.get(baseline), limit, True, p99=True)
-                )
-    rates = result["throughput_mib_s"]
-    for label, cells in rates.items():
-        if label not in ("64 KiB", "1 MiB", "16 MiB") and "burst" not in label:
-            continue
-        for ours in CONNECTORS:
-            rows.append(
-                _ratio_row(
-                    f"{label} throughput >= iceoryx2",
-                    ours,
-                    cells.get(ours),
-                    cells.get("iceoryx2"),
-                    1.0,
-                    False,
-                )
-            )
-    return rows
-
-
-def write_plot(result: dict[str, Any], transports: list[str], path: str) -> None:
-    """Latency (median, p99 as a tick) and throughput (median) per transport and size, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    latency = result["latency_us"]
-    rates = result["throughput_mib_s"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(15, 5.5))
-    colors = plt.get_cmap("tab10")
-
-    def bars(axis: Any, groups: dict[str, dict[str, Any]], value: str, title: str) -> None:
-        labels = list(groups)
-        shown = [t for t in transports if any(t in groups[label] for label in labels)]
-        width = 0.8 / max(len(shown), 1)
-        for index, name in enumerate(shown):
-            xs, heights, p99s = [], [], []
-            for position, label in enumerate(labels):
-                cell = groups[label].get(name)
-                if cell is None:
-                    continue
-                xs.append(position + (index - (len(shown) - 1) / 2) * width)
-                heights.append(cell[value])
-                p99s.append(cell.get("p99"))
-            color = colors(transports.index(name) % 10)  # one colour per transport in both panels
-            axis.bar(xs, heights, width, label=name, color=color)
-            if value == "median" and all(p is not None for p in p99s) and axis is left:
-                axis.scatter(xs, p99s, marker="_", color="black", s=30, zorder=3)
-        axis.set_xticks(range(len(labels)))
-        axis.set_xticklabels(labels, rotation=15)
-        axis.set_yscale("log")
-        axis.set_title(title)
-        axis.grid(axis="y", which="both", alpha=0.3)
-
-    bars(left, latency, "median", "one-way latency, us (bar: median, tick: p99); lower is better")
-    bars(
-        right, rates, "median", "throughput, MiB/s, receiver owns a copy (median); higher is better"
-    )
-    left.legend(fontsize=8, ncol=2)
-    host = result.get("host", {})
-    figure.suptitle(
-        f"bench_ring.py {result.get('date', '')}: {result.get('command', '')} "
-        f"(load {host.get('load_average_1m', '?')})",
-        fontsize=9,
-    )
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def table(result: dict[str, Any], transports: list[str]) -> str:
-    lines = []
-    latency = result["latency_us"]
-    labels = list(latency)
-    lines.append("One-way latency, us (median / p99; half a ping-pong round trip)")
-    lines.append("")
-    lines.append("| transport | " + " | ".join(labels) + " |")
-    lines.append("|---|" + "---:|" * len(labels))
-    for name in transports:
-        cells = []
-        for label in labels:
-            cell = latency[label].get(name)
-            cells.append(f"{cell['median']:.1f} / {cell['p99']:.1f}" if cell else "-")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    rates = result["throughput_mib_s"]
-    if rates:
-        sizes = list(rates)
-        lines.append("")
-        lines.append("Throughput, MiB/s, receiver owns a copy (median, worst of all timed batches)")
-        lines.append("")
-        lines.append("| transport | " + " | ".join(sizes) + " |")
-        lines.append("|---|" + "---:|" * len(sizes))
-        for name in transports:
-            if not any(
-                name in rates[label] or name in result["not_run"].get(label, {}) for label in sizes
-            ):
-                continue  # a tree-only baseline
-            cells = []
-            for label in sizes:
-                cell = rates[label].get(name)
-                if cell is None:
-                    cells.append("n/a" if name in result["not_run"].get(label, {}) else "-")
-                    continue
-                text = f"{cell['median']:.0f} ({cell['worst']:.0f})"
-                route = result["routes"].get(f"throughput {label}", {}).get(name)
-                if route and route != ["ring"]:
-                    text += " " + "/".join(route)
-                cells.append(text)
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("Targets (ratio of medians; p99 ratio in brackets for latency)")
-    lines.append("")
-    for row in result["targets"]:
-        if row["ratio"] is None:
-            verdict = "not measured"
-            ratio = "-"
-        else:
-            verdict = "met" if row["met"] else "MISSED"
-            ratio = f"{row['ratio']:.3f}x"
-            if "p99_ratio" in row:
-                ratio += f" [{row['p99_ratio']:.3f}x]"
-        lines.append(f"- {row['target']} ({row['ours']}): {ratio} -> {verdict}")
-    for label, reasons in result["not_run"].items():
-        for name, why in reasons.items():
-            lines.append(f"- {name} {label}: {why}")
-    for name, why in result["unavailable"].items():
-        lines.append(f"- {name}: not run: {why}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
-        "--quick", action="store_true", help="fewer round trips, 3 repeats, no 256 MiB"
+        "--quick", action="store_true", help="fewer round trips, 3 repeats, no 256 MiB (~2.5 min)"
     )
     mode.add_argument(
         "--smoke", action="store_true", help="smallest sizes, 1 repeat (the CI smoke test)"
@@ -621,6 +649,11 @@ def main(argv: list[str] | None = None) -> int:
         "--plot",
         default=None,
         help="write the PNG plot here (default: next to --json, same name, .png)",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="write the docs/performance.md snippet here (default: next to --json, .md)",
     )
     args = parser.parse_args(argv)
     plan = make_plan("smoke" if args.smoke else "quick" if args.quick else "full", args.repeats)
@@ -660,7 +693,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json_path, "w") as stream:
             json.dump(result, stream, indent=2, sort_keys=False)
             stream.write("\n")
-    plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
+    stem = os.path.splitext(args.json_path)[0] if args.json_path else None
+    snippet = args.markdown or (stem + ".md" if stem else None)
+    if snippet:
+        with open(snippet, "w") as stream:
+            stream.write(markdown(result, transports))
+        print(f"markdown: {snippet}", file=sys.stderr)
+    plot = args.plot or (stem + ".png" if stem else None)
     if plot:
         try:
             write_plot(result, transports, plot)

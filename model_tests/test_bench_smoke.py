@@ -1,13 +1,15 @@
 """The host-ring benchmark still runs: every transport, every kind of case, smallest sizes.
 
 Not a timing test: nothing here looks at a number except to check that it
-was measured. It runs `benchmarks/bench_ring.py --smoke` (one repeat, a few
-round trips of the tree and of 64 B, one small 64 KiB batch, one small burst,
-the PNG plot) in a child
-process, so a change to the ring, the connector or the codec that breaks
-the benchmark scripts fails CI instead of being found at the next
-measurement. Transports whose package is missing are reported by the script
-as not run, and skipped here too.
+was measured. It runs `benchmarks/bench_ring.py --smoke` once (one repeat, a
+few round trips of the tree and of 64 B, one small 64 KiB batch, a 1 MiB x20
+burst on a 4 MiB ring so the connector's large-payload path carries it, the
+single-thread copy, futex and wake-up probes, a short run of the ring
+lockstep machine, the PNG plot and the markdown snippet) in a child process, and each test checks one part of what it
+wrote, so a change to the ring, the connector or the codec that breaks the
+benchmark scripts fails CI instead of being found at the next measurement.
+Transports whose package (or, for ``connector/borrow``, whose API) is
+missing are reported by the script as not run, and checked for that here.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,76 +28,174 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_ring.py"
 TIMEOUT_S = 300  # a watchdog against a hung worker, not a performance bound
 ICEORYX2_CONFIG_DIR = Path("/tmp/iceoryx2")
 
+ALL_TRANSPORTS = {
+    "ring",
+    "connector",
+    "connector/poll",
+    "connector/borrow",
+    "shm-per-key",
+    "shm-per-key+lock",
+    "shm-per-key/pickle",
+    "mp.Pipe",
+    "mp.Queue",
+    "zmq-ipc",
+    "iceoryx2",
+}
+TREE_ONLY = {"shm-per-key/pickle"}
+THROUGHPUT_ONLY = {"connector/borrow"}
 
-@pytest.fixture
-def iceoryx2_leaves_nothing() -> Iterator[None]:
-    """iceoryx2 keeps a global management file in /dev/shm and folders in /tmp;
-    remove the ones this test's run created, so the suite leaves both as it found them."""
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    """One `bench_ring.py --smoke` run for every test of it: its JSON, stdout, output folder."""
+    tmp_path = tmp_path_factory.mktemp("bench")
+    out = tmp_path / "bench.json"
     shm = Path("/dev/shm")
     before = {p.name for p in shm.glob("iox2_*")}
     had_config_dir = ICEORYX2_CONFIG_DIR.exists()
-    yield
-    for path in shm.glob("iox2_*"):
-        if path.name not in before:
-            path.unlink(missing_ok=True)
-    if not had_config_dir:
-        shutil.rmtree(ICEORYX2_CONFIG_DIR, ignore_errors=True)
-
-
-@pytest.mark.usefixtures("iceoryx2_leaves_nothing")
-def test_bench_ring_smoke_runs_every_case(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    completed = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=BENCH.parent.parent,
-        env={**os.environ, "PYTHONWARNINGS": "error::ResourceWarning"},
-    )
+    try:
+        completed = subprocess.run(
+            [sys.executable, str(BENCH), "--smoke", "--json", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            cwd=BENCH.parent.parent,
+            env={**os.environ, "PYTHONWARNINGS": "error::ResourceWarning"},
+        )
+    finally:
+        # iceoryx2 keeps a global management file in /dev/shm and folders in /tmp;
+        # remove the ones this run created, so the suite leaves both as it found them.
+        for path in shm.glob("iox2_*"):
+            if path.name not in before:
+                path.unlink(missing_ok=True)
+        if not had_config_dir:
+            shutil.rmtree(ICEORYX2_CONFIG_DIR, ignore_errors=True)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), completed.stdout, tmp_path
 
+
+def test_bench_ring_smoke_runs_every_case(smoke_run: tuple[dict[str, Any], str, Path]) -> None:
+    result, stdout, tmp_path = smoke_run
     transports = result["transports"]
     assert {"ring", "connector", "connector/poll", "shm-per-key", "mp.Pipe", "mp.Queue"} <= set(
         transports
     )
-    assert set(transports) | set(result["unavailable"]) == {
-        "ring",
-        "connector",
-        "connector/poll",
-        "shm-per-key",
-        "shm-per-key+lock",
-        "shm-per-key/pickle",
-        "mp.Pipe",
-        "mp.Queue",
-        "zmq-ipc",
-        "iceoryx2",
-    }
+    assert set(transports) | set(result["unavailable"]) == ALL_TRANSPORTS
     plan = result["plan"]
-    tree_only = {"shm-per-key/pickle"}
     for label in ("tree", "64 B"):
         measured = result["latency_us"][label]
-        expected = set(transports) if label == "tree" else set(transports) - tree_only
+        expected = set(transports) - THROUGHPUT_ONLY
+        if label != "tree":
+            expected -= TREE_ONLY
         assert set(measured) == expected, label
         for name, summary in measured.items():
             assert summary["n"] == plan["latency_count"], (label, name)
             assert 0 < summary["median"] <= summary["p99"], (label, name)
     rates = result["throughput_mib_s"]["64 KiB"]
-    assert set(rates) == set(transports) - tree_only
+    assert set(rates) == set(transports) - TREE_ONLY
     assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in rates.values())
     # The connector's 64 KiB frames fit its ring, and it says so.
     assert result["routes"]["throughput 64 KiB"]["connector"] == ["ring"]
-    # The burst: every transport that can buffer a whole batch ran it; the Pipe cannot.
-    (burst,) = [label for label in result["throughput_mib_s"] if "burst" in label]
-    bursts = result["throughput_mib_s"][burst]
-    assert set(bursts) == set(transports) - tree_only - {"mp.Pipe"}
-    assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in bursts.values())
-    assert "mp.Pipe" in result["not_run"][burst]
-    assert any(row["target"].startswith("tree one-way latency") for row in result["targets"])
-    assert "One-way latency" in completed.stdout and "Throughput" in completed.stdout
-    # The plot lies next to the JSON.
+    assert "One-way latency" in stdout and "Throughput" in stdout and "Wake-up" in stdout
+    # The plot and the markdown snippet lie next to the JSON.
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    snippet = (tmp_path / "bench.md").read_text()
+    assert "| target | ours | baseline | ratio | limit | verdict |" in snippet
+    for row in result["targets"]:
+        assert row["target"] in snippet and row["target"] in stdout
+
+
+def test_bench_ring_smoke_burst_takes_the_large_payload_path(
+    smoke_run: tuple[dict[str, Any], str, Path],
+) -> None:
+    """The smoke burst (1 MiB x20 on a 4 MiB ring) is refused by every ring: pool or fallback."""
+    result, _, _ = smoke_run
+    transports = set(result["transports"])
+    (burst,) = [label for label in result["throughput_mib_s"] if "burst" in label]
+    count = int(burst.split("x")[1].split()[0])
+    assert count > 16  # more in flight than the connector's 16 spare fallback files
+    bursts = result["throughput_mib_s"][burst]
+    assert set(bursts) == transports - TREE_ONLY - {"mp.Pipe", "ring"}
+    assert all(cell["runs"] == 1 and cell["median"] > 0 for cell in bursts.values())
+    assert "bounded kernel buffer" in result["not_run"][burst]["mp.Pipe"]
+    assert "not admitted" in result["not_run"][burst]["ring"]
+    for name in ("connector", "connector/poll"):
+        (route,) = result["routes"][f"throughput {burst}"][name]
+        assert "ring" not in route, (name, route)
+        (health,) = result["large_payload_health"][burst][name]
+        assert health["puts"] == 2 * count  # the untimed burst and the timed one
+
+
+def test_bench_ring_smoke_borrowed_row_runs_or_says_why(
+    smoke_run: tuple[dict[str, Any], str, Path],
+) -> None:
+    result, _, _ = smoke_run
+    (burst,) = [label for label in result["throughput_mib_s"] if "burst" in label]
+    (row,) = [r for r in result["targets"] if r["ours"] == "connector/borrow"]
+    assert row["target"].startswith(burst)
+    if "connector/borrow" in result["unavailable"]:
+        assert "borrow" in result["unavailable"]["connector/borrow"]
+        assert row["met"] is None and row["not_run"]
+        assert "connector/borrow" not in result["throughput_mib_s"]["64 KiB"]
+    else:
+        for label in ("64 KiB", burst):
+            cell = result["throughput_mib_s"][label]["connector/borrow"]
+            assert cell["runs"] == 1 and cell["median"] > 0, label
+        assert row["ratio"] is not None and row["met"] is not None
+
+
+def test_bench_ring_smoke_measures_the_reference_probes(
+    smoke_run: tuple[dict[str, Any], str, Path],
+) -> None:
+    """The producer-side copy, the futex round trip, the blocked get's wake-up, the idle CPU."""
+    result, _, _ = smoke_run
+    plan = result["plan"]
+    for kind in ("warm", "fresh"):
+        cell = result["copy_mib_s"]["1 MiB"][kind]
+        assert cell["runs"] == plan["copy_count"] and cell["median"] > 0, kind
+    for name in ("futex round trip", "get_with_deadline wake"):
+        summary = result["wake_us"][name]
+        assert summary["n"] == plan["wake_count"], name
+        assert 0 < summary["median"] <= summary["p99"], name
+    assert result["idle_cpu_fraction"] >= 0
+
+
+def test_bench_ring_smoke_target_table_has_every_target(
+    smoke_run: tuple[dict[str, Any], str, Path],
+) -> None:
+    """Every target of issue 13 is a row; rows whose inputs ran have a ratio and a verdict."""
+    result, _, _ = smoke_run
+    rows = {(row["target"], row["ours"]): row for row in result["targets"]}
+    measured_latency = [label for label, _, _ in result["plan"]["latency_payloads"]]
+    for label in ("tree", "64 B", "4 KiB", "64 KiB"):
+        for ours in ("connector", "connector/poll"):
+            for what in ("raw ring + 10%", "iceoryx2", "0.6x the seed's ring"):
+                row = rows[(f"{label} one-way latency <= {what}", ours)]
+                ran = label in measured_latency and (
+                    what == "0.6x the seed's ring" or row["baseline"] in result["transports"]
+                )
+                assert (row["ratio"] is not None) == ran, row
+    for ours in ("connector", "connector/poll"):
+        for label in ("64 KiB", "1 MiB", "16 MiB"):
+            assert (f"{label} throughput (owned) >= iceoryx2", ours) in rows
+        assert ("16 MiB throughput (owned) >= vLLM's queue", ours) in rows
+        assert ("256 MiB throughput (owned) >= the best peer", ours) in rows
+    wake = rows[("get_with_deadline wake-up p99 <= 2x a futex round trip p99", "connector")]
+    assert wake["ratio"] is not None and wake["p50_ratio"] is not None
+    idle = [row for (target, _), row in rows.items() if "idle-cheap" in target]
+    assert len(idle) == 1 and idle[0]["ratio"] == result["idle_cpu_fraction"]
+    # The lockstep rate: the suite's ring machine, a few examples in the smoke run.
+    (lockstep,) = [row for (target, _), row in rows.items() if "lockstep" in target]
+    assert result["ring_lockstep"]["steps"] > 0
+    assert lockstep["ratio"] == result["ring_lockstep"]["steps_per_s"] > 0
+    for row in result["targets"]:
+        if row["ratio"] is not None:
+            within = (
+                row["ratio"] <= row["limit"] if row["at_most"] else row["ratio"] >= row["limit"]
+            )
+            assert row["met"] is within, row
+        else:
+            assert row["met"] is None, row
 
 
 def test_ring_steps_smoke_measures_every_step(tmp_path: Path) -> None:
