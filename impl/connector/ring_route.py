@@ -439,7 +439,7 @@ class RingRoute:
                 slot = (edge, producer)
                 if readers.pop(slot, None) is not reader:  # dropped under us: resolve afresh
                     self._edge_readers.clear()
-                    return self.claim_by_key(edge, key)
+                    return self.claim_by_key(edge, key, borrow)
                 assert reader is not None
                 readers[slot] = reader  # most recently used last, as `_reader` does
                 # A closed ring delivers nothing (`RingReader.get`); it is
