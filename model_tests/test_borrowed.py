@@ -203,11 +203,11 @@ def test_a_value_without_large_leaves_holds_nothing(pair: tuple[Connector, Conne
 def test_borrow_with_a_descriptor_and_with_a_deadline(pair: tuple[Connector, Connector]) -> None:
     producer, receiver = pair
     descriptor = producer.put(EDGE, "d", _tree(4))
-    got = receiver.get(EDGE, "d", descriptor=descriptor, borrow=True)
+    got = receiver.get(*EDGE, "d", descriptor=descriptor, borrow=True)  # (src, dst, key) form
     assert got.borrowed and _same(got.value, _tree(4))
     assert receiver.get(EDGE, "d", descriptor=descriptor, borrow=True).status is GetStatus.STALE
     producer.put(EDGE, "w", _tree(6))
-    waited = receiver.get_with_deadline(EDGE, "w", timeout=5.0, borrow=True)
+    waited = receiver.get_with_deadline(*EDGE, "w", timeout=5.0, borrow=True)
     assert waited.borrowed and _same(waited.value, _tree(6))
     assert _claimed(producer) == 2
     assert receiver.health().borrowed_live == 2

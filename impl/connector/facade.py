@@ -351,7 +351,7 @@ class Connector(BlockingGets):
         known = None
         if len(args) == 3 and type(args[0]) is str and type(args[1]) is str:
             known = EDGE_CACHE.get((args[0], args[1]))  # `split_edge`'s hot path, inline
-        if known is not None:
+        if known is not None and not borrow:
             return self._get(known, args[2], descriptor, None)
         edge, (key,) = split_edge(args, 1, "get")
         if borrow:
