@@ -35,8 +35,9 @@ The pool (issue 13) is drawn at setup: none, a tiny one (two slots of the
 small class: exhaustion and eviction come fast) or a roomy one, with
 classes of 4 and 8 KiB, so a payload the ring does not admit goes to a pool
 slot (route POOL), to the fallback when no slot is to be had or the ring is
-full for its reference, and sizes of 5000 and 9000 bytes meet the larger
-class and no class at all.
+full for its reference, and sizes just over the 4 KiB and the 8 KiB class's
+capacity (class + `layout.POOL_CLASS_HEADROOM`) meet the larger class and no
+class at all.
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ from shmring.spec.connector import (
     ConnectorPutStatus,
     Route,
 )
+from shmring.spec.layout import compute_slot_capacity
 from shmring.spec.pool import compute_slot_charge
 from shmring.spec.ring import PutStatus
 
+POOL_MIN_CLASS = 4096
+POOL_MAX_CLASS = 8192
 CAPACITIES = (0, 4096, 4096, 8192)  # 0: rings disabled, the fallback carries all
 BUDGETS = (0, 1500, 9000, 1 << 20, 1 << 20)  # nothing fits; two segments (a page each); plenty
 EDGES = (("a", "b"), ("a", "c"))
@@ -87,10 +91,11 @@ SIZES = st.one_of(
     st.sampled_from((8, 60, 400, 900, 960, 1000, 1900, 2100, 3000)),
     st.integers(600, 960),  # admitted by a 4096 ring, four of them fill it
     st.integers(8, 3000),
-    st.sampled_from((5000, 9000)),  # the 8 KiB pool class; no pool class
+    # The 8 KiB pool class; no pool class (a class holds class + headroom bytes).
+    st.sampled_from(
+        (compute_slot_capacity(POOL_MIN_CLASS) + 1000, compute_slot_capacity(POOL_MAX_CLASS) + 1000)
+    ),
 )
-POOL_MIN_CLASS = 4096
-POOL_MAX_CLASS = 8192
 # 0: no pool; two slots of the 4 KiB class; plenty (what a real deployment has).
 POOL_BUDGETS = (0, 2 * compute_slot_charge(POOL_MIN_CLASS), 1 << 20)
 # (what, target, errno) of a planned ring setup failure: the ring file's open,

@@ -53,13 +53,21 @@ from shmring.spec.layout import (
     POOL_SLOT_DONE,
     POOL_SLOT_FREE,
     POOL_SLOT_PUBLISHED,
+    compute_slot_capacity,
 )
 from shmring.spec.pool import AcquireStatus, ClaimStatus, SlotState, compute_slot_charge
 
 MIN_CLASS = 4096
 MAX_CLASS = 16384
 BUDGETS = (0, 3 * compute_slot_charge(MIN_CLASS), compute_slot_charge(MAX_CLASS) + 8192, 1 << 20)
-SIZES = st.one_of(st.integers(0, 4096), st.integers(4097, 16384), st.sampled_from((16385, 40000)))
+# A class holds class + headroom bytes: sizes up to the smallest class's
+# capacity, those that need a larger class, and those no class holds.
+_SMALLEST, _LARGEST = compute_slot_capacity(MIN_CLASS), compute_slot_capacity(MAX_CLASS)
+SIZES = st.one_of(
+    st.integers(0, _SMALLEST),
+    st.integers(_SMALLEST + 1, _LARGEST),
+    st.sampled_from((_LARGEST + 1, _LARGEST + 40000)),
+)
 # A pid no process has (above the kernel's largest pid_max): "the holder died".
 DEAD_PID = 4_194_305
 

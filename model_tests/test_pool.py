@@ -51,7 +51,9 @@ from shmring.spec.layout import (
     RING_HEADER_LENGTH,
     U32_FORMAT,
     U64_FORMAT,
+    compute_slot_capacity,
 )
+from shmring.spec.pool import compute_slot_charge
 
 EDGE = ("enc", "dec")
 CAPACITY = 4096  # admits frames up to 1 KiB: everything larger is a pool candidate
@@ -146,7 +148,7 @@ def test_payloads_the_ring_admits_stay_on_the_ring(scope: str) -> None:
 
 def test_an_exhausted_pool_falls_back_to_per_key_segments_and_recovers(scope: str) -> None:
     with (
-        Connector(scope, **SMALL, pool_budget_bytes=2 * 8192) as producer,
+        Connector(scope, **SMALL, pool_budget_bytes=2 * compute_slot_charge(4096)) as producer,
         Connector(scope) as receiver,
     ):
         routes = [producer.put(EDGE, f"k{i}", tagged_payload(i, 3000)).route for i in range(3)]
@@ -159,10 +161,16 @@ def test_an_exhausted_pool_falls_back_to_per_key_segments_and_recovers(scope: st
 
 
 def test_a_payload_larger_than_the_largest_class_takes_the_fallback(scope: str) -> None:
+    """`pool_max_bytes` bounds the class: the pool takes up to that class's capacity (+ headroom)."""
+    largest = compute_slot_capacity(16384)  # pool_max_bytes + the headroom
     with Connector(scope, **SMALL) as producer, Connector(scope) as receiver:
-        assert isinstance(producer.put(EDGE, "huge", tagged_payload(1, 20000)), FallbackDescriptor)
+        huge = tagged_payload(1, largest + 1)
+        assert isinstance(producer.put(EDGE, "huge", huge), FallbackDescriptor)
         assert payload_tag(receiver.get(EDGE, "huge").value) == 1
         assert producer.health().pool_fallbacks == 1 and _slots(producer) == []
+        fits = tagged_payload(2, largest - 64)  # with the codec's few bytes: just fits
+        assert producer.put(EDGE, "fits", fits).route is Route.POOL
+        assert payload_tag(receiver.get(EDGE, "fits").value) == 2
 
 
 def test_a_disabled_pool_keeps_the_fallback_route(scope: str) -> None:
@@ -215,7 +223,7 @@ def test_real_enospc_on_a_tiny_tmpfs_is_typed_and_leaves_nothing(scope: str, tmp
     root = tmp_path / "tiny"
     root.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(root)],
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(root)],
         capture_output=True,
     )
     if mounted.returncode != 0:
@@ -226,7 +234,7 @@ def test_real_enospc_on_a_tiny_tmpfs_is_typed_and_leaves_nothing(scope: str, tmp
             put = 0
             with pytest.raises(NoSpaceError):
                 for put in range(64):  # nobody reads: slots pile up until the tmpfs is full
-                    producer.put(EDGE, f"k{put}", tagged_payload(put, 12000))
+                    producer.put(EDGE, f"k{put}", tagged_payload(put, 60000))
             health = producer.health()
             assert health.pool_create_failures == 1 and health.pool_puts == put
             assert not [n for n in os.listdir(producer.directory) if n.startswith("fbtmp.")]
@@ -419,12 +427,13 @@ def test_a_killed_producers_slot_files_are_reaped_by_gc_and_listed_by_stat(scope
 
 def test_slot_names_carry_the_producer_and_never_repeat(scope: str) -> None:
     with (
-        Connector(scope, **SMALL, pool_budget_bytes=2 * 8192) as producer,
+        Connector(scope, **SMALL, pool_budget_bytes=2 * compute_slot_charge(4096)) as producer,
         Connector(scope) as receiver,
     ):
         producer.put(EDGE, "a", tagged_payload(1, 3000))
         assert payload_tag(receiver.get(EDGE, "a").value) == 1  # its slot is reusable now
-        producer.put(EDGE, "b", tagged_payload(2, 5000))  # evicts the 4 KiB slot for an 8 KiB one
+        # Over the 4 KiB class's capacity: evicts the 4 KiB slot for an 8 KiB one.
+        producer.put(EDGE, "b", tagged_payload(2, compute_slot_capacity(4096) + 1000))
         assert producer.health().pool_slots_evicted == 1
         assert _slots(producer) == [pool_slot_file_name(producer.identity, 1)]
 

@@ -26,6 +26,7 @@ from shmring.spec.layout import (
     POOL_HEADER_FIELDS_END,
     POOL_REF_LENGTH,
     POOL_SLOT_HEADER_LENGTH,
+    compute_slot_capacity,
     compute_slot_file_length,
 )
 
@@ -68,7 +69,9 @@ def slot_dir() -> Iterator[str]:
         min_size=1,
         max_size=6,
     ),
-    size=st.one_of(st.none(), st.integers(0, compute_slot_file_length(CLASS) + 64)),
+    size=st.one_of(
+        st.none(), st.integers(0, compute_slot_file_length(compute_slot_capacity(CLASS)) + 64)
+    ),
     checksum=st.booleans(),
 )
 @FUZZ

@@ -64,6 +64,7 @@ from shmring.spec.layout import (
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
     MIN_POOL_CLASS,
+    compute_slot_capacity,
 )
 from shmring.spec.pool import compute_slot_charge
 from shmring.spec.ring import ConsumeMode
@@ -514,7 +515,8 @@ def _pooled_connector() -> connector_spec.ConnectorState:
     )
     connector_spec.process_put(conn, EDGE, "big", 3000, "taken")
     connector_spec.process_get(conn, EDGE, "big")
-    connector_spec.process_put(conn, EDGE, "big2", 5000, "waiting")
+    # Over the smallest class's capacity: a slot of the next class (index 1).
+    connector_spec.process_put(conn, EDGE, "big2", compute_slot_capacity(4096) + 1000, "waiting")
     return conn
 
 

@@ -20,6 +20,7 @@ from shmring.spec.layout import (
     FRAME_STATE_DONE,
     PADDING_FRAME_TYPE,
     compute_frame_length,
+    compute_slot_capacity,
 )
 from shmring.spec.pool import (
     PoolState,
@@ -219,7 +220,7 @@ def check_connector(conn: ConnectorState) -> None:
 
 def check_pool(pool: PoolState) -> None:
     """Bytes within budget and summed; indices and generations below their counters."""
-    total = sum(compute_slot_charge(slot.capacity) for slot in pool.slots.values())
+    total = sum(compute_slot_charge(slot.size_class) for slot in pool.slots.values())
     _require(
         pool.used_bytes == total, f"pool used_bytes={pool.used_bytes} but slots sum to {total}"
     )
@@ -236,13 +237,15 @@ def check_pool(pool: PoolState) -> None:
             slot.generation < pool.next_generation,
             f"slot generation={slot.generation} not below {pool.next_generation}",
         )
+        size_class = slot.size_class
         _require(
-            is_power_of_two(slot.capacity) and pool.min_class <= slot.capacity <= pool.max_class,
-            f"slot capacity={slot.capacity} outside the classes",
+            is_power_of_two(size_class) and pool.min_class <= size_class <= pool.max_class,
+            f"slot class={size_class} outside the classes",
         )
+        capacity = compute_slot_capacity(size_class)
         _require(
-            slot.payload_length <= slot.capacity,
-            f"slot={index} payload_length={slot.payload_length} > capacity={slot.capacity}",
+            slot.payload_length <= capacity,
+            f"slot={index} payload_length={slot.payload_length} > capacity={capacity}",
         )
         if slot.state is SlotState.FREE:
             _require(not slot.carrier_pending, f"free slot={index} with a pending carrier")

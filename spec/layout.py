@@ -283,8 +283,14 @@ ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH
 # -- pool slot files and pool references (`shmring.impl.pool`) ---------------------
 #
 # A payload the ring does not admit travels in a *pool slot*: a file of its
-# producer's pool (`spec.pool`), one payload per slot, slot capacities in
-# power-of-two classes. A slot file is a header page, then the payload::
+# producer's pool (`spec.pool`), one payload per slot. A slot's *class* is a
+# power of two; its payload *capacity* is the class plus POOL_CLASS_HEADROOM
+# (`compute_slot_capacity`), so a power-of-two tensor with the codec's header
+# and small leaves next to it lands in its own class, not the next one (which
+# would double the memory of the most common payload shape). The header's
+# capacity field holds the capacity (class + headroom), what the consumer
+# checks a payload length against. A slot file is a header page, then the
+# payload::
 #
 #     0            8         12          16            24            32
 #     +------------+---------+-----------+-------------+-------------+
@@ -302,6 +308,7 @@ ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH
 #     | u64              | (XXH3-64)     |           |                   |
 #     +------------------+---------------+-----------+-------------------+
 #     POOL_SLOT_HEADER_LENGTH (one page): the payload, `capacity` bytes
+#     (class + POOL_CLASS_HEADROOM; the file is header + class + headroom)
 #
 # The first eight fields never change after creation; the producer stores
 # payload length, checksum, flags, generation and holder 0, then state
@@ -362,6 +369,10 @@ POOL_FLAG_CHECKSUM: Final = 1  # the checksum field holds XXH3-64 of the payload
 # Size classes: powers of two between these bounds (the options choose within them).
 MIN_POOL_CLASS: Final = SHM_PAGE_SIZE
 MAX_POOL_CLASS: Final = 1 << 40
+# Payload bytes a slot holds beyond its class: the codec's header (prefix and
+# leaf descriptors, a few dozen bytes per leaf) and the small leaves that
+# travel next to a large tensor. A page multiple, so class + headroom is too.
+POOL_CLASS_HEADROOM: Final = 64 * 1024
 
 POOL_REF_TAG: Final = 0x50  # b"P"; never CODEC_FORMAT_VERSION
 POOL_REF_MARKER_OFFSET: Final = 0
@@ -377,10 +388,18 @@ POOL_REF_FORMAT: Final = "<BBBBIQQQ"
 POOL_MAX_SLOT_INDEX: Final = (1 << 32) - 1
 
 assert POOL_HEADER_FIELDS_END <= POOL_SLOT_HEADER_LENGTH
+assert POOL_CLASS_HEADROOM % SHM_PAGE_SIZE == 0
+
+
+def compute_slot_capacity(size_class: int) -> int:
+    """Payload bytes a slot of class `size_class` holds: the class plus the headroom."""
+    # Verify the class is not negative
+    assert size_class >= 0
+    return size_class + POOL_CLASS_HEADROOM
 
 
 def compute_slot_file_length(capacity: int) -> int:
-    """Bytes of a pool slot file of `capacity` payload bytes."""
+    """Bytes of a pool slot file of `capacity` payload bytes (`compute_slot_capacity`)."""
     # Verify the capacity is not negative
     assert capacity >= 0
     return POOL_SLOT_HEADER_LENGTH + capacity

@@ -1,8 +1,13 @@
 """The pool: one producer's slots for the payloads its rings do not admit.
 
 A payload the ring does not admit (frame > capacity / 4) travels in a
-*slot*: a file of the producer's pool holding one payload, its capacity a
-power-of-two *class* between `min_class` and `max_class`. The ring still
+*slot*: a file of the producer's pool holding one payload. A slot has a
+*class*, a power of two between `min_class` and `max_class`, and holds up
+to class + `layout.POOL_CLASS_HEADROOM` payload bytes (its *capacity*,
+`layout.compute_slot_capacity`): a 2^k-byte tensor plus the codec's header
+and a few small leaves takes class 2^k, not 2^(k+1). `max_class` bounds the
+class, so the largest payload the pool takes is `max_class` + headroom and
+the largest slot file header + `max_class` + headroom. The ring still
 carries the message: a small *reference* frame for the key names the slot
 (index) and the publish (generation), so every key rule (one deliverable
 version, retire on re-put, cancel, close, dead producers) stays the ring's.
@@ -10,7 +15,8 @@ version, retire on re-put, cancel, close, dead producers) stays the ring's.
 The rules, as the transitions below apply them:
 
 1. Acquire (`process_pool_acquire`): a *reusable* slot of the payload's
-   class is taken (lowest index first). Else a new slot file is created if
+   class (`compute_class`: the smallest whose capacity holds it) is taken
+   (lowest index first). Else a new slot file is created if
    the pool's bytes stay within `budget` (a slot is charged its file's
    pages), after evicting reusable slots of *other* classes (lowest index
    first) only when that makes it fit. Else the pool is exhausted and
@@ -44,6 +50,7 @@ from shmring.spec.layout import (
     MAX_POOL_CLASS,
     MIN_POOL_CLASS,
     compute_file_footprint,
+    compute_slot_capacity,
     compute_slot_file_length,
 )
 
@@ -62,10 +69,10 @@ class Slot:
     """One slot file of the pool."""
 
     index: int  # the file's number; unique in the pool's life (never reused)
-    capacity: int  # its class: a power of two in [min_class, max_class]; never changes
+    size_class: int  # a power of two in [min_class, max_class]; never changes
     state: SlotState = SlotState.FREE
     generation: int = 0  # of its last publish; 0 before the first; < pool.next_generation
-    payload_length: int = 0  # bytes of the last publish; <= capacity
+    payload_length: int = 0  # bytes of the last publish; <= compute_slot_capacity(size_class)
     payload: object = None  # opaque payload token of the last publish
     carrier_pending: bool = False  # its carrier frame may still be claimed; False when FREE
     holder: int | None = None  # pid of the consumer that claimed it (CLAIMED, DONE)
@@ -132,23 +139,23 @@ def is_valid_classes(min_class: int, max_class: int) -> bool:
 
 
 def compute_class(min_class: int, max_class: int, nbytes: int) -> int | None:
-    """The smallest class that holds `nbytes`, or None when none does."""
+    """The smallest class whose capacity (class + headroom) holds `nbytes`, or None."""
     # Verify the bounds and the byte count
     assert is_valid_classes(min_class, max_class)
     assert nbytes >= 0
-    if nbytes > max_class:
+    if nbytes > compute_slot_capacity(max_class):
         return None
-    capacity = min_class
-    while capacity < nbytes:
-        capacity *= 2
-    return capacity
+    size_class = min_class
+    while compute_slot_capacity(size_class) < nbytes:
+        size_class *= 2
+    return size_class
 
 
-def compute_slot_charge(capacity: int) -> int:
-    """Bytes a slot of `capacity` is charged to the budget: its file's pages."""
-    # Verify the capacity is not negative
-    assert capacity >= 0
-    return compute_file_footprint(compute_slot_file_length(capacity))
+def compute_slot_charge(size_class: int) -> int:
+    """Bytes a slot of class `size_class` is charged to the budget: its file's pages."""
+    # Verify the class is not negative
+    assert size_class >= 0
+    return compute_file_footprint(compute_slot_file_length(compute_slot_capacity(size_class)))
 
 
 def is_holder_alive(pool: PoolState, pid: int | None) -> bool:
@@ -190,25 +197,25 @@ def process_pool_acquire(pool: PoolState, nbytes: int) -> AcquireResult:
     # Verify the pool is open and the byte count is one
     assert not pool.closed
     assert nbytes >= 0
-    capacity = compute_class(pool.min_class, pool.max_class, nbytes)
-    if capacity is None or pool.budget == 0:
+    size_class = compute_class(pool.min_class, pool.max_class, nbytes)
+    if size_class is None or pool.budget == 0:
         return AcquireResult(AcquireStatus.TOO_LARGE)
     for index in sorted(pool.slots):
         slot = pool.slots[index]
-        if slot.capacity == capacity and is_reusable(pool, slot):
+        if slot.size_class == size_class and is_reusable(pool, slot):
             _make_free(slot)
             pool.reused += 1
             return AcquireResult(AcquireStatus.REUSED, index)
-    charge = compute_slot_charge(capacity)
+    charge = compute_slot_charge(size_class)
     evict: list[int] = []
     freed = 0
     for index in sorted(pool.slots):
         if pool.used_bytes - freed + charge <= pool.budget:
             break
         slot = pool.slots[index]
-        if slot.capacity != capacity and is_reusable(pool, slot):
+        if slot.size_class != size_class and is_reusable(pool, slot):
             evict.append(index)
-            freed += compute_slot_charge(slot.capacity)
+            freed += compute_slot_charge(slot.size_class)
     if pool.used_bytes - freed + charge > pool.budget:
         return AcquireResult(AcquireStatus.EXHAUSTED)
     for index in evict:
@@ -217,7 +224,7 @@ def process_pool_acquire(pool: PoolState, nbytes: int) -> AcquireResult:
     pool.evicted += len(evict)
     index = pool.next_index
     pool.next_index += 1
-    pool.slots[index] = Slot(index, capacity)
+    pool.slots[index] = Slot(index, size_class)
     pool.used_bytes += charge
     pool.created += 1
     return AcquireResult(AcquireStatus.CREATED, index, tuple(evict))
@@ -235,7 +242,7 @@ def process_pool_publish(pool: PoolState, index: int, nbytes: int, payload: obje
     """Write the payload into an acquired slot and publish it (rule 3); answers the generation."""
     # Verify the slot was just acquired and the payload fits its class
     assert index in pool.slots and pool.slots[index].state is SlotState.FREE
-    assert 0 <= nbytes <= pool.slots[index].capacity
+    assert 0 <= nbytes <= compute_slot_capacity(pool.slots[index].size_class)
     slot = pool.slots[index]
     generation = pool.next_generation
     pool.next_generation += 1

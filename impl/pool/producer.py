@@ -45,6 +45,7 @@ from shmring.spec.layout import (
     POOL_SLOT_FREE,
     POOL_SLOT_HEADER_LENGTH,
     POOL_SLOT_PUBLISHED,
+    compute_slot_capacity,
 )
 from shmring.spec.pool import compute_class, compute_slot_charge
 
@@ -66,13 +67,14 @@ class PoolStatistics:
 
 
 class OwnedSlot:
-    """One slot file of our pool, mapped once."""
+    """One slot file of our pool, mapped once: `size_class` + headroom payload bytes."""
 
-    def __init__(self, index: int, capacity: int, name: str, mapping: SlotMapping) -> None:
+    def __init__(self, index: int, size_class: int, name: str, mapping: SlotMapping) -> None:
         self.index = index
-        self.capacity = capacity
+        self.size_class = size_class
+        self.capacity = compute_slot_capacity(size_class)  # the header's capacity field
         self.name = name
-        self.charge = compute_slot_charge(capacity)
+        self.charge = compute_slot_charge(size_class)
         self.mapping = mapping
         self.carrier: Carrier | None = None  # set while its carrier frame may be claimed
 
@@ -134,21 +136,21 @@ class PoolProducer:
         """
         if self._closed or self.budget == 0:
             return None
-        capacity = compute_class(self.min_class, self.max_class, nbytes)
-        if capacity is None:
+        size_class = compute_class(self.min_class, self.max_class, nbytes)
+        if size_class is None:
             return None
         for slot in self.slots.values():
-            if slot.capacity == capacity and self._is_reusable(slot):
+            if slot.size_class == size_class and self._is_reusable(slot):
                 self._make_free(slot)
                 self.reused += 1
                 return slot
-        charge = compute_slot_charge(capacity)
+        charge = compute_slot_charge(size_class)
         evict: list[OwnedSlot] = []
         freed = 0
         for slot in self.slots.values():
             if self.used_bytes - freed + charge <= self.budget:
                 break
-            if slot.capacity != capacity and self._is_reusable(slot):
+            if slot.size_class != size_class and self._is_reusable(slot):
                 evict.append(slot)
                 freed += slot.charge
         if self.used_bytes - freed + charge > self.budget or self._next_index > POOL_MAX_SLOT_INDEX:
@@ -161,12 +163,14 @@ class PoolProducer:
         self._next_index += 1  # consumed also by a failed creation: a name is made once
         name = pool_slot_file_name(self._identity, index)
         try:
-            mapping = create_slot_file(self._dir, name, self._identity, index, capacity, self._os)
+            mapping = create_slot_file(
+                self._dir, name, self._identity, index, compute_slot_capacity(size_class), self._os
+            )
         except OSError as error:  # NoSpaceError, EMFILE, ...: the put falls back
             self.create_failures += 1
             self.last_error = error
             return None
-        slot = OwnedSlot(index, capacity, name, mapping)
+        slot = OwnedSlot(index, size_class, name, mapping)
         self.slots[index] = slot
         self.used_bytes += charge
         self.created += 1

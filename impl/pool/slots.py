@@ -207,6 +207,9 @@ def create_slot_file(
 ) -> SlotMapping:
     """Create, reserve (fallocate: ENOSPC here, never a SIGBUS later) and map a FREE slot.
 
+    `capacity` is the payload bytes it holds (`layout.compute_slot_capacity`
+    of its class: class + headroom), stored in the header's capacity field.
+
     NoSpaceError when the OS has no room; any failure leaves no file behind.
     """
     length = compute_slot_file_length(capacity)
