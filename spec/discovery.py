@@ -105,10 +105,10 @@ class DeploymentState:
 
     ring_capacity: int  # every producer's ring capacity; never changes
     fallback_budget: int  # every producer's fallback budget; never changes
-    pool: tuple[int, int, int] | None = None  # every producer's pool (min, max class, budget)
     producers: dict[ProducerId, ProducerState] = field(default_factory=dict)  # all ever started
     directory: DirectoryState = field(default_factory=DirectoryState)
     receivers: dict[str, ReceiverState] = field(default_factory=dict)
+    pool: tuple[int, int, int] | None = None  # every producer's pool (min, max class, budget)
 
 
 # -- predicates and accessors ------------------------------------------------
