@@ -15,11 +15,15 @@ during close, names the place):
     after publish    put returned (head advanced)
     close locked     closing: CLOSED marked, killed holding the ring lock
     close unlink     closing: everything retired, killed before the unlink
+    pool before ref  a pool put: payload in its slot (PUBLISHED), the reference
+                     frame reserved on the ring, not one byte of it written
+    pool after ref   a pool put returned (its reference frame published)
 
 reader (the producer lives in the campaign's process):
     reader mid-copy    killed inside the copy of a claimed ring frame (holds the lock)
     reader lease       killed holding a lease on a ring frame
     fallback mid-copy  killed inside the copy of a fallback segment (holds its lock)
+    pool claimed       killed holding a pool slot CLAIMED (a borrowed get of a pool payload)
 
 After the child is dead the campaign checks, as the survivors see it:
 
@@ -33,7 +37,10 @@ After the child is dead the campaign checks, as the survivors see it:
   a frame leased by a killed reader is never delivered again;
 * a restarted producer (a new process identity) starts with an empty ring
   and its reused keys deliver only its own payloads;
-* the survivor's first scan reclaims the dead producer's ring;
+* the survivor's first scan reclaims the dead producer's ring and its pool
+  slot files;
+* a slot a killed reader held CLAIMED is reused by its live producer (no
+  new slot file), and its payload is not delivered again;
 * once the survivors close, nothing of the deployment is left in /dev/shm.
 
 * a ring frame leased by a killed reader is freed (once) when a later put
@@ -55,12 +62,19 @@ from typing import Any, Final
 
 from shmring.fault_injection.kit.payloads import tagged_payload
 from shmring.fault_injection.kit.processes import ForkedChild, die, killed_by_sigkill
+from shmring.impl.codec import BORROWED_BYTES_MIN
 from shmring.impl.connector import Connector, GetStatus, Route
 from shmring.impl.connector.seams import Seams, seamed_connector
 from shmring.impl.errors import ProducerGoneError
 from shmring.impl.fallback import claim_segment
-from shmring.impl.names import current_producer_identity, deployment_directory, ring_path
+from shmring.impl.names import (
+    current_producer_identity,
+    deployment_directory,
+    parse_pool_slot_file_name,
+    ring_path,
+)
 from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
+from shmring.impl.pool import is_pool_ref
 from shmring.impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,
@@ -69,6 +83,7 @@ from shmring.impl.ring.producer import (
 )
 from shmring.impl.ring.reader import RingReader
 from shmring.impl.ring.results import ReceiveStatus
+from shmring.spec.pool import compute_slot_charge
 from shmring.spec.ring import ConsumeMode
 
 EDGE: Final = ("enc", "dec")
@@ -84,10 +99,23 @@ PRODUCER_POINTS: Final = {
     "after publish": None,
     "close locked": SITE_FLOCK,
     "close unlink": SITE_UNLINK,
+    "pool before ref": HOOK_RESERVED,
+    "pool after ref": None,
 }
 # Points after which the crashed put's frame is (and must be) readable by a raw reader.
-_PUBLISHED_POINTS: Final = frozenset(("after publish",))
-READER_POINTS: Final = ("reader mid-copy", "reader lease", "fallback mid-copy")
+_PUBLISHED_POINTS: Final = frozenset(("after publish", "pool after ref"))
+READER_POINTS: Final = ("reader mid-copy", "reader lease", "fallback mid-copy", "pool claimed")
+# Cells whose target is a payload the ring does not admit, carried by a pool slot:
+# one class, large enough for a leaf a borrowed get borrows (it holds the slot
+# CLAIMED until the view dies; smaller leaves are copied), room for two slots.
+POOL_CLASS: Final = 2 * BORROWED_BYTES_MIN
+POOL_POINTS: Final = frozenset(("pool before ref", "pool after ref", "pool claimed"))
+POOL_OPTIONS: Final = {
+    "pool_min_bytes": POOL_CLASS,
+    "pool_max_bytes": POOL_CLASS,
+    "pool_budget_bytes": 2 * compute_slot_charge(POOL_CLASS),
+}
+NO_POOL: Final = {"pool_budget_bytes": 0}
 RING_STATES: Final = ("empty", "partly full", "wrapped")
 BUDGET_ROUNDS: Final = {"quick": 1, "standard": 3, "deep": 10}
 
@@ -121,6 +149,28 @@ def enumerate_crash_cells(budget: str = "quick", seed: int = 0) -> list[CrashCel
 def cell_name(cell: CrashCell) -> str:
     """The cell as a `shmring check --unit crash:NAME` name: ``point/state/size``, dashes for spaces."""
     return "/".join((cell.point.replace(" ", "-"), cell.state.replace(" ", "-"), str(cell.size)))
+
+
+def _pool_options(cell: CrashCell) -> dict[str, int]:
+    """The pool of the cell's connectors: on for the pool cells, off for the others."""
+    return POOL_OPTIONS if cell.point in POOL_POINTS else NO_POOL
+
+
+def _target_size(cell: CrashCell) -> int:
+    """The crashed put's payload: for a pool cell, above the ring's admission (capacity / 4)
+    and, for "pool claimed", a leaf a borrowed get keeps in place."""
+    if cell.point == "pool claimed":
+        return BORROWED_BYTES_MIN + cell.size
+    return CAPACITY // 2 + cell.size % 1000 if cell.point in POOL_POINTS else cell.size
+
+
+def _pool_files(directory: str, producer: tuple[int, ...]) -> list[str]:
+    """Slot files of `producer`'s pool in the deployment directory."""
+    return sorted(
+        name
+        for name in _listing(directory)
+        if (parsed := parse_pool_slot_file_name(name)) is not None and parsed[0] == producer
+    )
 
 
 def parse_cell_name(name: str) -> CrashCell:
@@ -214,8 +264,8 @@ def _producer_child(
             scope,
             Seams(publish_hook=hook),
             ring_capacity=CAPACITY,
-            pool_budget_bytes=0,
             os_facade=seam,
+            **_pool_options(cell),
         )
         own_reader = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
         kept = _setup_state(producer, own_reader, cell.state)
@@ -223,14 +273,14 @@ def _producer_child(
         ring = producer.ring(EDGE)
         assert ring is not None
         report({"identity": list(identity), "kept": sorted(kept), "head": ring.head})
-        payload = tagged_payload(99, cell.size)
+        payload = tagged_payload(99, _target_size(cell))
         if cell.point.startswith("close"):
             descriptor = producer.put(EDGE, TARGET, payload)  # something to retire at close
             report({"target": descriptor.to_dict(), "route": descriptor.route.value})
             armed["close"] = True
             producer.close()
         else:
-            armed["put"] = cell.point != "after publish"
+            armed["put"] = cell.point not in _PUBLISHED_POINTS
             descriptor = producer.put(EDGE, TARGET, payload)
             report({"target": descriptor.to_dict(), "route": descriptor.route.value})
             die()
@@ -282,6 +332,13 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
                     and got_raw.payload == _encoded(tagged_payload(99, cell.size)),
                     f"published target reads {got_raw.status}",
                 )
+            elif published and target is not None and target["route"] == Route.POOL.value:
+                _require(
+                    got_raw.status is ReceiveStatus.DELIVERED
+                    and got_raw.payload is not None
+                    and is_pool_ref(got_raw.payload),
+                    f"published pool target reads {got_raw.status}, not its reference",
+                )
             elif not published:
                 _require(
                     got_raw.status is ReceiveStatus.NOT_FOUND,
@@ -303,6 +360,13 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
                 got.status is GetStatus.PRODUCER_GONE, f"dead producer's descriptor answered {got}"
             )
         _require(not os.path.lexists(path), f"ring of the dead producer not reclaimed: {path}")
+        if cell.point in POOL_POINTS:
+            _require(
+                target is None or target["route"] == Route.POOL.value,
+                f"the pool cell's target took {target}",
+            )
+            left = _pool_files(directory, identity)
+            _require(not left, f"slot files of the dead producer not reclaimed: {left}")
         # 3. A restarted producer starts clean and owns the reused keys.
         restarted = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
         fresh = {key: tagged_payload(200 + index, 300) for index, key in enumerate((*kept, TARGET))}
@@ -344,9 +408,14 @@ def _encoded(payload: bytes) -> bytes:
 
 
 def _reader_child(
-    path: str, directory: str, cell: CrashCell
+    path: str, directory: str, cell: CrashCell, scope: str
 ) -> Callable[[Callable[[dict[str, Any]], None]], None]:
     def work(report: Callable[[dict[str, Any]], None]) -> None:
+        if cell.point == "pool claimed":
+            consumer = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
+            held = consumer.get(EDGE, TARGET, borrow=True)  # the slot CLAIMED while held
+            report({"claimed": held.status.value, "route": str(held.route and held.route.value)})
+            die()
         if cell.point == "fallback mid-copy":
 
             def copying(view: memoryview) -> None:
@@ -380,24 +449,33 @@ def _reader_child(
 
 def run_reader_cell(cell: CrashCell, scope: str) -> None:
     directory = deployment_directory(scope)
-    producer = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
+    producer = Connector(scope, ring_capacity=CAPACITY, **_pool_options(cell))
     receiver = Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0)
     try:
         kept = _setup_state(producer, receiver, cell.state)
-        size = max(cell.size, 1200) if cell.point == "fallback mid-copy" else cell.size
+        size = max(cell.size, 1200) if cell.point == "fallback mid-copy" else _target_size(cell)
         payload = tagged_payload(77, size)
         descriptor = producer.put(EDGE, TARGET, payload)
-        expected_route = Route.FALLBACK if cell.point == "fallback mid-copy" else Route.RING
+        expected_route = {"fallback mid-copy": Route.FALLBACK, "pool claimed": Route.POOL}.get(
+            cell.point, Route.RING
+        )
         _require(descriptor.route is expected_route, f"target took the {descriptor.route} route")
         ring = producer.ring(EDGE)
         assert ring is not None
-        status, reports = _run_child(_reader_child(ring.path, directory, cell))
+        status, reports = _run_child(_reader_child(ring.path, directory, cell, scope))
         _require(
             killed_by_sigkill(status),
             f"reader was not killed at {cell.point!r}: status={status} reports={reports}",
         )
         got = receiver.get(EDGE, TARGET)
-        if cell.point == "reader lease":
+        if cell.point == "pool claimed":
+            _require(
+                reports == [{"claimed": "delivered", "route": Route.POOL.value}],
+                f"pool child reported {reports}",
+            )
+            _require(not got.delivered, f"a payload a killed reader claimed was delivered: {got}")
+            _check_dead_holder_slot_reused(producer, receiver)
+        elif cell.point == "reader lease":
             _require(reports == [{"leased": "delivered"}], f"lease child reported {reports}")
             _require(
                 not got.delivered, f"a frame leased by a killed reader was delivered again: {got}"
@@ -436,6 +514,32 @@ def run_reader_cell(cell: CrashCell, scope: str) -> None:
     _require(
         not os.path.lexists(directory), lambda: f"survivors closed, left {_listing(directory)}"
     )
+
+
+def _check_dead_holder_slot_reused(producer: Connector, receiver: Connector) -> None:
+    """The slot a killed reader holds CLAIMED is reused; no slot file is created for it."""
+    before = producer.health()
+    # The pool holds two slots: one the dead reader holds, one free. Two puts
+    # left unclaimed need both; a third (their carriers pending) falls back.
+    routes = []
+    for index in range(3):
+        routes.append(producer.put(EDGE, f"pool{index}", tagged_payload(400 + index, 3000)).route)
+    after = producer.health()
+    _require(
+        routes[:2] == [Route.POOL, Route.POOL] and routes[2] is Route.FALLBACK,
+        f"puts after the holder died took {routes}",
+    )
+    _require(
+        after.pool_slots_created - before.pool_slots_created <= 1
+        and after.pool_slots_reused > before.pool_slots_reused,
+        f"the dead holder's slot was not reused: before {before}, after {after}",
+    )
+    for index in range(3):
+        got = receiver.get(EDGE, f"pool{index}")
+        _require(
+            got.delivered and got.value == tagged_payload(400 + index, 3000),
+            f"pool{index} after the holder died: {got.status}",
+        )
 
 
 # -- campaign -------------------------------------------------------------------------------

@@ -9,7 +9,13 @@ so their pidfds and /proc entries are real), each putting one ring frame and
 process whose RLIMIT_NOFILE is set with `resource.setrlimit` before it
 imports anything, and which gets every key twice (a first pass, then the
 keys the first pass missed). It prints one JSON line: what it delivered,
-and the errors by type (a bare OSError is one that is not a ShmringError).
+and the errors by type (a bare OSError is one that is not a ShmringError);
+the keys it missed are then got by a reader without the limit (`recovered`:
+a shortage never loses a payload).
+
+With `pool=True` the large payloads go to each producer's pool instead (one
+slot file per producer): the reader maps a slot of every fourth producer,
+so its slot mapping cache meets the descriptor limit too.
 """
 
 from __future__ import annotations
@@ -22,9 +28,18 @@ import sys
 from collections import Counter
 from typing import Any, Final
 
+from shmring.spec.layout import MIN_POOL_CLASS
+from shmring.spec.pool import compute_slot_charge
+
 EDGE: Final = ("many", "one")
-_LARGE: Final = 3000  # > a quarter of the 4 KiB ring: a fallback segment
+_LARGE: Final = 3000  # > a quarter of the 4 KiB ring: a fallback segment (or a pool slot)
 _CHILD_TIMEOUT_S: Final = 300
+# The pool of a producer with `pool=True`: one slot of the smallest class.
+_POOL: Final = {
+    "pool_min_bytes": MIN_POOL_CLASS,
+    "pool_max_bytes": MIN_POOL_CLASS,
+    "pool_budget_bytes": compute_slot_charge(MIN_POOL_CLASS),
+}
 
 
 def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
@@ -56,6 +71,7 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
                         wrong += 1
                     delivered.add(key)
     return {
+        "missed": sorted(set(keys) - delivered),
         "delivered": len(delivered),
         "typed": dict(typed),
         "bare": dict(bare),
@@ -63,8 +79,25 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
     }
 
 
-def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any]:
-    """Start `producers` helper identities, publish, run the limited reader; answers its report."""
+def _recover(scope: str, missed: list[str]) -> int:
+    """How many keys the limited reader missed are delivered, intact, without the limit."""
+    from shmring.impl.connector import Connector, GetStatus
+
+    recovered = 0
+    with Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as reader:
+        for key in missed:
+            got = reader.get(EDGE, key)
+            recovered += got.status is GetStatus.DELIVERED and got.value.get("key") == key
+    return recovered
+
+
+def run_probe(
+    scope: str, producers: int = 80, limit: int = 64, *, pool: bool = False
+) -> dict[str, Any]:
+    """Start `producers` helper identities, publish, run the limited reader; answers its report.
+
+    `pool`: the large payloads in pool slots (the report counts the pool puts).
+    """
     from shmring.impl.connector.seams import Seams, seamed_connector
     from shmring.impl.names import read_start_time
 
@@ -78,7 +111,10 @@ def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any
             start = read_start_time(helper.pid)
             assert start is not None
             connector = seamed_connector(
-                scope, Seams(identity=(helper.pid, start)), ring_capacity=4096, pool_budget_bytes=0
+                scope,
+                Seams(identity=(helper.pid, start)),
+                ring_capacity=4096,
+                **(_POOL if pool else {"pool_budget_bytes": 0}),
             )
             connectors.append(connector)
             key = f"p{index}"
@@ -105,6 +141,8 @@ def run_probe(scope: str, producers: int = 80, limit: int = 64) -> dict[str, Any
             )
         report: dict[str, Any] = json.loads(lines[-1])
         report["keys"] = len(keys)
+        report["pool_puts"] = sum(connector.health().pool_puts for connector in connectors)
+        report["recovered"] = _recover(scope, report.pop("missed"))
         return report
     finally:
         for connector in connectors:

@@ -19,6 +19,14 @@ serves pytest and `shmring check`):
 * `codec`: the encoding of a payload with torch and numpy tensors (tensor
   frame headers: prefix, msgpack header, leaf descriptors, data areas).
 * `fallback_segment`: a per-key fallback segment file.
+* `pool_ref`: the ring payload that carries a pool slot (`impl.pool.refs`):
+  a real reference mutated (fields biased) or random bytes, decoded, then
+  claimed against a real slot file: bounded fields that encode back to the
+  same bytes, or CorruptFrameError; a claim only of the published payload.
+* `pool_slot`: a real pool slot file (header fields biased, payload bytes,
+  truncation and extension), claimed with its valid reference: the
+  published payload from inside the file, or CorruptFrameError (the slot
+  header validator `slots.slot_problem` and the claim's checks).
 * `descriptors`: forged ring/fallback descriptor dicts and transfer field
   descriptors (path separators, `..`, other uids' names, wrong positions,
   negative and huge sizes, wrong types); every path opened must stay inside
@@ -60,6 +68,31 @@ from shmring.spec.layout import (
     FRAME_POSITION_OFFSET,
     FRAME_STATE_OFFSET,
     FRAME_TYPE_OFFSET,
+    MIN_POOL_CLASS,
+    POOL_CAPACITY_OFFSET,
+    POOL_CHECKSUM_OFFSET,
+    POOL_FLAGS_OFFSET,
+    POOL_GENERATION_OFFSET,
+    POOL_HEADER_LENGTH_OFFSET,
+    POOL_HOLDER_PID_OFFSET,
+    POOL_MAGIC_OFFSET,
+    POOL_PAYLOAD_LENGTH_OFFSET,
+    POOL_PRODUCER_INSTANCE_OFFSET,
+    POOL_PRODUCER_PID_OFFSET,
+    POOL_PRODUCER_START_TIME_OFFSET,
+    POOL_REF_CHECKSUM_OFFSET,
+    POOL_REF_FLAGS_OFFSET,
+    POOL_REF_GENERATION_OFFSET,
+    POOL_REF_INDEX_OFFSET,
+    POOL_REF_LENGTH,
+    POOL_REF_MARKER_OFFSET,
+    POOL_REF_PAYLOAD_LENGTH_OFFSET,
+    POOL_REF_RESERVED_OFFSET,
+    POOL_REF_TAG_OFFSET,
+    POOL_SLOT_HEADER_LENGTH,
+    POOL_SLOT_INDEX_OFFSET,
+    POOL_STATE_OFFSET,
+    POOL_VERSION_OFFSET,
     RING_CAPACITY_OFFSET,
     RING_HEAD_OFFSET,
     RING_HEADER_LENGTH,
@@ -84,6 +117,8 @@ BUDGET_CASES: Final = {
         "codec": 120,
         "fallback_segment": 50,
         "descriptors": 60,
+        "pool_ref": 120,
+        "pool_slot": 60,
     },
     "standard": {
         "ring_file": 800,
@@ -91,6 +126,8 @@ BUDGET_CASES: Final = {
         "codec": 800,
         "fallback_segment": 300,
         "descriptors": 300,
+        "pool_ref": 800,
+        "pool_slot": 300,
     },
     "deep": {
         "ring_file": 4000,
@@ -98,6 +135,8 @@ BUDGET_CASES: Final = {
         "codec": 4000,
         "fallback_segment": 1000,
         "descriptors": 1000,
+        "pool_ref": 4000,
+        "pool_slot": 1000,
     },
 }
 TYPED_READ_ERRORS: Final = (CorruptFrameError, ProducerGoneError)
@@ -544,6 +583,180 @@ def fuzz_fallback_segment(cases: int, seed: int, count: Callable[[], None]) -> N
         _run("fallback_segment", case, seed)
 
 
+# -- pool slots and references ----------------------------------------------------------------
+
+_POOL_REF_FIELDS: Final = [
+    (POOL_REF_MARKER_OFFSET, 1),
+    (POOL_REF_TAG_OFFSET, 1),
+    (POOL_REF_FLAGS_OFFSET, 1),
+    (POOL_REF_RESERVED_OFFSET, 1),
+    (POOL_REF_INDEX_OFFSET, 4),
+    (POOL_REF_GENERATION_OFFSET, 8),
+    (POOL_REF_PAYLOAD_LENGTH_OFFSET, 8),
+    (POOL_REF_CHECKSUM_OFFSET, 8),
+]
+_POOL_SLOT_FIELDS: Final = [
+    (POOL_MAGIC_OFFSET, 8),
+    (POOL_VERSION_OFFSET, 4),
+    (POOL_HEADER_LENGTH_OFFSET, 4),
+    (POOL_CAPACITY_OFFSET, 8),
+    (POOL_PRODUCER_PID_OFFSET, 8),
+    (POOL_PRODUCER_START_TIME_OFFSET, 8),
+    (POOL_PRODUCER_INSTANCE_OFFSET, 4),
+    (POOL_SLOT_INDEX_OFFSET, 4),
+    (POOL_GENERATION_OFFSET, 8),
+    (POOL_STATE_OFFSET, 4),
+    (POOL_HOLDER_PID_OFFSET, 4),
+    (POOL_PAYLOAD_LENGTH_OFFSET, 8),
+    (POOL_CHECKSUM_OFFSET, 8),
+    (POOL_FLAGS_OFFSET, 4),
+]
+_POOL_CLASS: Final = 2 * MIN_POOL_CLASS  # the payload crosses a page of its own
+_POOL_PAYLOAD: Final = bytes(range(256)) * 20  # 5,120 bytes
+
+
+@dataclass(frozen=True)
+class PoolTemplate:
+    """A published slot: its file's bytes, its name, its producer and its reference."""
+
+    name: str
+    producer: tuple[int, int, int]
+    file: bytes
+    ref: bytes
+    checked: bool  # the reference carries a payload checksum
+
+
+@contextlib.contextmanager
+def _pool_templates() -> Iterator[tuple[str, list[PoolTemplate]]]:
+    """A scratch directory and a published slot of each kind (checksum off, on), as bytes."""
+    from shmring.impl.directory import PathDirectory
+    from shmring.impl.names import current_producer_identity
+    from shmring.impl.pool import PoolProducer
+
+    with _scratch("fp") as scratch:
+        directory = PathDirectory(scratch, OsFacade())
+        templates = []
+        for instance, checked in enumerate((False, True)):
+            producer_id = (*current_producer_identity(), instance)
+            producer = PoolProducer(
+                directory,
+                producer_id,
+                OsFacade(),
+                min_class=_POOL_CLASS,
+                max_class=_POOL_CLASS,
+                budget=1 << 20,
+                checksum=checked,
+            )
+            try:
+                slot = producer.acquire(len(_POOL_PAYLOAD))
+                assert slot is not None
+                with slot.payload_view(len(_POOL_PAYLOAD)) as view:
+                    view[:] = _POOL_PAYLOAD
+                ref = producer.publish(slot, len(_POOL_PAYLOAD))
+                with open(os.path.join(scratch, slot.name), "rb") as file:
+                    data = file.read()
+                templates.append(PoolTemplate(slot.name, producer_id, data, ref, checked))
+            finally:
+                producer.close()
+        yield scratch, templates
+
+
+def _claim_pool(scratch: str, template: PoolTemplate, ref: bytes) -> bytes | None:
+    """Claim `ref` against the slot file now in `scratch`: the payload copied, or None (refused)."""
+    from shmring.impl.directory import PathDirectory
+    from shmring.impl.pool import PoolReader
+
+    reader = PoolReader(PathDirectory(scratch, OsFacade()), OsFacade())
+    try:
+        claim = reader.claim(template.producer, ref)
+    except CorruptFrameError:
+        return None
+    finally:
+        reader.close()  # a claim's view keeps its own export of the mapping
+    try:
+        path = os.path.join(scratch, template.name)
+        assert POOL_SLOT_HEADER_LENGTH + claim.nbytes <= os.stat(path).st_size, (
+            f"a claim of {claim.nbytes} bytes reads past the slot file"
+        )
+        return claim.view.tobytes()
+    finally:
+        claim.view.release()
+        claim.release()
+
+
+def fuzz_pool_ref(cases: int, seed: int, count: Callable[[], None]) -> None:
+    """Forged pool references: bounded fields or CorruptFrameError; a claim only of what was put."""
+    from shmring.impl.pool import decode_ref, encode_ref, is_pool_ref
+
+    with _pool_templates() as (scratch, templates):
+        target = os.path.join(scratch, templates[0].name)
+
+        @_settings(cases)
+        @given(
+            st.sampled_from(templates),
+            st.one_of(
+                mutations(POOL_REF_LENGTH, _POOL_REF_FIELDS).map(lambda m: ("mutated", m)),
+                st.binary(max_size=2 * POOL_REF_LENGTH).map(lambda b: ("random", b)),
+            ),
+        )
+        def case(template: PoolTemplate, drawn: tuple[str, Any]) -> None:
+            count()
+            kind, what = drawn
+            ref = apply(template.ref, what) if kind == "mutated" else what
+            try:
+                fields = decode_ref(ref)
+            except CorruptFrameError:
+                return
+            assert len(ref) == POOL_REF_LENGTH and is_pool_ref(ref), "a non-reference decoded"
+            assert fields.generation > 0, "a reference to generation 0 decoded"
+            again = encode_ref(
+                fields.index,
+                fields.generation,
+                fields.payload_length,
+                fields.checksum,
+                fields.flags,
+            )
+            assert again == ref, "a decoded reference does not encode back to its bytes"
+            _write(target, template.file)
+            try:
+                got = _claim_pool(scratch, template, ref)
+            finally:
+                os.unlink(target)
+            if got is not None:
+                assert got == _POOL_PAYLOAD, "a forged reference delivered other bytes"
+
+        _run("pool_ref", case, seed)
+
+
+def fuzz_pool_slot(cases: int, seed: int, count: Callable[[], None]) -> None:
+    """Mutated pool slot files: the published payload from inside the file, or CorruptFrameError."""
+    with _pool_templates() as (scratch, templates):
+        length = len(templates[0].file)  # every template is one slot of the same class
+        # Cuts where a validator's bound shows: inside the header, inside the payload.
+        end = POOL_SLOT_HEADER_LENGTH + len(_POOL_PAYLOAD)
+        cuts = st.sampled_from((POOL_SLOT_HEADER_LENGTH - 1, POOL_SLOT_HEADER_LENGTH, end - 1, end))
+        cut = st.lists(st.builds(Mutation, st.just("truncate"), cuts), max_size=1)
+
+        @_settings(cases)
+        @given(st.sampled_from(templates), mutations(length, _POOL_SLOT_FIELDS), cut)
+        def case(template: PoolTemplate, planned: list[Mutation], cut: list[Mutation]) -> None:
+            count()
+            planned = planned + cut
+            target = os.path.join(scratch, template.name)
+            _write(target, apply(template.file, planned))
+            try:
+                got = _claim_pool(scratch, template, template.ref)
+            finally:
+                os.unlink(target)
+            if got is not None:
+                assert len(got) == len(_POOL_PAYLOAD), f"a claim of {len(got)} bytes delivered"
+                assert got == _POOL_PAYLOAD or not template.checked, (
+                    "a corrupted payload passed its checksum"
+                )
+
+        _run("pool_slot", case, seed)
+
+
 class RecordingOs(OsFacade):
     """Records every path opened or stat'ed (nothing else changes)."""
 
@@ -689,6 +902,8 @@ TARGETS: Final = {
     "codec": fuzz_codec,
     "fallback_segment": fuzz_fallback_segment,
     "descriptors": fuzz_descriptors,
+    "pool_ref": fuzz_pool_ref,
+    "pool_slot": fuzz_pool_slot,
 }
 
 

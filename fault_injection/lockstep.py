@@ -54,6 +54,7 @@ from shmring.impl.os_seam import DEFAULT_OS
 from shmring.impl.ring.frames import published_keys, read_checked_ring_header
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
+from shmring.spec import pool as pool_spec
 from shmring.spec import producers as producers_spec
 from shmring.spec import ring as ring_spec
 from shmring.spec.connector import ConnectorPutStatus
@@ -172,6 +173,7 @@ class Deployment:
         armed: Callable[[], bool],
         *,
         keep_fallback_files: bool = False,
+        pool: tuple[int, int, int] | None = None,
     ) -> None:
         self.scope = scope
         self.os = os_facade
@@ -181,7 +183,10 @@ class Deployment:
         self.keep_fallback_files = keep_fallback_files
         self.ledger = ledger
         self.armed = armed  # whether faults may still fire (errors are allowed only then)
-        self.model = discovery_spec.initialize_deployment(ring_capacity, fallback_budget)
+        # (min class, max class, budget) of every producer's pool; None: no pool (the
+        # pool is then off in the producers too, so their large payloads stay segments).
+        self.pool = pool
+        self.model = discovery_spec.initialize_deployment(ring_capacity, fallback_budget, pool)
         self.producers: dict[ProducerIdentity, Connector] = {}
         self.receivers: dict[str, Connector] = {}
         self.keys: set[tuple[ProducerIdentity, Edge, str]] = set()
@@ -199,7 +204,7 @@ class Deployment:
             Seams(identity=identity),
             ring_capacity=self.capacity,
             fallback_budget=self.budget,
-            pool_budget_bytes=0,  # the discovery model has no pool: its segments stay segments
+            **_pool_options(self.pool),
             os_facade=self.os,
             spin_seconds=0.0,
             max_sleep_seconds=0.0,
@@ -245,18 +250,25 @@ class Deployment:
         connector = self.producers[identity]
         size = codec.prepare(payload).nbytes
         failed_before = edge in connector.failed_edges()
+        pool_before = _pool_counts(connector)
         try:
             got: Any = connector.put(edge, key, payload)
         except BackPressureError as error:
             got = error
         except BaseException as error:  # noqa: BLE001 - judged below
             self._failed(what, error)
-            self._after_failed_put(identity, edge, key, size, payload, failed_before)
+            self._after_failed_put(identity, edge, key, size, payload, failed_before, pool_before)
             return None
         setup_ok = failed_before or edge not in connector.failed_edges()
-        result, published = discovery_spec.process_put(
-            self.model, identity, edge, key, size, payload, ring_setup_ok=setup_ok
+        refused = _pool_counts(connector)[2] > pool_before[2]
+        require(
+            not refused or self.armed(),
+            lambda: f"{what}: a pool slot's creation failed after the faults stopped",
         )
+        with _creation_refused(self.model.producers[identity].connector, refused):
+            result, published = discovery_spec.process_put(
+                self.model, identity, edge, key, size, payload, ring_setup_ok=setup_ok
+            )
         self.keys.add((identity, edge, key))
         if isinstance(got, BackPressureError):
             require(
@@ -289,8 +301,13 @@ class Deployment:
         size: int,
         payload: bytes,
         failed_before: bool,
+        pool_before: tuple[int, int, int],
     ) -> None:
-        """Follow the outcome the failed put had, if the contract allows it."""
+        """Follow the outcome the failed put had, if the contract allows it.
+
+        A put that took a pool slot (created or reused) and then failed gave
+        the slot back (FREE): the model's pool takes and abandons one too.
+        """
         connector = self.producers[identity]
         self.keys.add((identity, edge, key))
         seen = observe(self.directory or connector.directory, connector.identity, edge, key)
@@ -308,6 +325,7 @@ class Deployment:
                     continue
             else:
                 _setup_only(model, identity, edge, setup_ok and has_ring, setup_ok)
+                _slot_given_back(producer.connector, size, pool_before, _pool_counts(connector))
                 if outcome == "old retired":
                     ring = producer.connector.rings.get(edge)
                     if ring is not None:
@@ -458,6 +476,55 @@ class Deployment:
         for connector in [*self.producers.values(), *self.receivers.values()]:
             with contextlib.suppress(BaseException):
                 connector.close()
+
+
+def _pool_options(pool: tuple[int, int, int] | None) -> dict[str, int]:
+    """The connector options of a pool (min class, max class, budget); None: the pool off."""
+    if pool is None:
+        return {"pool_budget_bytes": 0}
+    return {"pool_min_bytes": pool[0], "pool_max_bytes": pool[1], "pool_budget_bytes": pool[2]}
+
+
+def _pool_counts(connector: Connector) -> tuple[int, int, int]:
+    """(slots created, slots reused, creations the OS refused) of a producer's pool."""
+    health = connector.health()
+    return health.pool_slots_created, health.pool_slots_reused, health.pool_create_failures
+
+
+@contextlib.contextmanager
+def _creation_refused(conn: connector_spec.ConnectorState, refused: bool) -> Iterator[None]:
+    """The model's put while the OS refused the slot file the pool would create.
+
+    The implementation creates a slot only when no slot of the class is
+    reusable, and a refused creation leaves nothing behind (the put falls
+    back): in the model, a pool that may create no slot (EXHAUSTED). The
+    scenarios use one class, so no eviction precedes the creation.
+    """
+    pool = conn.pool
+    if not refused or pool is None:
+        yield
+        return
+    budget = pool.budget
+    pool.budget = max(pool.used_bytes, 1)
+    try:
+        yield
+    finally:
+        pool.budget = budget
+
+
+def _slot_given_back(
+    conn: connector_spec.ConnectorState,
+    size: int,
+    before: tuple[int, int, int],
+    after: tuple[int, int, int],
+) -> None:
+    """A failed put that took a slot (created or reused) abandoned it: so does the model."""
+    pool = conn.pool
+    if pool is None or (after[0], after[1]) == (before[0], before[1]):
+        return
+    acquired = pool_spec.process_pool_acquire(pool, size)
+    if acquired.index is not None:
+        pool_spec.process_pool_abandon(pool, acquired.index)
 
 
 def _setup_only(

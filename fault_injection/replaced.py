@@ -8,8 +8,9 @@ aside and put a directory open to everyone at its path just before the next
 directory-relative call. The descriptor a connector holds then names the
 moved directory (still ours) while the path names a stranger's.
 
-The scenario: a producer and a receiver join, carry ring frames and
-fallback segments, a third connector joins late, all close. The promises a
+The scenario: a producer and a receiver join, carry ring frames, pool
+slots (the producer's slot create, the receiver's slot open) and fallback
+segments, a third connector joins late, all close. The promises a
 cell checks differ from the lockstep scenarios' (a late joiner *must* be
 refused here), so these cells run on their own:
 
@@ -38,11 +39,20 @@ from shmring.fault_injection.sites import DIRECTORY_REPLACED, DIRECTORY_SITES, M
 from shmring.impl.connector import Connector
 from shmring.impl.errors import ShmringError
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.spec.layout import MIN_POOL_CLASS
+from shmring.spec.pool import compute_slot_charge
 
 EDGE: Final = ("enc", "dec")
 LATE_EDGE: Final = ("late", "dec")
 _SMALL: Final = b"s" * 100  # a ring frame
-_LARGE: Final = b"L" * 3000  # larger than a quarter of the 4 KiB ring: a fallback segment
+_POOLED: Final = b"P" * 3000  # larger than a quarter of the 4 KiB ring: a pool slot
+_LARGE: Final = b"L" * 6000  # larger than the pool's one class too: a fallback segment
+# The producer's pool: one class of the smallest slot, room for two slots.
+_POOL: Final = {
+    "pool_min_bytes": MIN_POOL_CLASS,
+    "pool_max_bytes": MIN_POOL_CLASS,
+    "pool_budget_bytes": 2 * compute_slot_charge(MIN_POOL_CLASS),
+}
 
 
 @dataclass(frozen=True)
@@ -72,15 +82,13 @@ def _scenario(scope: str, seam: FaultyOs, shm_root: str, errors: list[str]) -> l
         if value is not None and value != {"v": sent}:
             problems.append(f"{what} delivered other bytes: {str(value)[:80]}")
 
-    producer = Connector(
-        scope, ring_capacity=4096, pool_budget_bytes=0, shm_root=shm_root, os_facade=seam
-    )
+    producer = Connector(scope, ring_capacity=4096, shm_root=shm_root, os_facade=seam, **_POOL)
     receiver = Connector(
         scope, ring_capacity=4096, pool_budget_bytes=0, shm_root=shm_root, os_facade=seam
     )
     try:
         for round_ in range(2):
-            for name, payload in (("small", _SMALL), ("large", _LARGE)):
+            for name, payload in (("small", _SMALL), ("pooled", _POOLED), ("large", _LARGE)):
                 key = f"{name}{round_}"
                 attempt(f"put {key}", lambda k=key, p=payload: producer.put(EDGE, k, {"v": p}))
                 got = attempt(f"get {key}", lambda k=key: receiver.get(EDGE, k))

@@ -50,11 +50,15 @@ from shmring.fault_injection.lockstep import (
 from shmring.fault_injection.plans import FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.spec.layout import MIN_POOL_CLASS
+from shmring.spec.pool import compute_slot_charge
 
 Edge = tuple[str, str]
 EDGE: Final = ("enc", "dec")
 OTHER_EDGE: Final = ("dec", "out")
 SMALL_CAPACITY: Final = 4096  # the smallest ring: frames up to 1 KiB, wraps after a few
+# The pool scenario's pool: one class of the smallest slot, room for two slots.
+POOL_CONFIG: Final = (MIN_POOL_CLASS, MIN_POOL_CLASS, 2 * compute_slot_charge(MIN_POOL_CLASS))
 
 
 @dataclass
@@ -127,6 +131,7 @@ def _run_deployment(
     *,
     drain: bool = True,
     keep_fallback_files: bool = False,
+    pool: tuple[int, int, int] | None = None,
 ) -> Outcome:
     ledger = Ledger()
     deployment = Deployment(
@@ -137,6 +142,7 @@ def _run_deployment(
         ledger,
         env.armed,
         keep_fallback_files=keep_fallback_files,
+        pool=pool,
     )
     try:
         body(deployment)
@@ -229,6 +235,46 @@ def fallback_reuse(env: Env) -> Outcome:
     return _run_deployment(
         "fallback_reuse", env, SMALL_CAPACITY, 3 * 4096, body, keep_fallback_files=True
     )
+
+
+def pool_traffic(env: Env) -> Outcome:
+    """Payloads the ring does not admit, in pool slots: created, exhausted, claimed, reused.
+
+    The pool has one class (4 KiB) and room for two slots: the producer's
+    slot create (open, ftruncate, fallocate, mmap), the receiver's slot open,
+    fstat and mmap, the carrier's ring frames, a pool that is full (the put
+    falls back), a slot reused once its carrier was consumed, a re-put that
+    retires a pool version, and a close that unlinks the slot files.
+    """
+
+    def body(d: Deployment) -> None:
+        a = env.identities.live_a
+        d.start_producer(a)
+        d.start_receiver("r")
+        first = d.put(a, EDGE, "p0", tagged_payload(50, 1500))  # a new slot
+        d.put(a, EDGE, "p1", tagged_payload(51, 2000))  # the second slot
+        d.put(a, EDGE, "p2", tagged_payload(52, 3000))  # the pool is full: fallback
+        d.get("r", EDGE, "p0", first)  # the receiver maps slot 0, claims it, DONE
+        d.put(a, EDGE, "p3", tagged_payload(53, 1800))  # slot 0 again: no file created
+        d.put(a, EDGE, "p1", tagged_payload(54, 2500))  # re-put: the older version retired
+        d.get("r", EDGE, "p3")  # slot 0, already mapped
+        d.put(a, EDGE, "s", tagged_payload(55, 100))  # small: the ring itself
+        d.get("r", EDGE, "p1")
+        d.get("r", EDGE, "p2")
+        d.put(a, EDGE, "p4", tagged_payload(56, 3500))  # a slot whose carrier is gone
+        d.get("r", EDGE, "p4")
+        d.put(a, EDGE, "p5", tagged_payload(57, 1200))  # pending when its producer closes
+        if not env.fault_hit():  # the run took the pool where the scenario says it does
+            sent, got = d.producers[a].health(), d.receivers["r"].health()
+            require(  # p2 and the re-put of p1 fall back (both slots' carriers pending)
+                (sent.pool_puts, sent.pool_fallbacks, sent.pool_slots_created) == (5, 2, 2)
+                and sent.pool_slots_reused == 3
+                and (got.pool_gets, got.pool_mapping_hits) == (3, 2),
+                lambda: f"pool_traffic missed the pool: producer {sent}, receiver {got}",
+            )
+        d.close_producer(a)  # unlinks the slot files (the receiver still maps some)
+
+    return _run_deployment("pool_traffic", env, SMALL_CAPACITY, 1 << 20, body, pool=POOL_CONFIG)
 
 
 def discovery(env: Env) -> Outcome:
@@ -594,6 +640,7 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "ring_wrap": ring_wrap,
     "fallback_traffic": fallback_traffic,
     "fallback_reuse": fallback_reuse,
+    "pool_traffic": pool_traffic,
     "discovery": discovery,
     "close": close,
     "restart": restart,

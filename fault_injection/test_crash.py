@@ -31,7 +31,7 @@ def test_every_point_is_crashed_in_every_ring_state() -> None:
     points = {(cell.point, cell.state) for cell in CELLS}
     for point in crash.PRODUCER_POINTS:
         assert {(point, state) for state in crash.RING_STATES} <= points
-    for point in ("reader mid-copy", "reader lease"):
+    for point in ("reader mid-copy", "reader lease", "pool claimed"):
         assert {(point, state) for state in crash.RING_STATES} <= points
     assert len(CELLS) == len(points)
 

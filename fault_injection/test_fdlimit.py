@@ -37,6 +37,29 @@ def test_a_reader_under_ulimit_24_fails_typed_and_serves_what_it_can() -> None:
     assert report["bare"] == {}, report
     assert report["wrong"] == 0, report
     assert report["delivered"] > 0, report
+    assert report["delivered"] + report["recovered"] == report["keys"], report
+
+
+@pytest.mark.parametrize(("producers", "limit"), [(80, 64), (30, 24)])
+def test_a_reader_short_of_descriptors_claims_pool_payloads_typed_and_loses_none(
+    producers: int, limit: int
+) -> None:
+    """Every fourth producer's large payload in its pool slot: the reader maps those slots too.
+
+    Out of descriptors mid-claim it sheds and retries, else a typed error
+    with the carrier left deliverable (a later reader gets it); never a
+    bare EMFILE, never a lost or wrong payload. (Under 64 every key is served.)
+    """
+    report = fdlimit.run_probe(
+        f"fd{uuid.uuid4().hex[:8]}", producers=producers, limit=limit, pool=True
+    )
+    assert report["pool_puts"] == (producers + 3) // 4, report
+    assert report["bare"] == {}, report
+    assert report["wrong"] == 0, report
+    assert report["delivered"] > 0, report
+    assert report["delivered"] + report["recovered"] == report["keys"], report
+    if limit == 64:
+        assert report["delivered"] == report["keys"], report
 
 
 @pytest.mark.parametrize("scenario", ["discovery", "fallback_traffic", "restart"])

@@ -42,5 +42,16 @@ def test_real_enospc_in_the_arena_disables_it_and_segments_carry(seen: dict[str,
     assert seen["registrations_left"] == 0
 
 
+def test_real_enospc_at_a_pool_slot_falls_back_with_no_slot_half_made(
+    seen: dict[str, object],
+) -> None:
+    routes = seen["pool_routes"]
+    assert isinstance(routes, list) and routes.count("pool") >= 2, seen
+    assert seen["pool_create_failures"] >= 1, seen  # type: ignore[operator]
+    assert "fallback" in routes or seen["pool_refused"], seen
+    assert seen["pool_files_are_slots"] is True
+    assert seen["pool_delivered"] is True
+
+
 def test_nothing_is_left_on_the_tiny_tmpfs(seen: dict[str, object]) -> None:
     assert seen["dev_shm_after"] == []

@@ -19,6 +19,10 @@ saw. Checks:
 * the registered arena meets ENOSPC at set-up: the sender disables it and
   per-transfer segments carry the transfer; a transfer too large for what
   is left raises NoSpaceError and leaves nothing;
+* pool slots (64 KiB class, a budget far above the tmpfs) fill it: a slot
+  file's creation meets a real ENOSPC (at its fallocate, typed, no slot file
+  half made), the put falls back (or is refused with NoSpaceError), every
+  accepted put is delivered;
 * afterwards the tiny /dev/shm is empty.
 """
 
@@ -141,6 +145,37 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
             seen["arena_big_errno"] = error.errno
         seen["arena_big_left_files"] = sorted(set(os.listdir(sender.directory)) - listing)
     seen["registrations_left"] = len(driver.registered_ranges())
+    # 4. Pool slots until the tmpfs is full: the slot creation's real ENOSPC.
+    pool_class = 64 * 1024
+    with (
+        Connector(
+            "tinypool",
+            ring_capacity=4096,
+            pool_min_bytes=pool_class,
+            pool_max_bytes=pool_class,
+            pool_budget_bytes=1 << 30,
+        ) as producer,
+        Connector("tinypool", ring_capacity=4096, pool_budget_bytes=0) as receiver,
+    ):
+        accepted: dict[str, bytes] = {}
+        routes, refused = [], 0
+        for index in range(6):
+            payload = bytes((index,)) * 40_000
+            try:
+                routes.append(producer.put(edge, f"p{index}", payload).route.value)
+            except NoSpaceError:
+                refused += 1
+                continue
+            accepted[f"p{index}"] = payload
+        health = producer.health()
+        slot_files = [name for name in os.listdir(producer.directory) if name.startswith("pool.")]
+        seen["pool_routes"] = routes
+        seen["pool_refused"] = refused
+        seen["pool_create_failures"] = health.pool_create_failures
+        seen["pool_files_are_slots"] = len(slot_files) == health.pool_slots
+        seen["pool_delivered"] = all(
+            receiver.get(edge, key).value == value for key, value in accepted.items()
+        )
     seen["dev_shm_after"] = sorted(os.listdir("/dev/shm"))
     seen["enospc"] = errno.ENOSPC
     return seen

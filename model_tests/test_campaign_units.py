@@ -58,7 +58,7 @@ def test_subset_covers_every_kind_of_unit(unsharded: dict[str, Any]) -> None:
     counts = _counts(unsharded)
     assert set(counts) == {"lockstep", "faults", "crash", "fuzz"}
     assert counts["faults"]["cells"] > 0 and counts["faults"]["cells_failed"] == 0
-    assert counts["crash"]["crash_points"] == 9  # 10 points, 9 of them in the empty state
+    assert counts["crash"]["crash_points"] == 12  # 13 points, 12 of them in the empty state
     assert counts["fuzz"]["fuzz codec"] == 3 * sections._fuzz_cases("quick", "codec")
     assert counts["lockstep"]["ring steps"] > 0
 

@@ -108,6 +108,7 @@ class DeploymentState:
     producers: dict[ProducerId, ProducerState] = field(default_factory=dict)  # all ever started
     directory: DirectoryState = field(default_factory=DirectoryState)
     receivers: dict[str, ReceiverState] = field(default_factory=dict)
+    pool: tuple[int, int, int] | None = None  # every producer's pool (min, max class, budget)
 
 
 # -- predicates and accessors ------------------------------------------------
@@ -152,7 +153,8 @@ def get_candidates(
         if not producers_spec.is_delivering(producer):
             continue
         route = connector_spec.get_route_of(producer.connector, edge, key)
-        if route is Route.RING and identity in attached or route is Route.FALLBACK:
+        # A pool reference is a ring frame: found through the attached channel too.
+        if route in (Route.RING, Route.POOL) and identity in attached or route is Route.FALLBACK:
             found.append((identity, route))
     return found
 
@@ -160,10 +162,13 @@ def get_candidates(
 # -- transitions -------------------------------------------------------------
 
 
-def initialize_deployment(ring_capacity: int, fallback_budget: int) -> DeploymentState:
+def initialize_deployment(
+    ring_capacity: int, fallback_budget: int, pool: tuple[int, int, int] | None = None
+) -> DeploymentState:
+    """A deployment; `pool` = (min class, max class, budget) gives every producer a pool."""
     # Verify the configuration
     assert connector_spec.is_valid_budget(fallback_budget)
-    return DeploymentState(ring_capacity=ring_capacity, fallback_budget=fallback_budget)
+    return DeploymentState(ring_capacity=ring_capacity, fallback_budget=fallback_budget, pool=pool)
 
 
 def _change_markers(dep: DeploymentState) -> None:
@@ -174,7 +179,9 @@ def process_start_producer(dep: DeploymentState, identity: ProducerId) -> Produc
     """A new process starts publishing; it may reuse an old pid, never an identity."""
     # Verify the identity was never used in this deployment
     assert identity not in dep.producers
-    producer = producers_spec.initialize_producer(identity, dep.ring_capacity, dep.fallback_budget)
+    producer = producers_spec.initialize_producer(
+        identity, dep.ring_capacity, dep.fallback_budget, dep.pool
+    )
     dep.producers[identity] = producer
     return producer
 

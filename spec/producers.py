@@ -66,13 +66,19 @@ def is_delivering(producer: ProducerState) -> bool:
 
 
 def initialize_producer(
-    identity: ProducerId, ring_capacity: int, fallback_budget: int
+    identity: ProducerId,
+    ring_capacity: int,
+    fallback_budget: int,
+    pool: tuple[int, int, int] | None = None,
 ) -> ProducerState:
+    """A producer; `pool` = (min class, max class, budget) gives its connector a pool."""
     # Verify the identity is (pid, start time[, instance]) with a positive pid
     assert len(identity) in (2, 3) and identity[0] > 0 and all(part >= 0 for part in identity)
     return ProducerState(
         identity=identity,
-        connector=connector_spec.initialize_connector(ring_capacity, fallback_budget),
+        connector=connector_spec.initialize_connector(
+            ring_capacity, fallback_budget, *(pool or ())
+        ),
     )
 
 

@@ -232,12 +232,55 @@ def live_decoder(
     return decode
 
 
+class ShedOnShortage:
+    """A `PoolReader` whose claims, short of descriptors, shed the connector's caches and retry.
+
+    A slot's first claim opens and maps its file (two descriptors): under a
+    low RLIMIT_NOFILE that is where EMFILE shows. Nothing is claimed before
+    the mapping exists, so the claim is tried again after `shed` (idle
+    rings, kept segment mappings, pidfds); when nothing is left to release,
+    ResourceExhaustedError (typed) and the carrier frame stays deliverable.
+    """
+
+    def __init__(self, pool: PoolReader, shed: Callable[[], int]) -> None:
+        self._pool = pool
+        self._shed = shed
+
+    def claim(self, producer: ConnectorIdentity, data: memoryview | bytes) -> Any:
+        return retry_short_of_descriptors(
+            "a pool slot mapping", lambda: self._pool.claim(producer, data), self._shed
+        )
+
+    def decode_owned(
+        self,
+        producer: ConnectorIdentity,
+        data: memoryview | bytes,
+        decode: Callable[[memoryview], Any],
+    ) -> tuple[int, Any]:
+        return retry_short_of_descriptors(
+            "a pool slot mapping",
+            lambda: self._pool.decode_owned(producer, data, decode),
+            self._shed,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
 class RingRoute:
     """The ring route of one connector (see the module docstring). Not thread-safe."""
 
     route = Route.RING
     _deployment: Deployment | None = None
-    pool: PoolReader | None = None  # the connector's pool reader (set once joined)
+    _pool: Any = None  # the connector's pool reader, as `ShedOnShortage` (set once joined)
+
+    @property
+    def pool(self) -> PoolReader | None:
+        return self._pool  # type: ignore[no-any-return]
+
+    @pool.setter
+    def pool(self, reader: PoolReader | None) -> None:
+        self._pool = None if reader is None else ShedOnShortage(reader, self._shed)
 
     def __init__(
         self,
@@ -266,6 +309,9 @@ class RingRoute:
         # dropped whenever discovery scans or a producer is released.
         self._edge_readers: dict[Edge, list[Candidate]] = {}
         self._sheds = 0  # times `shed` ran (a kept candidate list may be stale)
+        # The reader whose `get` runs now: its decode may run short of descriptors
+        # and shed (liveness's /proc read, a pool slot's mapping), never this one.
+        self._claiming: RingReader | None = None
 
     def joined(self, deployment: Deployment) -> None:
         self._deployment = deployment
@@ -455,6 +501,7 @@ class RingRoute:
                     continue
                 decode = live_decoder(deployment.liveness, producer, self.pool)
                 resolved.append((producer, reader, decode))
+            self._claiming = reader
             try:
                 if borrow:
                     borrower = live_borrower(deployment.liveness, producer, self.pool)
@@ -474,6 +521,8 @@ class RingRoute:
                 if not cached:
                     resolved.pop()
                 continue
+            finally:
+                self._claiming = None
             if got.status is ReceiveStatus.DELIVERED:
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
@@ -506,14 +555,18 @@ class RingRoute:
         reader = self._reader(edge, producer)
         if reader is None:
             return GONE
-        if borrow:
-            got = reader.get(
-                key, descriptor.position, mode=_LEASE, decode=pool_borrower(self.pool, producer)
-            )
-            if got.status is ReceiveStatus.DELIVERED:
-                return _borrowed(got.payload, producer)
-        else:
-            got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
+        self._claiming = reader
+        try:
+            if borrow:
+                got = reader.get(
+                    key, descriptor.position, mode=_LEASE, decode=pool_borrower(self.pool, producer)
+                )
+                if got.status is ReceiveStatus.DELIVERED:
+                    return _borrowed(got.payload, producer)
+            else:
+                got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
+        finally:
+            self._claiming = None
         if got.status is ReceiveStatus.DELIVERED:
             size, value, route = got.payload
             return Delivery(GetStatus.DELIVERED, value, size, route, producer)
@@ -603,11 +656,16 @@ class RingRoute:
             self._deployment.discovery.release(edge, producer)
 
     def shed(self) -> int:
-        """Unmap half of the mapped rings (least recently used first); answers how many."""
+        """Unmap half of the mapped rings (least recently used first); answers how many.
+
+        Never the ring a claim runs on (`_claiming`): its frame is locked and
+        mid-decode, and unmapping it would lose the claim.
+        """
         self._sheds += 1
         self._edge_readers.clear()  # it holds readers closed below
-        count = (len(self.readers) + 1) // 2
-        for slot in list(self.readers)[:count]:
+        idle = [slot for slot, reader in self.readers.items() if reader is not self._claiming]
+        count = (len(idle) + 1) // 2
+        for slot in idle[:count]:
             self.readers.pop(slot).close()
         return count
 

@@ -214,10 +214,11 @@ class PoolProducer:
     # -- removal ------------------------------------------------------------------------
 
     def _remove(self, slot: OwnedSlot) -> None:
-        del self.slots[slot.index]
-        self.used_bytes -= slot.charge
+        """Unlink, then forget: a slot whose unlink failed stays (a retried close removes it)."""
         with contextlib.suppress(FileNotFoundError):
             self._dir.unlink(slot.name)
+        del self.slots[slot.index]
+        self.used_bytes -= slot.charge
         slot.mapping.close()
 
     def close(self) -> int:

@@ -533,7 +533,9 @@ def clone_deployment(dep: DeploymentState) -> DeploymentState:
     directory = discovery_spec.DirectoryState(
         set(dep.directory.markers), dep.directory.stamp, set(dep.directory.files)
     )
-    return DeploymentState(dep.ring_capacity, dep.fallback_budget, producers, directory, receivers)
+    return DeploymentState(
+        dep.ring_capacity, dep.fallback_budget, producers, directory, receivers, dep.pool
+    )
 
 
 def canonical_deployment(world: DeploymentWorld) -> Hashable:
