@@ -39,14 +39,15 @@ from shmring.fault_injection.sites import DIRECTORY_REPLACED, DIRECTORY_SITES, M
 from shmring.impl.connector import Connector
 from shmring.impl.errors import ShmringError
 from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
-from shmring.spec.layout import MIN_POOL_CLASS
+from shmring.spec.layout import MIN_POOL_CLASS, compute_slot_capacity
 from shmring.spec.pool import compute_slot_charge
 
 EDGE: Final = ("enc", "dec")
 LATE_EDGE: Final = ("late", "dec")
 _SMALL: Final = b"s" * 100  # a ring frame
 _POOLED: Final = b"P" * 3000  # larger than a quarter of the 4 KiB ring: a pool slot
-_LARGE: Final = b"L" * 6000  # larger than the pool's one class too: a fallback segment
+# Larger than what the pool's one class holds (its capacity: class + headroom): a fallback segment.
+_LARGE: Final = b"L" * (compute_slot_capacity(MIN_POOL_CLASS) + 1000)
 # The producer's pool: one class of the smallest slot, room for two slots.
 _POOL: Final = {
     "pool_min_bytes": MIN_POOL_CLASS,

@@ -19,7 +19,7 @@ saw. Checks:
 * the registered arena meets ENOSPC at set-up: the sender disables it and
   per-transfer segments carry the transfer; a transfer too large for what
   is left raises NoSpaceError and leaves nothing;
-* pool slots (64 KiB class, a budget far above the tmpfs) fill it: a slot
+* pool slots (4 KiB class, 72 KiB files, a budget far above the tmpfs) fill it: a slot
   file's creation meets a real ENOSPC (at its fallocate, typed, no slot file
   half made), the put falls back (or is refused with NoSpaceError), every
   accepted put is delivered;
@@ -91,6 +91,7 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
     logging.getLogger("shmring").setLevel(logging.CRITICAL)
     from shmring.impl.connector import Connector, Route
     from shmring.impl.errors import NoSpaceError
+    from shmring.spec.layout import MIN_POOL_CLASS
 
     seen: dict[str, Any] = {}
     edge = ("enc", "dec")
@@ -146,7 +147,7 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
         seen["arena_big_left_files"] = sorted(set(os.listdir(sender.directory)) - listing)
     seen["registrations_left"] = len(driver.registered_ranges())
     # 4. Pool slots until the tmpfs is full: the slot creation's real ENOSPC.
-    pool_class = 64 * 1024
+    pool_class = MIN_POOL_CLASS  # a slot file is a page + the class + the headroom (72 KiB)
     with (
         Connector(
             "tinypool",
