@@ -451,8 +451,11 @@ class Connector(BlockingGets):
             self._busy += 1
 
     def _shed_descriptors(self) -> int:
-        """Out of descriptors: release kept segment mappings, half the mapped rings, pidfds."""
+        """Out of descriptors: release kept segment mappings, half the mapped rings and slots, pidfds."""
         released = self._fallback_route.shed() + self._ring_route.shed()
+        pool = self._ring_route.pool
+        if pool is not None:
+            released += pool.shed()  # the pool reader's slot mappings
         deployment = self._deployment
         if deployment is not None:
             liveness = deployment.liveness

@@ -129,6 +129,7 @@ class PoolReader:
         self._slots: dict[tuple[ConnectorIdentity, int], _Slot] = {}  # LRU first
         self.claims = 0
         self.hits = 0  # claims that found the slot already mapped
+        self.shed_slots = 0  # slot mappings released because descriptors ran short
         self._pid = os.getpid()
 
     # -- mapping ------------------------------------------------------------------------
@@ -271,6 +272,25 @@ class PoolReader:
         """Unmap every slot of a producer that closed or exited."""
         for key in [key for key in self._slots if key[0] == tuple(producer)]:
             self._slots.pop(key).mapping.close()
+
+    def shed(self) -> int:
+        """Out of descriptors: unmap half the mapped slots, least recently used first.
+
+        `spec.pool` has unbounded descriptors; this is `connector.shortage`'s
+        business. Each mapped slot holds two descriptors (ours and the dup
+        Python's mmap keeps), so the entry goes, not just our descriptor. A
+        borrowed claim of a shed slot keeps its own views, so that mapping
+        lives on until they die (`frame_io.release_mapping`) and its release
+        still stores DONE; the next claim of the slot maps it again. A shed
+        runs only between tries of a failed call (`retry_short_of_descriptors`),
+        never inside `claim`, so no claim loses the slot it runs on. Answers
+        how many were unmapped.
+        """
+        count = (len(self._slots) + 1) // 2
+        for key in list(self._slots)[:count]:
+            self._slots.pop(key).mapping.close()
+        self.shed_slots += count
+        return count
 
     @property
     def mapped(self) -> int:
