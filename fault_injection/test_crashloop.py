@@ -29,6 +29,33 @@ def test_crash_loop_a_dead_producers_files_are_reclaimed_by_the_next_scan() -> N
     _check(crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=3))
 
 
+def test_crash_loop_of_a_pool_producer_killed_mid_put_and_restarted_loses_nothing() -> None:
+    """Issue 13: the pool in the crash loop, one kill at each publish stage of a pool put.
+
+    Every incarnation's committed pool payload is delivered from that
+    incarnation (a restart is told apart from the one before), nothing of
+    a dead incarnation afterwards, every live payload (every third by the
+    pool) intact, the dead slot files reclaimed by the next scan, and none
+    left after gc.
+    """
+    kills = len(crashloop.CRASH_STAGES)
+    report = crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=kills, pool=True)
+    _check(report)
+    assert report.pool_puts == (kills + 2) // 3, report  # tags 0, 3, ...
+    assert report.restarts_seen == kills, report
+    assert report.stale_slot_files == (0,) * kills, report  # reclaimed by the next scan
+    assert report.dead_files_after_gc == (), report
+
+
+@pytest.mark.slow
+def test_crash_loop_of_40_pool_kills_keeps_dev_shm_within_the_live_producers_files() -> None:
+    report = crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=40, pool=True)
+    _check(report)
+    assert report.restarts_seen == 40 and report.dead_files_after_gc == (), report
+    assert report.stale_slot_files == (0,) * 40, report
+    assert report.files_after_kill[-1] <= report.files_after_kill[0], report
+
+
 @pytest.mark.slow
 def test_crash_loop_of_40_kills_keeps_dev_shm_within_the_live_producers_files() -> None:
     report = crashloop.run_crash_loop(f"cl{uuid.uuid4().hex[:8]}", kills=40)
