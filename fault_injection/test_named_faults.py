@@ -11,6 +11,17 @@
   receiver answers BUSY without waiting (also through `get_with_deadline`),
   the producer behaves as the model says, and the frame is delivered once
   the lock is released.
+
+The pool (issue 13) meets two of the three. ENOSPC at a slot file's
+creation (its fallocate): no slot file is left, the put falls back to a
+per-key segment, the next put with space takes the pool. A lock: slot files
+take no lock of their own (a consumer claims a slot only while it holds the
+carrier ring frame's claim, under that *ring's* lock, `impl.pool.consumer`),
+so the locked-reader fault on the pool path is a held ring lock with a pool
+reference on the ring; a lock held on a slot file changes nothing, which
+`test_a_lock_held_on_a_pool_slot_file_blocks_nothing` checks. A failed
+unregister does not apply: slot files are never page-locked with the CUDA
+driver (only the registered transfer path calls `host_register`).
 """
 
 from __future__ import annotations
@@ -31,15 +42,32 @@ from shmring.fault_injection.sites import MODE_PERSISTENT, MODE_TRANSIENT
 from shmring.impl import codec
 from shmring.impl.connector import Connector, GetStatus, RingDescriptor, Route
 from shmring.impl.errors import NoSpaceError, RegistryPoisonedError
-from shmring.impl.names import fallback_segment_path
+from shmring.impl.names import fallback_segment_path, parse_pool_slot_file_name
 from shmring.impl.registered.registration import Registry
 from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
 from shmring.spec import connector as connector_spec
 from shmring.spec.connector import ConnectorPutStatus
+from shmring.spec.layout import ADMISSION_DIVISOR, MIN_POOL_CLASS, compute_slot_capacity
+from shmring.spec.pool import compute_slot_charge
 from shmring.spec.registration import CALL_HOST_UNREGISTER, CUDA_ERROR_UNKNOWN
 
 EDGE = ("enc", "dec")
 CAPACITY = 4096
+
+
+# A pool of two slots of the smallest class, and a payload only a slot takes:
+# above what the 4 KiB ring admits, within the class's capacity (class + headroom).
+POOL = {
+    "pool_min_bytes": MIN_POOL_CLASS,
+    "pool_max_bytes": MIN_POOL_CLASS,
+    "pool_budget_bytes": 2 * compute_slot_charge(MIN_POOL_CLASS),
+}
+LARGE = b"L" * (MIN_POOL_CLASS + 1000)
+assert CAPACITY // ADMISSION_DIVISOR < len(LARGE) < compute_slot_capacity(MIN_POOL_CLASS)
+
+
+def _slot_files(directory: str) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if parse_pool_slot_file_name(name))
 
 
 def _size(payload: bytes) -> int:
@@ -142,6 +170,31 @@ def test_enospc_at_segment_creation_is_a_typed_refusal_with_nothing_half_written
         assert receiver.get(EDGE, "new").status is GetStatus.NOT_FOUND
         assert receiver.get(EDGE, "kept").value == b"k" * 500
         assert producer.put(EDGE, "new", b"n" * 500).route is Route.FALLBACK  # space again
+
+
+def test_enospc_at_a_pool_slot_creation_leaves_no_slot_and_the_put_falls_back(
+    scope: str,
+) -> None:
+    seam = FaultyOs()
+    with (
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam, **POOL) as producer,
+        Connector(scope) as receiver,
+    ):
+        producer.put(EDGE, "small", b"s")  # the ring is set up (its fallocate)
+        seam.plan, seam.armed = (
+            FaultPlan("fallocate", seam.counts["fallocate"] + 1, MODE_TRANSIENT, errno.ENOSPC),
+            True,
+        )
+        assert producer.put(EDGE, "big", LARGE).route is Route.FALLBACK
+        health = producer.health()
+        assert seam.hits == 1 and health.pool_create_failures == 1 and health.pool_fallbacks == 1
+        assert health.pool_slots == 0 and _slot_files(producer.directory) == []
+        got = receiver.get(EDGE, "big")
+        assert got.route is Route.FALLBACK and got.value == LARGE
+        assert producer.put(EDGE, "big2", LARGE).route is Route.POOL  # space again: a slot
+        assert len(_slot_files(producer.directory)) == 1
+        got = receiver.get(EDGE, "big2")
+        assert got.route is Route.POOL and got.value == LARGE
 
 
 def test_enospc_in_the_arena_disables_it_and_segments_carry(scope: str) -> None:
@@ -251,3 +304,55 @@ def test_another_process_holding_a_segment_lock_makes_receivers_busy_and_the_pro
         got = receiver.get(EDGE, "seg")
         assert got.delivered and got.value == b"new" * 100  # the newer version, once
         assert receiver.get(EDGE, "seg").status is GetStatus.NOT_FOUND
+
+
+def test_another_process_holding_the_ring_lock_makes_pool_gets_busy_and_leaves_the_slot(
+    scope: str, watchdog: None
+) -> None:
+    """A pool reference on a locked ring: BUSY, the slot not claimed, the producer not waiting."""
+    with (
+        Connector(scope, ring_capacity=CAPACITY, **POOL) as producer,
+        Connector(scope) as receiver,
+    ):
+        producer.put(EDGE, "warm", b"w")
+        assert receiver.get(EDGE, "warm").delivered
+        assert producer.put(EDGE, "big", LARGE).route is Route.POOL
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        holder = LockHolder(ring.path)
+        try:
+            assert receiver.get(EDGE, "big").status is GetStatus.BUSY
+            assert receiver.get_with_deadline(EDGE, "big", timeout=0.05).status is GetStatus.BUSY
+            # The slot is still PUBLISHED (never claimed): the next pool put takes the
+            # other slot, and a third finds none free (the per-key segment carries it).
+            assert producer.put(EDGE, "big2", LARGE).route is Route.POOL
+            assert producer.put(EDGE, "big3", LARGE).route is Route.FALLBACK
+            health = producer.health()
+            assert (health.pool_slots, health.pool_slots_reused, health.pool_fallbacks) == (2, 0, 1)
+        finally:
+            holder.release()
+        for key in ("big", "big2", "big3"):
+            got = receiver.get(EDGE, key)
+            assert got.delivered and got.value == LARGE, (key, got.status)
+            assert receiver.get(EDGE, key).status is GetStatus.NOT_FOUND  # once
+        assert producer.put(EDGE, "big4", LARGE).route is Route.POOL  # the slots are free again
+        assert producer.health().pool_slots_reused == 1
+
+
+def test_a_lock_held_on_a_pool_slot_file_blocks_nothing(scope: str, watchdog: None) -> None:
+    """Slots take no locks: another process's flock on a slot file is not a fault of the pool."""
+    with (
+        Connector(scope, ring_capacity=CAPACITY, **POOL) as producer,
+        Connector(scope) as receiver,
+    ):
+        assert producer.put(EDGE, "big", LARGE).route is Route.POOL
+        (slot,) = _slot_files(producer.directory)
+        holder = LockHolder(os.path.join(producer.directory, slot))
+        try:
+            got = receiver.get(EDGE, "big")
+            assert got.route is Route.POOL and got.value == LARGE
+            assert producer.put(EDGE, "again", LARGE).route is Route.POOL  # reused, no wait
+            assert producer.health().pool_slots_reused == 1
+            assert receiver.get(EDGE, "again").value == LARGE
+        finally:
+            holder.release()
