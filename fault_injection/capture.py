@@ -20,7 +20,8 @@ Each child prints one JSON line:
 
 * a victim: joins that succeeded, joins that landed in a directory not its
   own (checked on the connector's directory descriptor), typed errors by
-  class name, and bare ``OSError``s (not shmring errors) with their errno;
+  class name, bare ``OSError``s (not shmring errors) with their errno, and
+  its pool puts;
 * the attacker: how often its mkdir won, and every file name it saw in a
   directory it made (a victim's file there is a capture).
 """
@@ -40,6 +41,13 @@ from typing import Any, Final
 
 VICTIMS: Final = 2
 _CHILD_GRACE_S: Final = 60.0
+# Each victim's pool (issue 13): one slot of the smallest class. Per join it puts
+# a ring frame, a payload only a slot takes (above the 4 KiB ring's admission,
+# within the slot's capacity) and one too large for the slot (a fallback segment),
+# so slot files are created through the directory descriptor too.
+_POOL_CLASS: Final = 4096  # layout.MIN_POOL_CLASS
+_SLOT_PAYLOAD: Final = 2000
+_SEGMENT_PAYLOAD: Final = 70 * 1024  # > compute_slot_capacity(_POOL_CLASS): no slot takes it
 
 
 def free_uid(start: int, taken: set[int] = frozenset()) -> int:  # type: ignore[assignment]
@@ -64,6 +72,11 @@ def free_uid(start: int, taken: set[int] = frozenset()) -> int:  # type: ignore[
 def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
     from shmring.impl.connector import Connector
     from shmring.impl.errors import ShmringError
+    from shmring.spec.layout import MIN_POOL_CLASS, compute_slot_capacity
+    from shmring.spec.pool import compute_slot_charge
+
+    assert _POOL_CLASS == MIN_POOL_CLASS
+    assert _SLOT_PAYLOAD < compute_slot_capacity(_POOL_CLASS) < _SEGMENT_PAYLOAD
 
     uid = os.getuid()
     joins = foreign = 0
@@ -71,28 +84,41 @@ def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
     bare: Counter[str] = Counter()
     edge = (f"v{index}", "out")
     deadline = time.monotonic() + seconds
-    count = 0
+    count = pool_puts = 0
     while time.monotonic() < deadline:
         count += 1
         try:
             with Connector(
-                scope, ring_capacity=4096, pool_budget_bytes=0, fallback_spare_bytes=0
+                scope,
+                ring_capacity=4096,
+                pool_min_bytes=_POOL_CLASS,
+                pool_max_bytes=_POOL_CLASS,
+                pool_budget_bytes=compute_slot_charge(_POOL_CLASS),
+                fallback_spare_bytes=0,
             ) as connector:
                 connector.put(edge, f"k{count}", {"n": count})  # ring, marker, live file
-                connector.put(edge, f"big{count}", {"b": b"x" * 2000})  # a fallback segment
+                connector.put(edge, f"big{count}", {"b": b"x" * _SLOT_PAYLOAD})  # a pool slot
+                connector.put(edge, f"seg{count}", {"b": b"s" * _SEGMENT_PAYLOAD})  # a segment
+                pool_puts += connector.health().pool_puts
                 joins += 1
                 where = connector._deployment.directory if connector._deployment else None
                 assert where is not None  # joined by the puts
                 info = os.fstat(where.fd)
                 if info.st_uid != uid or info.st_mode & 0o077:
                     foreign += 1
-                connector.get(edge, f"k{count}")
-                connector.get(edge, f"big{count}")
+                for key in (f"k{count}", f"big{count}", f"seg{count}"):
+                    connector.get(edge, key)
         except ShmringError as error:
             typed[type(error).__name__] += 1
         except OSError as error:
             bare[errno.errorcode.get(error.errno or 0, str(error.errno))] += 1
-    return {"joins": joins, "foreign": foreign, "typed": dict(typed), "bare": dict(bare)}
+    return {
+        "joins": joins,
+        "foreign": foreign,
+        "typed": dict(typed),
+        "bare": dict(bare),
+        "pool_puts": pool_puts,
+    }
 
 
 # The attacker runs with the system's Python and the standard library only:
@@ -195,6 +221,7 @@ def run_probe(scope: str, seconds: float, shm_root: str = "/dev/shm") -> dict[st
         "attacker_uid": attacker_uid,
         "joins": sum(v["joins"] for v in victims),
         "foreign_joins": sum(v["foreign"] for v in victims),
+        "pool_puts": sum(v["pool_puts"] for v in victims),
         "typed": sum((Counter(v["typed"]) for v in victims), Counter()),
         "bare": sum((Counter(v["bare"]) for v in victims), Counter()),
         "attacker_won": attacker["won"],

@@ -23,6 +23,7 @@ def probe() -> dict[str, object]:
 
 def test_capture_race_no_join_lands_in_a_directory_another_uid_made(probe: dict) -> None:
     assert probe["joins"] > 0, probe  # the victims did work
+    assert probe["pool_puts"] == probe["joins"], probe  # a pool slot in every join
     assert probe["attacker_won"] > 0, probe  # and the attacker did own the path at times
     assert probe["foreign_joins"] == 0, probe
 
