@@ -13,9 +13,16 @@ Targets (each a Hypothesis test run programmatically, so the same code
 serves pytest and `shmring check`):
 
 * `ring_file`: a ring file with published, done and padding frames, wrapped;
-  mutations anywhere, biased towards the ring header and frame headers.
+  mutations anywhere, biased towards the ring header and frame headers
+  (ring bytes only: the raw `RingReader` never claims a
+  slot, a pool reference is a payload like any other to it; the pool's own
+  bytes are `pool_ref`'s and `pool_slot`'s).
 * `connector_ring`: one producer's ring corrupted while another producer
-  serves the same edge through the same receiving connector.
+  serves the same edge through the same receiving connector; both have a
+  pool, each ring carries a pool reference frame next to a ring frame, and
+  the healthy producer's pool payload must be served too. A mutated
+  reference mostly meets the ring frame's checksum first (it covers the
+  payload), so forged references straight into a claim are `pool_ref`'s.
 * `codec`: the encoding of a payload with torch and numpy tensors (tensor
   frame headers: prefix, msgpack header, leaf descriptors, data areas).
 * `fallback_segment`: a per-key fallback segment file.
@@ -63,6 +70,7 @@ from shmring.impl.os_seam import FILE_MODE, OsFacade
 from shmring.spec.layout import (
     FRAME_CHECKSUM_OFFSET,
     FRAME_KEY_LENGTH_OFFSET,
+    FRAME_KEY_OFFSET,
     FRAME_LENGTH_OFFSET,
     FRAME_PAYLOAD_LENGTH_OFFSET,
     FRAME_POSITION_OFFSET,
@@ -104,6 +112,7 @@ from shmring.spec.layout import (
     RING_VERSION_OFFSET,
     U32_FORMAT,
 )
+from shmring.spec.pool import compute_slot_charge
 
 EDGE: Final = ("enc", "dec")
 OTHER_EDGE: Final = ("dec", "out")
@@ -395,66 +404,96 @@ def fuzz_ring_file(cases: int, seed: int, count: Callable[[], None]) -> None:
             healthy.close()
 
 
+# connector_ring's producers: a pool of one slot of the smallest class, so each
+# corrupted ring carries a ring frame and a pool reference frame, and the
+# healthy producer serves a pool payload next to it (issue 13).
+_CONNECTOR_POOL: Final = {
+    "pool_min_bytes": MIN_POOL_CLASS,
+    "pool_max_bytes": MIN_POOL_CLASS,
+    "pool_budget_bytes": compute_slot_charge(MIN_POOL_CLASS),
+}
+
+
 def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> None:
-    """One producer's ring corrupted: the receiver keeps serving the other producer of the edge."""
+    """One producer's ring corrupted: the receiver keeps serving the other producer of the edge.
+
+    Each ring holds a ring frame ("a0") and a pool reference frame ("p0",
+    its payload in the producer's slot), so mutations of the ring's bytes
+    reach the reference through the connector: either is delivered only as
+    put, or not at all (a typed error or a plain status); the healthy
+    producer's ring frame and pool payload are served.
+    """
     from shmring.fault_injection.identities import borrowed_identities
-    from shmring.impl.connector import Connector
+    from shmring.impl.connector import Connector, Route
     from shmring.impl.connector.seams import Seams, seamed_connector
     from shmring.impl.names import ring_path
 
     identities = borrowed_identities()
     probe_scope = f"fp{uuid.uuid4().hex[:10]}"
+    corrupt_payload, good_payload = b"A" * 300, b"B" * 200
+    corrupt_pooled, good_pooled = b"P" * 2000, b"Q" * 2000  # > CAPACITY / 4: a slot's
     with seamed_connector(
-        probe_scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY, pool_budget_bytes=0
+        probe_scope, Seams(identity=identities.live_a), ring_capacity=CAPACITY, **_CONNECTOR_POOL
     ) as probe:
-        probe.put(EDGE, "a0", b"x" * 300)
+        probe.put(EDGE, "a0", corrupt_payload)
+        pooled = probe.put(EDGE, "p0", corrupt_pooled)
+        assert pooled.route is Route.POOL, pooled
         ring = probe.ring(EDGE)
         assert ring is not None
         with open(ring.path, "rb") as file:
             length = len(file.read())
-    fields = _RING_HEADER_FIELDS + _frame_fields([RING_HEADER_LENGTH])
+    ref_frame = RING_HEADER_LENGTH + pooled.position % CAPACITY
+    ref_start = ref_frame + FRAME_KEY_OFFSET + len("p0")
+    fields = (
+        _RING_HEADER_FIELDS
+        + _frame_fields([RING_HEADER_LENGTH, ref_frame])
+        + [(ref_start + offset, width) for offset, width in _POOL_REF_FIELDS]
+    )
 
     @_settings(cases)
     @given(mutations(length, fields, resize=False))
     def case(planned: list[Mutation]) -> None:
         count()
         scope = f"fc{uuid.uuid4().hex[:10]}"
-        corrupt_payload, good_payload = b"A" * 300, b"B" * 200
         with (
             seamed_connector(
                 scope,
                 Seams(identity=identities.live_a),
                 ring_capacity=CAPACITY,
-                pool_budget_bytes=0,
+                **_CONNECTOR_POOL,
             ) as bad,
             seamed_connector(
                 scope,
                 Seams(identity=identities.live_b),
                 ring_capacity=CAPACITY,
-                pool_budget_bytes=0,
+                **_CONNECTOR_POOL,
             ) as good,
             Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as receiver,
         ):
             bad.put(EDGE, "a0", corrupt_payload)
+            assert bad.put(EDGE, "p0", corrupt_pooled).route is Route.POOL
             good.put(EDGE, "b0", good_payload)
+            assert good.put(EDGE, "q0", good_pooled).route is Route.POOL
             path = ring_path(receiver.directory, EDGE[0], EDGE[1], bad.identity)
             with open(path, "r+b") as file:
                 data = apply(file.read(), planned)
                 file.seek(0)
                 file.write(data)
-            for _ in range(2):
+            for key, put in (("a0", corrupt_payload), ("p0", corrupt_pooled)) * 2:
                 try:
-                    got = receiver.get(EDGE, "a0")
+                    got = receiver.get(EDGE, key)
                 except TYPED_READ_ERRORS:
                     pass
                 else:
-                    assert not got.delivered or got.value == corrupt_payload, (
-                        "a corrupted frame was delivered"
+                    assert not got.delivered or got.value == put, (
+                        f"a corrupted frame was delivered for {key}"
                     )
-            got = receiver.get(EDGE, "b0")
-            assert got.delivered and got.value == good_payload, (
-                f"the healthy producer's frame was not served next to a corrupted ring: {got.status}"
-            )
+            for key, put in (("b0", good_payload), ("q0", good_pooled)):
+                got = receiver.get(EDGE, key)
+                assert got.delivered and got.value == put, (
+                    f"the healthy producer's {key} was not served next to a corrupted ring: "
+                    f"{got.status}"
+                )
 
     _run("connector_ring", case, seed)
 
