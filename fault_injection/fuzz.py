@@ -111,6 +111,7 @@ from shmring.spec.layout import (
     RING_TAIL_OFFSET,
     RING_VERSION_OFFSET,
     U32_FORMAT,
+    compute_slot_capacity,
 )
 from shmring.spec.pool import compute_slot_charge
 
@@ -867,12 +868,18 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
     scope = f"fd{uuid.uuid4().hex[:10]}"
     seam = RecordingOs()
     with (
-        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope, ring_capacity=CAPACITY, **_CONNECTOR_POOL) as producer,
         Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0, os_facade=seam) as receiver,
         TransferReceiver(scope, os_facade=seam) as transfers,
     ):
         ring_descriptor = producer.put(EDGE, "r", b"r" * 100).to_dict()
-        fallback_descriptor = producer.put(EDGE, "f", b"f" * 2000).to_dict()
+        pooled = producer.put(EDGE, "p", b"p" * 2000)  # a slot's, its reference on the ring
+        assert pooled.route is Route.POOL, pooled
+        pool_descriptor = pooled.to_dict()
+        too_large = compute_slot_capacity(MIN_POOL_CLASS) + 1000  # for the slot: a segment
+        fallback = producer.put(EDGE, "f", b"f" * too_large)
+        assert fallback.route is Route.FALLBACK, fallback
+        fallback_descriptor = fallback.to_dict()
         field_template = {
             "name": "x",
             "carrier": "segment",
@@ -888,22 +895,23 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
 
         @_settings(cases)
         @given(
-            st.sampled_from(["ring", "fallback", "field"]),
+            st.sampled_from(["ring", "pool", "fallback", "field"]),
             st.dictionaries(
                 st.sampled_from(
-                    sorted(set(ring_descriptor) | set(fallback_descriptor) | set(field_template))
+                    sorted(set(pool_descriptor) | set(fallback_descriptor) | set(field_template))
                 ),
                 st.one_of(_FORGED_INTS, _FORGED_NAMES, st.lists(_FORGED_INTS, max_size=3)),
                 max_size=4,
             ),
             st.sets(
-                st.sampled_from(sorted(set(ring_descriptor) | set(field_template))), max_size=2
+                st.sampled_from(sorted(set(pool_descriptor) | set(field_template))), max_size=2
             ),
         )
         def case(kind: str, changes: dict[str, Any], dropped: set[str]) -> None:
             count()
             base = {
                 "ring": ring_descriptor,
+                "pool": pool_descriptor,
                 "fallback": fallback_descriptor,
                 "field": field_template,
             }[kind]
@@ -920,7 +928,7 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
                 with contextlib.suppress(ShmringError, FileNotFoundError):
                     transfers.receive(TransferDescriptor(scope, (field,), registered=False))
             else:
-                route = Route.RING if kind == "ring" else Route.FALLBACK
+                route = {"ring": Route.RING, "pool": Route.POOL}.get(kind, Route.FALLBACK)
                 try:
                     descriptor = descriptor_from_dict(route, forged)
                 except ShmringError:
