@@ -24,8 +24,10 @@ Scenarios, in `SCENARIOS` order: ring traffic with wraparound; fallback
 traffic (too large, full ring, budget refusals, re-puts across routes);
 fallback files kept for reuse (hand-back, reuse, replacement, close);
 discovery with several producers (one of them dead); close; restart (a
-closed and a dead producer's keys reused by a new one); registered transfer
-(per-transfer segments, CUDA driver); registered arena with leases.
+closed and a dead producer's keys reused by a new one); the last three
+again with a pool at every producer (`*_pool`: the same operations, the
+model's `spec.pool` deciding which large puts take a slot); registered
+transfer (per-transfer segments, CUDA driver); registered arena with leases.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from shmring.fault_injection.lockstep import (
 )
 from shmring.fault_injection.plans import FaultyCudaDriver
 from shmring.fault_injection.sites import MODE_PERSISTENT
-from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
+from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, parse_pool_slot_file_name
 from shmring.spec.layout import MIN_POOL_CLASS
 from shmring.spec.pool import compute_slot_charge
 
@@ -279,7 +281,16 @@ def pool_traffic(env: Env) -> Outcome:
 
 def discovery(env: Env) -> Outcome:
     """Two live producers and a dead one on one edge; the receiver finds each once it is there."""
+    return _discovery("discovery", env, None)
 
+
+def discovery_pool(env: Env) -> Outcome:
+    """`discovery` with a pool at every producer: the large payloads take slots (the model's
+    `spec.pool` says where), the dead producer's slot files are reclaimed with its ring."""
+    return _discovery("discovery_pool", env, POOL_CONFIG)
+
+
+def _discovery(name: str, env: Env, pool: tuple[int, int, int] | None) -> Outcome:
     def body(d: Deployment) -> None:
         ids = env.identities
         a, b, dead = ids.live_a, ids.live_b, ids.dead
@@ -289,24 +300,55 @@ def discovery(env: Env) -> Outcome:
         d.get("r", EDGE, "a0")
         d.start_producer(b)
         d.put(b, EDGE, "b0", tagged_payload(21, 400))
-        d.put(b, EDGE, "b1", tagged_payload(22, 1500))  # fallback
+        d.put(b, EDGE, "b1", tagged_payload(22, 1500))  # fallback (a slot with a pool)
         d.get("r", EDGE, "b0")  # the stamp moved: one rescan finds b
         d.start_producer(dead)
         d.put(dead, EDGE, "d0", tagged_payload(23, 300))
         d.put(dead, EDGE, "d1", tagged_payload(24, 1500))
+        _require_pool_puts(env, d, pool, {b: 1, dead: 1})
         d.exit_producer(dead)  # its identity names a process that exited
         d.get("r", EDGE, "d0")  # never delivered; its marker is pruned
         d.get("r", EDGE, "d1")
+        if pool is not None and not env.fault_hit():  # that scan reclaimed its slot files too
+            left = _slot_files_of(env.directory, dead)
+            require(not left, f"the dead producer's slot files after a scan: {left}")
         d.put(a, EDGE, "a1", tagged_payload(25, 500))
         d.get("r", EDGE, "b1")
         d.get("r", EDGE, "a1")
 
-    return _run_deployment("discovery", env, SMALL_CAPACITY, 1 << 20, body)
+    return _run_deployment(name, env, SMALL_CAPACITY, 1 << 20, body, pool=pool)
+
+
+def _slot_files_of(directory: str, producer: tuple[int, ...]) -> list[str]:
+    return sorted(
+        name
+        for name in _entries(directory)
+        if (parsed := parse_pool_slot_file_name(name)) is not None
+        and parsed[0][:2] == tuple(producer[:2])
+    )
+
+
+def _require_pool_puts(
+    env: Env, d: Deployment, pool: tuple[int, int, int] | None, expected: dict[Any, int]
+) -> None:
+    """With a pool and no fault so far: each producer's large puts took a slot, as the model did."""
+    if pool is None or env.fault_hit():
+        return
+    took = {producer: d.producers[producer].health().pool_puts for producer in expected}
+    require(took == expected, lambda: f"pool puts {took}, the scenario expects {expected}")
 
 
 def close(env: Env) -> Outcome:
     """A producer with frames on both routes closes under faults; the retry removes everything."""
+    return _close("close", env, None)
 
+
+def close_pool(env: Env) -> Outcome:
+    """`close` with a pool: the large frame is a pool version, its slot file unlinked at close."""
+    return _close("close_pool", env, POOL_CONFIG)
+
+
+def _close(name: str, env: Env, pool: tuple[int, int, int] | None) -> Outcome:
     def body(d: Deployment) -> None:
         a = env.identities.live_a
         d.start_producer(a)
@@ -315,6 +357,7 @@ def close(env: Env) -> Outcome:
         d.put(a, EDGE, "c1", tagged_payload(31, 1500))
         d.put(a, OTHER_EDGE, "c2", tagged_payload(32, 300))
         d.get("r", EDGE, "c0")
+        _require_pool_puts(env, d, pool, {a: 1})
         d.close_producer(a)
         env.disarm()
         d.producers[a].close()  # the retry: idempotent, finishes what failed
@@ -323,12 +366,21 @@ def close(env: Env) -> Outcome:
             got = d.get("r", edge, key)
             require(got is not None and not got.delivered, f"closed producer's {key!r} delivered")
 
-    return _run_deployment("close", env, SMALL_CAPACITY, 1 << 20, body, drain=False)
+    return _run_deployment(name, env, SMALL_CAPACITY, 1 << 20, body, drain=False, pool=pool)
 
 
 def restart(env: Env) -> Outcome:
     """A closed producer and a dead one are followed by a new one that reuses their keys."""
+    return _restart("restart", env, None)
 
+
+def restart_pool(env: Env) -> Outcome:
+    """`restart` with a pool: the closed producer's pool version is gone with it, the new one's
+    large re-put takes a slot of its own."""
+    return _restart("restart_pool", env, POOL_CONFIG)
+
+
+def _restart(name: str, env: Env, pool: tuple[int, int, int] | None) -> Outcome:
     def body(d: Deployment) -> None:
         ids = env.identities
         a, b, dead = ids.live_a, ids.live_b, ids.dead
@@ -336,6 +388,7 @@ def restart(env: Env) -> Outcome:
         d.start_receiver("r")
         old = d.put(a, EDGE, "r0", tagged_payload(40, 300))
         d.put(a, EDGE, "r1", tagged_payload(41, 1500))
+        _require_pool_puts(env, d, pool, {a: 1})
         d.close_producer(a)
         d.start_producer(dead)
         d.put(dead, EDGE, "r2", tagged_payload(42, 300))
@@ -347,9 +400,10 @@ def restart(env: Env) -> Outcome:
         d.get("r", EDGE, "r0")
         d.get("r", EDGE, "r2")  # the dead producer's key: never delivered
         d.put(b, EDGE, "r2", tagged_payload(45, 1500))
+        _require_pool_puts(env, d, pool, {b: 1})
         d.get("r", EDGE, "r2")
 
-    return _run_deployment("restart", env, SMALL_CAPACITY, 1 << 20, body)
+    return _run_deployment(name, env, SMALL_CAPACITY, 1 << 20, body, pool=pool)
 
 
 # -- registered transfer ---------------------------------------------------------------------
@@ -642,8 +696,11 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "fallback_reuse": fallback_reuse,
     "pool_traffic": pool_traffic,
     "discovery": discovery,
+    "discovery_pool": discovery_pool,
     "close": close,
+    "close_pool": close_pool,
     "restart": restart,
+    "restart_pool": restart_pool,
     "registered_transfer": registered_transfer,
     "arena_leases": arena_leases,
 }
