@@ -98,7 +98,7 @@ def test_a_pool_reader_sheds_its_slot_mappings_when_an_open_runs_out_of_descript
             producer.close()
 
 
-@pytest.mark.parametrize("scenario", ["discovery", "fallback_traffic", "restart"])
+@pytest.mark.parametrize("scenario", ["discovery", "fallback_traffic", "restart", "pool_traffic"])
 def test_emfile_and_enfile_at_every_descriptor_site_keep_the_promises(scenario: str) -> None:
     """Fault cells: EMFILE / ENFILE at every open, mmap and pidfd call of the scenario."""
     identities = borrowed_identities()
