@@ -7,9 +7,12 @@ transports but against what the machine itself does:
   producer side alone": `copy_bandwidth` is that producer side, one process
   copying the payload (a `bytes`) into a mapped shared-memory buffer, the
   one copy a sender cannot avoid. It copies into pages already faulted in
-  (``warm``: a reused buffer, what a pooled path aims for) and into a fresh
+  (``warm``: a reused buffer, what a pooled path aims for), into a fresh
   file's pages (``fresh``: a new tmpfs file per copy, what a file per message
-  pays);
+  pays) and, for the bursts, into a rotating working set of as many mapped
+  buffers as the burst has messages in flight (``rotating xN``: what the pool
+  writes when N slots are in flight; at 16 MiB one reused buffer and the
+  payload together fit this machine's 32 MiB L3, N of them do not);
 * `get_with_deadline` must wake within 2x "a futex round trip": `futex_*` is
   a plain round trip between the two pinned workers over two futex words
   (`shmring.impl.futex.FutexWord`, the primitive the connector's doorbell
@@ -41,38 +44,56 @@ FUTEX_WORDS = ("ping", "pong")
 WAIT_SLICE_S = 1.0  # one FUTEX_WAIT; the loop re-checks the word after each
 
 
-def copy_bandwidth(path: str, size: int, copies: int, fresh: bool) -> list[float]:
+def copy_bandwidth(path: str, size: int, copies: int, fresh: bool, rotate: int = 1) -> list[float]:
     """MiB/s of `copies` single-thread copies of a `size`-byte payload into a shm mapping.
 
     `fresh`: every copy goes into a new file at `path` (created, sized,
     mapped, copied into, unmapped, unlinked; only the copy is timed, its page
     faults included). Otherwise one file is mapped, written once untimed and
-    copied into `copies` times.
+    copied into `copies` times; with `rotate` > 1, that many files
+    (``path.0`` ...) and the copies go round them (at least one round).
     """
     from _transports import make_bytes
 
+    if fresh:
+        return _fresh_copies(path, size, copies, make_bytes(size))
     payload = make_bytes(size)
+    paths = [path] if rotate == 1 else [f"{path}.{index}" for index in range(rotate)]
     rates: list[float] = []
-    mapping = _map_new(path, size) if not fresh else None
+    mappings: list[mmap.mmap] = []
     try:
-        if mapping is not None:
-            mapping[:size] = payload  # untimed: fault the pages in
+        for target_path in paths:
+            mappings.append(_map_new(target_path, size))
+            mappings[-1][:size] = payload  # untimed: fault the pages in
         gc.collect()
-        for _ in range(copies):
-            target = mapping if mapping is not None else _map_new(path, size)
-            try:
-                began = time.perf_counter_ns()
-                target[:size] = payload
-                elapsed = time.perf_counter_ns() - began
-            finally:
-                if target is not mapping:
-                    target.close()
-                    os.unlink(path)
+        for index in range(max(copies, rotate)):
+            target = mappings[index % rotate]
+            began = time.perf_counter_ns()
+            target[:size] = payload
+            elapsed = time.perf_counter_ns() - began
             rates.append(size / (elapsed / 1e9) / (1 << 20))
     finally:
-        if mapping is not None:
+        for mapping in mappings:
             mapping.close()
+        for target_path in paths[: len(mappings)]:
+            os.unlink(target_path)
+    return rates
+
+
+def _fresh_copies(path: str, size: int, copies: int, payload: bytes) -> list[float]:
+    """`copy_bandwidth`'s fresh kind: a new file per copy, only the copy timed."""
+    rates: list[float] = []
+    gc.collect()
+    for _ in range(copies):
+        target = _map_new(path, size)
+        try:
+            began = time.perf_counter_ns()
+            target[:size] = payload
+            elapsed = time.perf_counter_ns() - began
+        finally:
+            target.close()
             os.unlink(path)
+        rates.append(size / (elapsed / 1e9) / (1 << 20))
     return rates
 
 

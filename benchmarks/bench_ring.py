@@ -342,6 +342,42 @@ def route_of(stats: dict[str, Any]) -> str | None:
     return f"mixed ({parts})"
 
 
+def _rotating_copies(
+    pair: Pair,
+    plan: Plan,
+    case_id: str,
+    copies: dict[str, dict[str, list[float]]],
+    skipped: dict[str, str],
+) -> None:
+    """The bursts' baseline: the copy into a rotating set of as many buffers as are in flight.
+
+    Kind ``rotating xN`` under the size's label: what the producer writes in
+    a burst of N (N slots, none of them in cache), where ``warm`` rewrites
+    one buffer; the burst targets compare with it (`_report.targets`).
+    """
+    for size, count, _ in plan.bursts:
+        if size < MIB:
+            continue
+        label = size_label(size)
+        reason = space_shortfall(size, count + 1)
+        if reason:
+            skipped[f"{label} rotating x{count}"] = reason
+            continue
+        path = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-rotate")
+        copies.setdefault(label, {})[f"rotating x{count}"] = pair.ask(
+            "a",
+            "probe",
+            "copy_bandwidth",
+            {
+                "path": path,
+                "size": size,
+                "copies": max(plan.copy_count, count),
+                "fresh": False,
+                "rotate": count,
+            },
+        )
+
+
 def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[str, Any]:
     """One repeat of the reference measurements (`_probes`): copies, futex round trips, wake-ups."""
     copies: dict[str, dict[str, list[float]]] = {}
@@ -360,6 +396,7 @@ def run_probes(pair: Pair, plan: Plan, case_id: str, sizes: list[int]) -> dict[s
                 "copy_bandwidth",
                 {"path": path, "size": size, "copies": plan.copy_count, "fresh": kind == "fresh"},
             )
+    _rotating_copies(pair, plan, case_id, copies, skipped)
     futex_prefix = os.path.join(SHM_ROOT, f"shmring-bench-{case_id}-futex")
     word_paths = _probes.futex_word_paths(futex_prefix)
     try:

@@ -132,6 +132,16 @@ def test_throughput_targets_pick_the_right_baselines(report: ModuleType) -> None
     assert borrowed["ratio"] == pytest.approx(0.92) and borrowed["met"] is True
 
 
+def test_a_burst_compares_with_its_rotating_copy_where_measured(report: ModuleType) -> None:
+    """The burst writes 64 buffers, not one: its baseline is the rotating set's copy."""
+    copies = {"16 MiB": {"warm": _cell(5000.0), "rotating x64": _cell(4000.0)}}
+    rows = _rows(report, _result(copy_mib_s=copies))
+    target = "throughput (borrowed) >= 0.9x the producer's single-thread copy"
+    burst = rows[(f"16 MiB x64 burst {target}", "connector/borrow")]
+    assert burst["ratio"] == pytest.approx(4600 / 4000)
+    assert "64 rotating" in burst["baseline"]
+
+
 def test_best_peer_at_256_mib_falls_back_to_vllm_when_faster(report: ModuleType) -> None:
     result = _result()
     result["throughput_mib_s"]["256 MiB"]["iceoryx2"] = _cell(1000.0)
