@@ -8,7 +8,7 @@ clears and reads it.
 
 The run happens with the objects that existed before it frozen (`gc.freeze`):
 they are not garbage the run makes, and in a process that has imported torch
-and the suite (~270,000 objects) each of the run's two or three full
+and numpy (~270,000 objects; the suite's has more) each of the run's two or three full
 collections otherwise walked all of them, ~0.25 s apiece, ~0.5 s of a 4 s
 ring-ci run (docs/performance.md, "Issue 13: lockstep steps/s, measured").
 Reference counting still frees them; only the cycle collector skips them
