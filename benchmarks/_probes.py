@@ -289,4 +289,8 @@ def ring_lockstep_rate(max_examples: int | None) -> dict[str, Any]:
         "steps": run.steps,
         "seconds": run.seconds,
         "steps_per_s": run.steps / run.seconds if run.seconds > 0 else None,
+        # Per CPU second of this process: the same run less the time other
+        # processes took the core (the machine is shared).
+        "cpu_seconds": run.cpu_seconds,
+        "steps_per_cpu_s": run.steps / run.cpu_seconds if run.cpu_seconds > 0 else None,
     }

@@ -363,9 +363,12 @@ def _notes(result: dict[str, Any]) -> list[str]:
     if "not_run" in lockstep:
         lines.append(f"- ring lockstep machine: not run: {lockstep['not_run']}")
     elif lockstep:
+        cpu = lockstep.get("cpu_seconds")
+        on_cpu = f", {lockstep['steps'] / cpu:,.0f} steps per CPU second" if cpu else ""
         lines.append(
             f"- ring lockstep machine: {lockstep['steps']} steps in {lockstep['seconds']:.1f} s "
-            f"(profile {lockstep['profile']}, in the parent process after the workers exit)"
+            f"(profile {lockstep['profile']}, in the parent process after the workers exit"
+            f"{on_cpu})"
         )
     return lines
 

@@ -25,6 +25,7 @@ import uuid
 
 from hypothesis import note
 from hypothesis import strategies as st
+from hypothesis.control import should_note
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
@@ -97,8 +98,14 @@ LARGE_PAYLOAD_SIZES = st.one_of(
 )
 
 
+PUT_RESULT_FIELDS = tuple(field.name for field in dataclasses.fields(ring_spec.PutResult))
+
+
 def _model_put_fields(result: ring_spec.PutResult) -> tuple[object, ...]:
-    return dataclasses.astuple(result)
+    # The model's fields in declaration order, as the channel's outcome tuple
+    # lists them (PutResult's fields are flat: dataclasses.astuple's deep copy
+    # would return the same values, and costs a copy per put).
+    return tuple(getattr(result, name) for name in PUT_RESULT_FIELDS)
 
 
 def _model_receive_status(status: GetStatus) -> ReceiveStatus:
@@ -129,13 +136,18 @@ class RingLockstepMachine(RuleBasedStateMachine):
         self.directory: str | None = None
         self.serial = 0
         self.outstanding: set[int] = set()  # positions of leases not yet released
+        # Whether Hypothesis shows this example's notes (the final replay of a
+        # failing example, or a verbose run). Notes are only read then, so the
+        # other examples skip formatting them.
+        self.noting = should_note()
 
     # -- setup ----------------------------------------------------------------------
 
     @initialize(units=st.integers(0, MIN_RING_CAPACITY // RING_CAPACITY_ALIGNMENT))
     def open_ring(self, units: int) -> None:
         capacity = MIN_RING_CAPACITY + units * RING_CAPACITY_ALIGNMENT
-        note(f"ring of capacity={capacity}")
+        if self.noting:
+            note(f"ring of capacity={capacity}")
         self.directory = ensure_deployment_directory(f"m{uuid.uuid4().hex[:12]}")
         path = ring_path(self.directory, "src", "dst", current_producer_identity())
         self.model = ring_spec.initialize_ring(capacity)
@@ -208,10 +220,12 @@ class RingLockstepMachine(RuleBasedStateMachine):
         payload_length = self._payload_length(key, size)
         self.serial += 1
         payload = tagged_payload(f"{self.serial}", payload_length)
-        note(f"put({key!r}, {payload_length} bytes) at head={ring.head} tail={ring.tail}")
+        if self.noting:
+            note(f"put({key!r}, {payload_length} bytes) at head={ring.head} tail={ring.tail}")
         expected = ring_spec.process_put(ring, key, payload_length, payload)
         outcome = self.channel.put(key, payload)
-        note(f"  -> {outcome}")
+        if self.noting:
+            note(f"  -> {outcome}")
         assert tuple(outcome) == _model_put_fields(expected), (outcome, expected)
         if outcome.status is PutStatus.NOT_ADMITTED:
             TALLY.label("not admitted")
@@ -235,10 +249,12 @@ class RingLockstepMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS), other=st.booleans())
     def get(self, key: str, other: bool) -> None:
         TALLY.step("get")
-        note(f"get({key!r}){' by the other reader' if other else ''}")
+        if self.noting:
+            note(f"get({key!r}){' by the other reader' if other else ''}")
         expected = ring_spec.process_get(self.ring, key)
         got = self._pick_reader(other).get(key)
-        note(f"  -> {got.status.value} at {got.position}")
+        if self.noting:
+            note(f"  -> {got.status.value} at {got.position}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.DELIVERED:
             assert got.payload == expected.payload
@@ -247,12 +263,14 @@ class RingLockstepMachine(RuleBasedStateMachine):
     def get_by_descriptor(self, descriptor: Descriptor, other_key: str | None, other: bool) -> None:
         TALLY.step("get_by_descriptor")
         key = descriptor.key if other_key is None else other_key
-        note(
-            f"get({key!r}, position={descriptor.position}){' by the other reader' if other else ''}"
-        )
+        if self.noting:
+            note(
+                f"get({key!r}, position={descriptor.position}){' by the other reader' if other else ''}"
+            )
         expected = ring_spec.process_get(self.ring, key, descriptor.position)
         got = self._pick_reader(other).get(key, descriptor.position)
-        note(f"  -> {got.status.value}")
+        if self.noting:
+            note(f"  -> {got.status.value}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.STALE:
             TALLY.label("stale descriptor")
@@ -275,10 +293,12 @@ class RingLockstepMachine(RuleBasedStateMachine):
     def _lease(self, key: str) -> object:
         TALLY.step("lease")
         assert self.reader is not None
-        note(f"lease({key!r})")
+        if self.noting:
+            note(f"lease({key!r})")
         expected = ring_spec.process_get(self.ring, key, mode=ConsumeMode.LEASE)
         got = self.reader.get(key, mode=ConsumeMode.LEASE)
-        note(f"  -> {got.status.value} at {got.position}")
+        if self.noting:
+            note(f"  -> {got.status.value} at {got.position}")
         self._check_delivery(expected, got.status, got.position)
         if got.status is not ReceiveStatus.DELIVERED:
             return multiple()
@@ -290,7 +310,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
     @rule(lease=consumes(leases))
     def release(self, lease: Lease) -> None:
         TALLY.step("release")
-        note(f"release(position={lease.position})")
+        if self.noting:
+            note(f"release(position={lease.position})")
         if any(position < lease.position for position in self.outstanding):
             TALLY.label("lease released out of order")
         ring_spec.process_release(self.ring, lease.position)
@@ -301,7 +322,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
     def cancel(self, key: str) -> None:
         TALLY.step("cancel")
         assert self.channel is not None
-        note(f"cancel({key!r})")
+        if self.noting:
+            note(f"cancel({key!r})")
         wrapped = self.ring.head > self.ring.capacity
         expected = ring_spec.process_cancel(self.ring, key)
         assert self.channel.cancel(key) == expected
@@ -312,7 +334,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
     def cancel_prefix(self, prefix: str) -> None:
         TALLY.step("cancel_prefix")
         assert self.channel is not None
-        note(f"cancel_prefix({prefix!r})")
+        if self.noting:
+            note(f"cancel_prefix({prefix!r})")
         expected = ring_spec.process_cancel_prefix(self.ring, prefix)
         assert self.channel.cancel_prefix(prefix) == expected
 
@@ -324,7 +347,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
             return
         TALLY.step("close")
         assert self.channel is not None
-        note("close()")
+        if self.noting:
+            note("close()")
         expected = ring_spec.process_close(self.ring)
         assert self.channel.close() == expected
 

@@ -196,3 +196,25 @@ def test_space_shortfall_skips_cases_that_do_not_fit(space: ModuleType) -> None:
     assert short_shm is not None and "/dev/shm" in short_shm and "3.00 GiB" in short_shm
     short_memory = space.compute_shortfall(need, plenty, need + space.MEMORY_MARGIN - 1)
     assert short_memory is not None and "memory available" in short_memory
+
+
+def test_lockstep_note_gives_the_rate_per_cpu_second_when_measured(report: ModuleType) -> None:
+    # The machine is shared: the rate per CPU second is the same run less
+    # the time other processes held the core (issue 13).
+    measured = _result(
+        ring_lockstep={
+            "profile": "ring-ci",
+            "steps": 5000,
+            "seconds": 2.5,
+            "steps_per_s": 2000.0,
+            "cpu_seconds": 2.0,
+            "steps_per_cpu_s": 2500.0,
+        }
+    )
+    older = _result()
+    for result in (measured, older):
+        result["targets"] = report.targets(result)
+    (note,) = [line for line in report._notes(measured) if "lockstep" in line]
+    assert "2,500 steps per CPU second" in note
+    (note,) = [line for line in report._notes(older) if "lockstep" in line]
+    assert "CPU" not in note

@@ -51,60 +51,73 @@ def _require(condition: bool, message: str) -> None:
 # -- ring ------------------------------------------------------------------
 
 
+# The ring's checks run after every step of the ring, arena and connector
+# machines (on every frame of every ring), so they format a message only when
+# the check fails; `_require` takes one already formatted.
+
+
 def check_ring_positions(ring: RingState) -> None:
     """tail <= head and head - tail <= capacity; positions never negative."""
-    _require(is_valid_capacity(ring.capacity), f"invalid capacity: capacity={ring.capacity}")
-    _require(0 <= ring.tail <= ring.head, f"tail after head: tail={ring.tail} head={ring.head}")
-    _require(
-        ring.head - ring.tail <= ring.capacity,
-        f"ring over capacity: head={ring.head} tail={ring.tail} capacity={ring.capacity}",
-    )
+    if not is_valid_capacity(ring.capacity):
+        raise InvariantViolation(f"invalid capacity: capacity={ring.capacity}")
+    if not 0 <= ring.tail <= ring.head:
+        raise InvariantViolation(f"tail after head: tail={ring.tail} head={ring.head}")
+    if ring.head - ring.tail > ring.capacity:
+        raise InvariantViolation(
+            f"ring over capacity: head={ring.head} tail={ring.tail} capacity={ring.capacity}"
+        )
 
 
 def check_ring_frames_tile(ring: RingState) -> None:
     """Unreclaimed frames tile [tail, head) with aligned lengths; none crosses the end."""
+    capacity = ring.capacity
+    limit = capacity // ADMISSION_DIVISOR
     position = ring.tail
     for frame in ring.frames:
-        _require(
-            frame.position == position,
-            f"gap or overlap at position={position}: frame at {frame.position}",
-        )
-        _require(
-            frame.length > 0 and frame.length % FRAME_ALIGNMENT == 0,
-            f"unaligned frame length={frame.length} at position={frame.position}",
-        )
-        offset = frame.position % ring.capacity
-        _require(
-            offset + frame.length <= ring.capacity,
-            f"frame crosses the end of the data region: position={frame.position} "
-            f"length={frame.length} capacity={ring.capacity}",
-        )
+        if frame.position != position:
+            raise InvariantViolation(
+                f"gap or overlap at position={position}: frame at {frame.position}"
+            )
+        if not (frame.length > 0 and frame.length % FRAME_ALIGNMENT == 0):
+            raise InvariantViolation(
+                f"unaligned frame length={frame.length} at position={frame.position}"
+            )
+        offset = frame.position % capacity
+        if offset + frame.length > capacity:
+            raise InvariantViolation(
+                f"frame crosses the end of the data region: position={frame.position} "
+                f"length={frame.length} capacity={capacity}"
+            )
         if frame.frame_type == PADDING_FRAME_TYPE:
-            _require(
-                offset + frame.length == ring.capacity,
-                f"padding does not end at the data region's end: position={frame.position}",
-            )
-            _require(frame.state == FRAME_STATE_DONE, "padding frame not done")
+            if offset + frame.length != capacity:
+                raise InvariantViolation(
+                    f"padding does not end at the data region's end: position={frame.position}"
+                )
+            if frame.state != FRAME_STATE_DONE:
+                raise InvariantViolation("padding frame not done")
         else:
-            _require(frame.frame_type == DATA_FRAME_TYPE, f"unknown frame type={frame.frame_type}")
+            if frame.frame_type != DATA_FRAME_TYPE:
+                raise InvariantViolation(f"unknown frame type={frame.frame_type}")
             expected = compute_frame_length(compute_key_length(frame.key), frame.payload_length)
-            _require(
-                frame.length == expected,
-                f"frame length={frame.length} differs from computed length={expected}",
-            )
-            _require(
-                frame.length <= ring.capacity // ADMISSION_DIVISOR,
-                f"frame larger than the admission limit: length={frame.length}",
-            )
+            if frame.length != expected:
+                raise InvariantViolation(
+                    f"frame length={frame.length} differs from computed length={expected}"
+                )
+            if frame.length > limit:
+                raise InvariantViolation(
+                    f"frame larger than the admission limit: length={frame.length}"
+                )
         position += frame.length
-    _require(position == ring.head, f"frames end at {position}, head is {ring.head}")
+    if position != ring.head:
+        raise InvariantViolation(f"frames end at {position}, head is {ring.head}")
 
 
 def check_ring_one_version_per_key(ring: RingState) -> None:
     """A key has at most one deliverable frame."""
-    counts = Counter(frame.key for frame in ring.frames if is_deliverable(frame))
-    repeated = sorted(key for key, count in counts.items() if count > 1)
-    _require(not repeated, f"keys with more than one deliverable version: {repeated}")
+    keys = [frame.key for frame in ring.frames if is_deliverable(frame)]
+    if len(set(keys)) != len(keys):
+        repeated = sorted(key for key, count in Counter(keys).items() if count > 1)
+        raise InvariantViolation(f"keys with more than one deliverable version: {repeated}")
 
 
 def check_ring_closed_holds_nothing(ring: RingState) -> None:
