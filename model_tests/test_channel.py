@@ -342,6 +342,38 @@ def test_writer_fills_the_frame_in_place(ring_dir: str) -> None:
         assert reader.get("k", put.position).payload == b"0123456789"
 
 
+def ring_spec_checksum(key: bytes, payload: bytes) -> int:
+    """docs/protocol.md's frame checksum: low 32 bits of XXH3-64 of the payload, seeded by the key's."""
+    from xxhash import xxh3_64_intdigest
+
+    return xxh3_64_intdigest(payload, seed=xxh3_64_intdigest(key)) & 0xFFFFFFFF
+
+
+def test_put_parts_publishes_what_put_of_the_joined_bytes_publishes(ring_dir: str) -> None:
+    """Issue 13: `put_parts` (a codec header and a large bytes body, no writer) is `put(head + body)`.
+
+    Byte for byte and with the same checksum field: a reader claims it like
+    any frame, and the two frames differ only in their keys' positions.
+    """
+    head, body = b"\xc5\x01\x00", bytes(range(256))
+    with _ring(ring_dir) as (channel, reader):
+        joined = channel.put("k1", head + body)
+        parts = channel.put_parts("k2", head, memoryview(bytearray(body)))
+        assert parts.status is PutStatus.PUBLISHED
+        assert parts.frame_length == joined.frame_length
+        with open(channel.path, "rb") as file:
+            data = memoryview(file.read())
+        frames = [
+            read_frame_header(data, RING_HEADER_LENGTH + outcome.position)
+            for outcome in (joined, parts)
+        ]
+        assert frames[0].payload_length == frames[1].payload_length == len(head) + len(body)
+        assert frames[1].checksum == ring_spec_checksum(b"k2", head + body)
+        assert frames[0].checksum == ring_spec_checksum(b"k1", head + body)
+        assert reader.get("k2", parts.position).payload == head + body
+        assert reader.get("k1").payload == head + body
+
+
 def test_writer_that_keeps_a_view_publishes_nothing(ring_dir: str) -> None:
     with _ring(ring_dir) as (channel, reader):
         kept: list[memoryview] = []

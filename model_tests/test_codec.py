@@ -754,3 +754,31 @@ def test_whole_is_exactly_what_write_into_writes(payload: Any) -> None:
     expected_whole = isinstance(payload, bytes) and len(payload) < codec.DIRECT_BYTES_MIN
     expected_whole = expected_whole or payload == {"a": 1, "b": [True, None, "text"]}
     assert (whole is not None) == expected_whole
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"x" * 64,
+        {"a": 1, "b": [True, None, "text"]},
+        {"t": torch.arange(4)},
+        b"y" * codec.DIRECT_BYTES_MIN,
+        bytearray(b"z" * (codec.DIRECT_BYTES_MIN + 3)),
+        memoryview(b"w" * (1 << 20)),
+    ],
+    ids=["small-bytes", "plain-tree", "tensor", "large-bytes", "bytearray", "memoryview"],
+)
+def test_parts_are_exactly_what_write_into_writes(payload: Any) -> None:
+    """Issue 13: `EncodePlan.parts()` (the ring copies header and body as they are) or None."""
+    plan = codec.prepare(payload)
+    written = bytearray(plan.nbytes)
+    plan.write_into(written)
+    parts = plan.parts()
+    expected = isinstance(payload, (bytes, bytearray, memoryview)) and len(payload) >= (
+        codec.DIRECT_BYTES_MIN
+    )
+    assert (parts is not None) == expected
+    if parts is not None:
+        head, body = parts
+        assert head + bytes(body) == bytes(written)
+        assert codec.decode(head + bytes(body)) == bytes(payload)

@@ -874,3 +874,25 @@ def test_an_idle_get_with_deadline_sleeps_after_its_bounded_spin(scope: str) -> 
         assert got.status is GetStatus.NOT_FOUND and wall >= 0.3
         # Spinning for the whole wait would use about all of it.
         assert cpu < 0.5 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s idle"
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_large_bytes_payload_goes_by_the_ring_as_header_and_body(scope: str, kind: Any) -> None:
+    """Issue 13: a >= 64 KiB bytes-like payload is put as its bin header + body, and round-trips.
+
+    Also with a fallback segment of the key to retire (the writer path keeps it).
+    """
+    body = tagged_payload(7, codec.DIRECT_BYTES_MIN + 5)
+    with (
+        Connector(scope, ring_capacity=1 << 20, pool_budget_bytes=0) as producer,
+        Connector(scope) as receiver,
+    ):
+        producer.put(EDGE, "big", kind(body))
+        got = receiver.get(EDGE, "big")
+        assert got.delivered and got.route is Route.RING
+        assert type(got.value) is bytes and got.value == body
+        # A version carried by a segment first (not admitted, no pool), then one by the ring.
+        assert isinstance(producer.put(EDGE, "again", b"z" * (300 << 10)), FallbackDescriptor)
+        assert isinstance(producer.put(EDGE, "again", kind(body)), RingDescriptor)
+        got = receiver.get(EDGE, "again")
+        assert got.delivered and got.route is Route.RING and got.value == body

@@ -230,6 +230,29 @@ class EncodePlan:
         # past its header: only when the header is all of it is it whole.
         return head if not self._leaves and len(head) == self.nbytes else None
 
+    def parts(self) -> tuple[bytes, Any] | None:
+        """(header, bytes-like body) when the encoding is exactly header + body, else None.
+
+        A large top-level bytes payload (`DIRECT_BYTES_MIN` or more) encodes
+        as a msgpack bin header and the bytes themselves: a transport may
+        copy the two pieces as they are instead of calling `write_into`
+        (what `write_into` would write, byte for byte).
+        """
+        leaves = self._leaves
+        if len(leaves) != 1:
+            return None
+        area, offset, size, kind, source, _ = leaves[0]
+        head = self._head
+        if (
+            kind != _RAW_BYTES
+            or area != CODEC_SHARED_AREA
+            or offset
+            or self._data_start != len(head)
+            or self.nbytes != len(head) + size
+        ):
+            return None
+        return head, source
+
     def write_into(self, buf: Any) -> int:
         """Write the encoding into the first `nbytes` bytes of a writable buffer; return `nbytes`.
 

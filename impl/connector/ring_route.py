@@ -394,10 +394,15 @@ class RingRoute:
         only once the ring has decided it has room, before the frame shows.
         """
         whole = plan.whole()
+        parts = plan.parts() if whole is None and before_visible is None else None
         if whole is not None and before_visible is None:
             # A plain encoding with nothing to retire: the ring copies the
             # bytes as they are (what the writer below would write).
             outcome = ring.put(key, whole)
+        elif parts is not None:
+            # A large bytes payload: its header and the bytes, copied as they
+            # are (no writer, no kept-view guard: nothing is lent).
+            outcome = ring.put_parts(key, parts[0], parts[1])
         else:
 
             def write(view: memoryview) -> None:

@@ -164,6 +164,16 @@ class RingChannel(RingProducer, _RingFile):
         data = payload if isinstance(payload, bytes) else memoryview(payload).cast("B")
         return self._put(key, len(data), data, None)
 
+    def put_parts(self, key: str, head: bytes, body: Buffer) -> PutOutcome:
+        """Publish the payload `head` + `body` under `key` without joining the two first.
+
+        What `put(key, head + body)` publishes, byte for byte and with the
+        same checksum, with one copy of `body` instead of two (a codec's
+        header and a large bytes payload: `codec.EncodePlan.parts`).
+        """
+        data = body if isinstance(body, bytes) else memoryview(body).cast("B")
+        return self._put(key, len(head) + len(data), data, None, head)
+
     def put_with_writer(
         self, key: str, payload_length: int, writer: Callable[[memoryview], None]
     ) -> PutOutcome:
@@ -188,8 +198,13 @@ class RingChannel(RingProducer, _RingFile):
         payload_length: int,
         payload: bytes | memoryview | None,
         writer: Callable[[memoryview], None] | None,
+        prefix: bytes = b"",
     ) -> PutOutcome:
-        """`spec.ring.process_put` on the engine: admit, `_reserve`, write the bytes, `_commit`."""
+        """`spec.ring.process_put` on the engine: admit, `_reserve`, write the bytes, `_commit`.
+
+        The payload is `prefix` + `payload` (`prefix` empty but for `put_parts`),
+        or what `writer` writes.
+        """
         if self._closed:
             return _PUT_CLOSED
         key_bytes = key.encode("utf-8")
@@ -214,8 +229,15 @@ class RingChannel(RingProducer, _RingFile):
         buf[key_start:payload_start] = key_bytes
         if writer is None:
             assert payload is not None
-            buf[payload_start:payload_end] = payload
-            checksum = compute_checksum(key_bytes, payload)
+            if prefix:
+                body_start = payload_start + len(prefix)
+                buf[payload_start:body_start] = prefix
+                buf[body_start:payload_end] = payload
+                # Over what was written (as for a writer): the frame's bytes.
+                checksum = compute_checksum(key_bytes, buf[payload_start:payload_end])
+            else:
+                buf[payload_start:payload_end] = payload
+                checksum = compute_checksum(key_bytes, payload)
         else:
             # The one kept-view guard (`borrow.call_with_view`): a view the
             # writer keeps (a slice, an array) would alias the frame after it
