@@ -21,7 +21,7 @@ from shmring.model_tests.discovery_machine import (
     DiscoveryLockstepMachine,
     RestartLockstepMachine,
 )
-from shmring.model_tests.machine_runs import MachineRun, report, run_machine
+from shmring.model_tests.machine_runs import MachineRun, missing_labels, report, run_machine
 
 # A guard against a hung worker or a receive that blocks, not a timing claim.
 WATCHDOG_SECONDS = 600
@@ -46,8 +46,15 @@ def test_discovery_agrees_with_model(discovery_run: MachineRun) -> None:
 
 
 def test_every_discovery_event_label_is_reached(discovery_run: MachineRun) -> None:
-    missing = [label for label in EVENT_LABELS if discovery_run.events[label] == 0]
-    assert not missing, f"labels never reached: {missing}; reached: {dict(discovery_run.events)}"
+    missing, events = missing_labels(
+        discovery_machine,
+        DiscoveryLockstepMachine,
+        CI_PROFILE,
+        EVENT_LABELS,
+        discovery_run,
+        WATCHDOG_SECONDS,
+    )
+    assert not missing, f"labels never reached: {missing}; reached: {dict(events)}"
 
 
 def test_restarted_producer_agrees_with_model(restart_run: MachineRun) -> None:
@@ -55,8 +62,15 @@ def test_restarted_producer_agrees_with_model(restart_run: MachineRun) -> None:
 
 
 def test_every_restart_event_label_is_reached(restart_run: MachineRun) -> None:
-    missing = [label for label in RESTART_EVENT_LABELS if restart_run.events[label] == 0]
-    assert not missing, f"labels never reached: {missing}; reached: {dict(restart_run.events)}"
+    missing, events = missing_labels(
+        discovery_machine,
+        RestartLockstepMachine,
+        RESTART_CI_PROFILE,
+        RESTART_EVENT_LABELS,
+        restart_run,
+        WATCHDOG_SECONDS,
+    )
+    assert not missing, f"labels never reached: {missing}; reached: {dict(events)}"
 
 
 @pytest.mark.slow
