@@ -36,6 +36,7 @@ import msgspec
 from msgspec.msgpack import Decoder, Ext
 
 from shmring.impl import extensions
+from shmring.impl.codec import fresh
 from shmring.impl.codec.wire import (
     _ALIGN_MASK,
     _BFLOAT16_CODE,
@@ -218,7 +219,9 @@ class _LeafReader:
                     start = 0
             else:
                 assert self.src is not None
-                storage = bytearray(self.src[begin : begin + nbytes]) if nbytes else None
+                storage = (
+                    fresh.owned_bytearray(self.src[begin : begin + nbytes]) if nbytes else None
+                )
                 start = 0
         else:
             raise _corrupt(f"unknown leaf area: area={area}")
@@ -477,6 +480,10 @@ def decode(buf: Any, *, type: Any = None) -> Any:
         if length == 0:
             raise _corrupt("empty payload")
         if src[0] != CODEC_FRAMED_MARKER:
+            if type is None and length >= fresh.min_bytes:
+                value = fresh.owned_bin(src)  # a large top-level bytes: huge-page-advised copy
+                if value is not None:
+                    return value
             try:
                 decoder = _plain_decoder if type is None else _plain_decoder_for(type)
                 return decoder.decode(src)

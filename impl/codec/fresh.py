@@ -1,27 +1,28 @@
-"""The owned copy of a large bytes payload, into memory that faults in 2 MiB pages.
+"""Owned copies of large payloads, into fresh memory that faults in 2 MiB pages.
 
 Design rationale (issue 13, "large payloads, where the time goes" in
-docs/performance.md). An owned get of a large payload ends with one copy
-out of the slot into fresh memory the receiver owns. For a top-level
-``bytes`` payload the codec builds that object with malloc, and malloc maps
-every allocation above 32 MiB freshly, so the copy page-faults each 4 KiB
-page of its destination: on the measuring VM a fault costs 3-7 us, and a
-256 MiB copy out took 440 ms (584 MiB/s) where the copy itself is 30 ms.
-Advising the destination's pages as huge (`MADV_HUGEPAGE`, honoured where
-/sys/kernel/mm/transparent_hugepage/enabled is ``madvise`` or ``always``)
-makes the same copy fault once per 2 MiB.
+docs/performance.md). An owned decode of a large payload ends with one copy
+out of the frame, slot or segment into fresh memory the receiver owns: the
+``bytes`` of a top-level bytes payload, the ``bytearray`` under an own-area
+tensor or array. malloc maps every allocation above 32 MiB freshly, so the
+copy page-faults each 4 KiB page of its destination: on the measuring VM a
+fault costs 3-7 us, and a 256 MiB copy out took 440 ms (584 MiB/s) where
+the copy itself is 30 ms. Advising the destination's pages as huge
+(`MADV_HUGEPAGE`, honoured where /sys/kernel/mm/transparent_hugepage/enabled
+is ``madvise`` or ``always``) makes the same copy fault once per 2 MiB.
 
-`owned_bin` builds exactly the ``bytes`` object `codec.decode` answers for
-a payload that is one msgpack bin32 (the codec's encoding of a top-level
+`owned_bin` builds exactly the ``bytes`` object the codec answers for a
+payload that is one msgpack bin32 (the codec's encoding of a top-level
 ``bytes`` of 64 KiB or more: marker, 4-byte big-endian length, the bytes;
-`encode._prepare_bytes`), or None for anything else, which the caller then
-decodes with the codec. The object is made uninitialized
-(`PyBytes_FromStringAndSize(NULL, n)`, the C API's way to fill a new bytes
-object), its whole 2 MiB pages advised, then filled with one memmove, before
-any other code sees it. Only for payloads above `OWNED_HUGE_MIN_BYTES`
-(32 MiB: glibc's largest dynamic mmap threshold, so the allocation is a
-mapping of its own and the advice dies with the object, never touching the
-heap). Where madvise fails or is absent the copy is the same, 4 KiB faults.
+`encode._prepare_bytes`), or None for anything else, which `decode` then
+hands to msgspec. `owned_bytearray` is ``bytearray(view)``. Both make their
+object uninitialized (`PyBytes_FromStringAndSize(NULL, n)` /
+`PyByteArray_FromStringAndSize(NULL, n)`, the C API's way to fill a new
+object), advise its whole 2 MiB pages, then fill it with one memmove, before
+any other code sees it; only for copies of at least `min_bytes` (32 MiB + 1:
+glibc's largest dynamic mmap threshold, so the allocation is a mapping of
+its own and the advice dies with the object, never touching the heap).
+Where madvise fails or is absent the copy is the same, 4 KiB faults.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ _MADV_HUGEPAGE: Final = getattr(mmap, "MADV_HUGEPAGE", 14)
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_new_bytearray.restype = ctypes.py_object
+_new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _libc = ctypes.CDLL(None, use_errno=True)
 _madvise = getattr(_libc, "madvise", None)
 if _madvise is not None:
@@ -63,14 +67,32 @@ def owned_bin(view: memoryview) -> bytes | None:
     """`codec.decode(view)` for a large bin32 payload, copied into huge-page-advised memory.
 
     None when `view` is not one bin32 of at least `min_bytes` (decode it
-    with the codec). `view` is a contiguous byte view (a slot's payload).
+    with msgspec). `view` is a contiguous byte view.
     """
     length = bin_length(view)
     if length is None or length < min_bytes:
         return None
     value = _new_bytes(None, length)
-    destination = ctypes.cast(value, ctypes.c_void_p).value
+    destination = ctypes.cast(value, ctypes.c_void_p).value  # its first data byte
     assert destination is not None
+    with view[_BIN32_HEADER:] as payload:
+        _advise_and_copy(destination, payload, length)
+    return value  # type: ignore[no-any-return]
+
+
+def owned_bytearray(view: memoryview) -> bytearray:
+    """``bytearray(view)``; at `min_bytes` and more, into huge-page-advised memory."""
+    length = len(view)
+    if length < min_bytes:
+        return bytearray(view)
+    value: bytearray = _new_bytearray(None, length)
+    destination = ctypes.addressof(ctypes.c_char.from_buffer(value))
+    _advise_and_copy(destination, view, length)
+    return value
+
+
+def _advise_and_copy(destination: int, source: memoryview, length: int) -> None:
+    """Advise the whole 2 MiB pages of [destination, +length) huge, then copy `source` in."""
     start = -destination % HUGE_PAGE + destination
     end = (destination + length) // HUGE_PAGE * HUGE_PAGE
     if _madvise is not None and end > start:
@@ -78,9 +100,7 @@ def owned_bin(view: memoryview) -> bytes | None:
             statistics["advised"] += 1
         else:
             statistics["refused"] += 1
-    with view[_BIN32_HEADER:] as payload:
-        ctypes.memmove(value, _address(payload), length)
-    return value  # type: ignore[no-any-return]
+    ctypes.memmove(destination, _address(source), length)
 
 
 def _address(view: memoryview) -> int:

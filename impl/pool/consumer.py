@@ -36,7 +36,6 @@ from shmring.impl.frame_io import SharedWords
 from shmring.impl.liveness import is_holder_alive
 from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
 from shmring.impl.os_seam import OPEN_FLAGS_EXISTING, OsFacade
-from shmring.impl.pool import copyout
 from shmring.impl.pool.refs import PoolRef, decode_ref
 from shmring.impl.pool.slots import (
     SlotMapping,
@@ -250,8 +249,6 @@ class PoolReader:
     ) -> tuple[int, Any]:
         """The owned path: claim, `decode` the payload into owned memory, release (DONE).
 
-        A large top-level bytes payload is copied by `copyout.owned_bin`
-        (the same bytes object, its destination advised huge) instead.
         If `decode` raises, the claim is undone (PUBLISHED again: the carrier
         stays deliverable, as a ring frame whose decode raised). BufferError,
         and the slot stays CLAIMED (its bytes are never rewritten under what
@@ -260,9 +257,7 @@ class PoolReader:
         claim = self.claim(producer, data)
         view = claim.view
         try:
-            value = copyout.owned_bin(view)
-            if value is None:
-                value = decode(view)
+            value = decode(view)
         except BaseException:
             claim.undo()
             raise
