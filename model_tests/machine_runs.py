@@ -86,8 +86,8 @@ def missing_labels(
     profile: Hypothesis seeds it from the machine's source and mixes in the
     literals of every local module the process has imported, so one run's
     coverage moves with unrelated edits and with which test files ran
-    first (in 12 seeds of "connector-ci", 6 left some label unreached; 0 of
-    them left it unreached in every further seed). A label is missing only
+    first (in 12 seeds of "connector-ci", 6 left some label unreached; each
+    of the 6 reached every label with one further run). A label is missing only
     if no run reaches it; a reachable label is then missed by chance with
     the product of the runs' miss rates, an unreachable one always. The
     further runs are lockstep runs like any other: one that disagrees with
