@@ -238,8 +238,9 @@ class ShedOnShortage:
     A slot's first claim opens and maps its file (two descriptors): under a
     low RLIMIT_NOFILE that is where EMFILE shows. Nothing is claimed before
     the mapping exists, so the claim is tried again after `shed` (idle
-    rings, kept segment mappings, pidfds); when nothing is left to release,
-    ResourceExhaustedError (typed) and the carrier frame stays deliverable.
+    rings, kept segment mappings, half the mapped slots, pidfds); when nothing
+    is left to release, ResourceExhaustedError (typed) and the carrier frame
+    stays deliverable.
     """
 
     def __init__(self, pool: PoolReader, shed: Callable[[], int]) -> None:
