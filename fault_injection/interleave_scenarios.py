@@ -1,8 +1,9 @@
 """The interleaving explorer's scenarios: small worlds of one producer and its readers.
 
-Design rationale. Each scenario builds, unscheduled, a world over one real
-mapping (a ring file, a fallback directory, an arena), gives every actor a
-short script of real `impl` calls, and checks two things:
+Design rationale. Each scenario builds, unscheduled, a world over real
+mappings (a ring file, a fallback directory, an arena, a pool's slots and
+their ring), gives every actor a short script of real `impl` calls, and
+checks two things:
 
 * at every schedule point, the shared memory as the model sees it: the ring
   header and frames decoded with `spec.layout` into a `spec.ring.RingState`
@@ -955,7 +956,10 @@ def _slot_word_name(width: int, index: int) -> str:
 
 
 class PoolWorld:
-    """A producer's pool of two slots, the ring carrying their references, two readers.
+    """A producer's pool of two slots, the ring carrying their references, two reader pairs.
+
+    Each pair is a `RingReader` and a `PoolReader` (its own slot mappings);
+    `get(who, index, borrow=...)` names the pair.
 
     The real `PoolRoute.publish` (acquire with its reuse check, payload into
     the slot, slot publish, the reference on the ring, `carried`) and the
@@ -971,8 +975,6 @@ class PoolWorld:
     CLASS: Final = 4096
 
     def __init__(self, scheduler: Scheduler, producer_class: type[Any] | None = None) -> None:
-        import functools
-
         from shmring.impl.connector.config import ConnectorConfig
         from shmring.impl.connector.pool_route import PoolRoute
         from shmring.impl.directory import PathDirectory
@@ -1015,7 +1017,6 @@ class PoolWorld:
         for reader in self.readers:
             install_words(reader, scheduler)
         self._scheduled = True
-        self._partial = functools.partial
         self.claims: list[tuple[Any, bytes]] = []  # (borrowed claim, its payload) while held
         self.observer = Observer(self.ring_path, RING_CAPACITY)
         self._slot_maps: dict[str, tuple[int, mmap.mmap]] = {}

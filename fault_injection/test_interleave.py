@@ -4,7 +4,9 @@ The two mutants are the issue's: a reader that copies a copy-out frame's
 bytes just after it releases the claim lock, and a producer that publishes
 the head before the frame's length. Each is the real method's source with
 the statements moved (`_reordered`), so it tracks the code it breaks; they
-live here, never in `impl`.
+live here, never in `impl`. The pool's (a reuse check that ignores the
+slot's CLAIMED state, and one that loads the state before the carrier) are
+`PoolProducer` subclasses.
 """
 
 from __future__ import annotations
