@@ -1128,8 +1128,7 @@ class PoolWorld:
         return found
 
     def check_step(self, label: str) -> None:
-        import struct
-
+        from shmring.impl.pool.slots import load_slot_payload_fields, load_slot_state_acquire
         from shmring.spec import layout
 
         slots = self._slot_files()
@@ -1165,11 +1164,13 @@ class PoolWorld:
             invariants.check_ring_positions(ring)
             invariants.check_ring_frames_tile(ring)
             invariants.check_ring_one_version_per_key(ring)
+            start = layout.POOL_SLOT_HEADER_LENGTH
             for name, view in slots:
-                (state,) = struct.unpack_from("<I", view, layout.POOL_STATE_OFFSET)
+                words = SharedWords(view[:start])  # read through the pool's own accessors
+                state = load_slot_state_acquire(words)
+                length = load_slot_payload_fields(words)[0]
+                words.release()
                 if state in (layout.POOL_SLOT_PUBLISHED, layout.POOL_SLOT_CLAIMED):
-                    (length,) = struct.unpack_from("<Q", view, layout.POOL_PAYLOAD_LENGTH_OFFSET)
-                    start = layout.POOL_SLOT_HEADER_LENGTH
                     self.log.check_payload(
                         self.KEY, bytes(view[start : start + length]), f"{name}, {state=}"
                     )
