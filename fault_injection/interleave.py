@@ -375,18 +375,25 @@ def _word_name(width: int, index: int) -> str:
 class _ScheduledItems:
     """One of SharedWords' typed views, with a schedule point before every item access."""
 
-    __slots__ = ("_items", "_names", "_point", "_width")
+    __slots__ = ("_items", "_name_of", "_names", "_point", "_width")
 
-    def __init__(self, items: memoryview, width: int, point: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        items: memoryview,
+        width: int,
+        point: Callable[[str], None],
+        name_of: Callable[[int, int], str] = _word_name,
+    ) -> None:
         self._items = items
         self._width = width
         self._point = point
+        self._name_of = name_of
         self._names: dict[int, str] = {}
 
     def _name(self, index: int) -> str:
         name = self._names.get(index)
         if name is None:
-            name = self._names[index] = _word_name(self._width, index)
+            name = self._names[index] = self._name_of(self._width, index)
         return name
 
     def __getitem__(self, index: int) -> int:
@@ -400,15 +407,25 @@ class _ScheduledItems:
 
 
 class ScheduledWords(SharedWords):
-    """`SharedWords` whose every load and store is a schedule point (same memory)."""
+    """`SharedWords` whose every load and store is a schedule point (same memory).
+
+    `name_of(width, index)` labels a word; the default reads the ring layout
+    (a pool slot's header passes its own).
+    """
 
     __slots__ = ("_inner",)
 
-    def __init__(self, inner: SharedWords, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        inner: SharedWords,
+        scheduler: Scheduler,
+        name_of: Callable[[int, int], str] = _word_name,
+    ) -> None:
         self._inner = inner
-        self.u16 = _ScheduledItems(inner.u16, 2, scheduler.point)  # type: ignore[assignment]
-        self.u32 = _ScheduledItems(inner.u32, 4, scheduler.point)  # type: ignore[assignment]
-        self.u64 = _ScheduledItems(inner.u64, 8, scheduler.point)  # type: ignore[assignment]
+        point = scheduler.point
+        self.u16 = _ScheduledItems(inner.u16, 2, point, name_of)  # type: ignore[assignment]
+        self.u32 = _ScheduledItems(inner.u32, 4, point, name_of)  # type: ignore[assignment]
+        self.u64 = _ScheduledItems(inner.u64, 8, point, name_of)  # type: ignore[assignment]
 
     def release(self) -> None:
         self._inner.release()

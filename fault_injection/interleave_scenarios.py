@@ -1,8 +1,9 @@
 """The interleaving explorer's scenarios: small worlds of one producer and its readers.
 
-Design rationale. Each scenario builds, unscheduled, a world over one real
-mapping (a ring file, a fallback directory, an arena), gives every actor a
-short script of real `impl` calls, and checks two things:
+Design rationale. Each scenario builds, unscheduled, a world over real
+mappings (a ring file, a fallback directory, an arena, a pool's slots and
+their ring), gives every actor a short script of real `impl` calls, and
+checks two things:
 
 * at every schedule point, the shared memory as the model sees it: the ring
   header and frames decoded with `spec.layout` into a `spec.ring.RingState`
@@ -33,6 +34,7 @@ from typing import Any, Final
 
 from shmring.fault_injection.interleave import (
     Scenario,
+    ScheduledWords,
     Scheduler,
     SchedulingOs,
     install_words,
@@ -935,6 +937,317 @@ def arena_out_of_order(arena_class: type[Any] | None = None) -> Scenario:
     return Scenario(name, build, "arena leases dropped out of order under puts")
 
 
+# -- the pool: a slot's reuse against its claims ------------------------------------------
+
+
+def _slot_word_name(width: int, index: int) -> str:
+    """A pool slot header's word, from spec.layout: 'slot.state', 'slot.generation', ..."""
+    from shmring.spec import layout
+
+    names = {
+        (8, layout.POOL_GENERATION_OFFSET): "generation",
+        (4, layout.POOL_STATE_OFFSET): "state",
+        (4, layout.POOL_HOLDER_PID_OFFSET): "holder",
+        (8, layout.POOL_PAYLOAD_LENGTH_OFFSET): "length",
+        (8, layout.POOL_CHECKSUM_OFFSET): "checksum",
+        (4, layout.POOL_FLAGS_OFFSET): "flags",
+    }
+    return "slot." + names.get((width, index * width), f"u{width * 8}[{index}]")
+
+
+class PoolWorld:
+    """A producer's pool of two slots, the ring carrying their references, two reader pairs.
+
+    Each pair is a `RingReader` and a `PoolReader` (its own slot mappings);
+    `get(who, index, borrow=...)` names the pair.
+
+    The real `PoolRoute.publish` (acquire with its reuse check, payload into
+    the slot, slot publish, the reference on the ring, `carried`) and the
+    real `PoolReader.claim` / `decode_owned` inside the ring's claim, as the
+    connector runs them. Every OS call is a point (`SchedulingOs`), and so
+    is every load and store of the ring's words and of each slot header's
+    words, on both sides: the producer's and each reader's slot mapping and
+    a borrowed claim's own header words get `ScheduledWords` as they appear.
+    """
+
+    KEY: Final = "k"
+    PAYLOAD: Final = 2000  # more than the 4 KiB ring admits (1024): a pool candidate
+    CLASS: Final = 4096
+
+    def __init__(self, scheduler: Scheduler, producer_class: type[Any] | None = None) -> None:
+        from shmring.impl.connector.config import ConnectorConfig
+        from shmring.impl.connector.pool_route import PoolRoute
+        from shmring.impl.directory import PathDirectory
+        from shmring.impl.pool import PoolProducer, PoolReader
+        from shmring.spec.pool import compute_slot_charge
+
+        self.scheduler = scheduler
+        self.directory = tempfile.mkdtemp(prefix="shmring-il-", dir=SHM_ROOT)
+        self.os = SchedulingOs(scheduler)
+        self.log = Deliveries()
+        self.identity = (os.getpid(), 1, 0)
+        self.ring_path = os.path.join(self.directory, "ring")
+        self.channel = RingChannel.create(
+            self.ring_path, RING_CAPACITY, os_facade=self.os, producer=(os.getpid(), 1)
+        )
+        folder = PathDirectory(self.directory, self.os)
+        config = ConnectorConfig(
+            "il",
+            pool_min_bytes=self.CLASS,
+            pool_max_bytes=self.CLASS,
+            pool_budget_bytes=2 * compute_slot_charge(self.CLASS),
+        )
+        self.route = PoolRoute(config, self.identity, self.os)
+        self.producer = (producer_class or PoolProducer)(
+            folder,
+            self.identity,
+            self.os,
+            min_class=self.CLASS,
+            max_class=self.CLASS,
+            budget=config.pool_budget_bytes,
+            checksum=False,  # a rewritten payload must be caught by the checks, not the reader
+        )
+        self.route.producer = self.producer
+        self.pools = [PoolReader(folder, self.os) for _ in range(2)]
+        self.readers = [RingReader.attach(self.ring_path, os_facade=self.os) for _ in range(2)]
+        self._scheduled = False
+        self._wrap_slots()
+        self.put(0)  # v0 in slot 0, carried by the ring (unscheduled: not yet installed)
+        install_words(self.channel, scheduler)
+        for reader in self.readers:
+            install_words(reader, scheduler)
+        self._scheduled = True
+        self.claims: list[tuple[Any, bytes]] = []  # (borrowed claim, its payload) while held
+        self.observer = Observer(self.ring_path, RING_CAPACITY)
+        self._slot_maps: dict[str, tuple[int, mmap.mmap]] = {}
+        self._snapshot: tuple[bytes, ...] | None = None
+        self.actors: list[tuple[str, Callable[[], object]]] = []
+
+    def _words(self, words: SharedWords) -> SharedWords:
+        if not self._scheduled or isinstance(words, ScheduledWords):
+            return words
+        return ScheduledWords(words, self.scheduler, _slot_word_name)
+
+    def _wrap_slots(self) -> None:
+        """Slot words scheduled as each mapping appears (instance attributes, as install_words)."""
+        producer = self.producer
+        acquire = producer.acquire
+
+        def scheduled_acquire(nbytes: int) -> Any:
+            for slot in producer.slots.values():  # the reuse check loads these
+                slot.mapping.words = self._words(slot.mapping.words)
+            slot = acquire(nbytes)
+            if slot is not None:
+                slot.mapping.words = self._words(slot.mapping.words)
+            return slot
+
+        producer.acquire = scheduled_acquire  # type: ignore[method-assign]
+        for pool in self.pools:
+            mapped = pool._slot
+
+            def scheduled_slot(producer_id: Any, index: int, mapped: Any = mapped) -> Any:
+                slot = mapped(producer_id, index)
+                slot.mapping.words = self._words(slot.mapping.words)
+                return slot
+
+            pool._slot = scheduled_slot  # type: ignore[method-assign]
+
+    # -- scripts' helpers -------------------------------------------------------------
+
+    def put(self, version: int, *, retries: int = RETRIES) -> bool:
+        """A pool put of a new version; no slot to be had (EXHAUSTED) is retried after a yield."""
+        payload = payload_for(self.KEY, version, self.PAYLOAD)
+        self.log.putting(self.KEY, payload)
+        position = None
+        for attempt in range(retries + 1):
+            self.scheduler.point(f"pool put v{version}")
+            position = self.route.publish(self.channel, self.KEY, _Plan(payload), None)
+            if position is not None:
+                break
+            if attempt < retries:
+                self.scheduler.yield_turn("no slot")
+        self.log.put_done(self.KEY, payload, position is not None)
+        return position is not None
+
+    def get(self, who: str, index: int, *, borrow: bool, retries: int = RETRIES) -> Any:
+        """A get of the key whose carrier is a pool reference: borrowed (the claim is held) or owned."""
+        pool, reader = self.pools[index], self.readers[index]
+        if borrow:  # as `ring_route.borrow_pool_ref`: the carrier DONE at once, the slot CLAIMED
+
+            def decode(view: memoryview) -> Any:
+                claim = pool.claim(self.identity, bytes(view))
+                claim._words = self._words(claim._words)
+                return claim
+
+        else:  # as `ring_route.pool_decoder`
+
+            def decode(view: memoryview) -> Any:
+                return pool.decode_owned(self.identity, view, bytes)[1]
+
+        for attempt in range(retries + 1):
+            self.scheduler.point(f"get {self.KEY}" + (" (borrow)" if borrow else ""))
+            received = reader.get(self.KEY, decode=decode)
+            if received.status is ReceiveStatus.DELIVERED:
+                value = received.payload
+                if borrow:
+                    payload = bytes(value.view)
+                    self.claims.append((value, payload))
+                    self.log.deliver(who, self.KEY, payload)
+                else:
+                    self.log.deliver(who, self.KEY, value)
+                return value
+            if attempt < retries:
+                self.scheduler.yield_turn(received.status.value)
+        return None
+
+    def release(self, claim: Any) -> None:
+        self.scheduler.point("release claim")
+        payload = next(payload for held, payload in self.claims if held is claim)
+        _require(bytes(claim.view) == payload, "a borrowed slot payload changed before its release")
+        self.claims = [(held, data) for held, data in self.claims if held is not claim]
+        claim.view.release()
+        claim.release()
+
+    # -- checks ----------------------------------------------------------------------
+
+    def _slot_files(self) -> list[tuple[str, memoryview]]:
+        from shmring.spec.layout import POOL_SLOT_HEADER_LENGTH
+
+        found = []
+        for name in sorted(os.listdir(self.directory)):
+            if not name.startswith("pool."):
+                continue
+            held = self._slot_maps.get(name)
+            if held is None:
+                fd = os.open(os.path.join(self.directory, name), os.O_RDONLY)
+                if os.fstat(fd).st_size < POOL_SLOT_HEADER_LENGTH:
+                    os.close(fd)
+                    continue  # being created: not yet truncated to its length
+                held = self._slot_maps[name] = (fd, mmap.mmap(fd, 0, prot=mmap.PROT_READ))
+            found.append((name, memoryview(held[1])))
+        return found
+
+    def check_step(self, label: str) -> None:
+        from shmring.impl.pool.slots import load_slot_payload_fields, load_slot_state_acquire
+        from shmring.spec import layout
+
+        slots = self._slot_files()
+        snapshot = (
+            bytes(self.observer.view),
+            *(bytes(view) for _, view in slots),
+            bytes(len(self.claims)),
+        )
+        if snapshot == self._snapshot:
+            for _, view in slots:
+                view.release()
+            return  # unchanged memory was checked already
+        self._snapshot = snapshot
+        try:
+            tail, head = self.observer.tail(), self.observer.head()
+            frames: list[Frame] = []
+            for position, offset, header in self.observer.frames(tail, head):
+                if header.frame_type != DATA_FRAME_TYPE:
+                    frames.append(Frame(position, header.length, header.frame_type, header.state))
+                    continue
+                key = self.observer.key_and_payload(offset, header)[0].decode()
+                frames.append(
+                    Frame(
+                        position,
+                        header.length,
+                        header.frame_type,
+                        header.state,
+                        key,
+                        header.payload_length,
+                    )
+                )
+            ring = RingState(RING_CAPACITY, head, tail, frames, self.observer.closed())
+            invariants.check_ring_positions(ring)
+            invariants.check_ring_frames_tile(ring)
+            invariants.check_ring_one_version_per_key(ring)
+            start = layout.POOL_SLOT_HEADER_LENGTH
+            for name, view in slots:
+                words = SharedWords(view[:start])  # read through the pool's own accessors
+                state = load_slot_state_acquire(words)
+                length = load_slot_payload_fields(words)[0]
+                words.release()
+                if state in (layout.POOL_SLOT_PUBLISHED, layout.POOL_SLOT_CLAIMED):
+                    self.log.check_payload(
+                        self.KEY, bytes(view[start : start + length]), f"{name}, {state=}"
+                    )
+            for claim, payload in self.claims:
+                _require(
+                    bytes(claim.view) == payload,
+                    "the bytes of a claimed slot changed under its holder (the slot was reused)",
+                )
+        finally:
+            for _, view in slots:
+                view.release()
+
+    def check_end(self) -> None:
+        self.check_step("end")
+        _require(not self.claims, "a borrowed claim was never released")
+        while True:  # the drain
+            received = self.readers[0].get(
+                self.KEY,
+                decode=lambda view: self.pools[0].decode_owned(self.identity, view, bytes)[1],
+            )
+            if received.status is not ReceiveStatus.DELIVERED:
+                break
+            self.log.deliver("drain", self.KEY, received.payload)
+        self.log.check()
+        self.producer.close()
+        self.channel.close()
+        left = sorted(name for name in os.listdir(self.directory) if name != "ring")
+        _require(not left, f"files left after the pool's close: {left}")
+
+    def close(self) -> None:
+        for claim, _ in self.claims:
+            with contextlib.suppress(BufferError):
+                claim.view.release()
+        self.claims = []
+        for fd, mapping in self._slot_maps.values():
+            mapping.close()
+            os.close(fd)
+        self.observer.close()
+        for pool in self.pools:
+            pool.close()
+        for reader in self.readers:
+            reader.close()
+        self.producer.close()
+        self.channel.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def pool_reuse_race(producer_class: type[Any] | None = None) -> Scenario:
+    """Two re-puts of a pool key look for a reusable slot while R0 borrows and R1 copies it.
+
+    R0's borrowed claim holds the slot CLAIMED with its carrier already DONE
+    (the case the reuse check's second half is for); R1's owned claim runs
+    inside the ring claim and gives the slot back DONE.
+    """
+
+    def build(scheduler: Scheduler) -> PoolWorld:
+        world = PoolWorld(scheduler, producer_class)
+
+        def producer() -> None:
+            world.put(1)
+            world.put(2)
+
+        def reader() -> None:
+            claim = world.get("R0", 0, borrow=True)
+            if claim is not None:
+                world.release(claim)
+            world.get("R0", 1, borrow=False, retries=0)
+
+        world.actors = [("P", producer), ("R0", reader)]
+        return world
+
+    name = "pool_reuse_race"
+    if producer_class is not None:
+        name = f"{name}[{producer_class.__name__}]"
+    return Scenario(name, build, "a slot's reuse check against a borrowed and an owned claim")
+
+
 SCENARIOS: Final = (
     ring_claim_race(),
     ring_publish(),
@@ -947,4 +1260,5 @@ SCENARIOS: Final = (
     fallback_handback(),
     fallback_retire_race(),
     arena_out_of_order(),
+    pool_reuse_race(),
 )

@@ -4,7 +4,9 @@ The two mutants are the issue's: a reader that copies a copy-out frame's
 bytes just after it releases the claim lock, and a producer that publishes
 the head before the frame's length. Each is the real method's source with
 the statements moved (`_reordered`), so it tracks the code it breaks; they
-live here, never in `impl`.
+live here, never in `impl`. The pool's (a reuse check that ignores the
+slot's CLAIMED state, and one that loads the state before the carrier) are
+`PoolProducer` subclasses.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from shmring.fault_injection.interleave import (
 )
 from shmring.impl.fallback import claim as fallback_module
 from shmring.impl.frame_io import SharedWords
+from shmring.impl.liveness import is_holder_alive
+from shmring.impl.pool import OwnedSlot, PoolProducer
+from shmring.impl.pool.slots import load_slot_holder_pid, load_slot_state_acquire
 from shmring.impl.registered import arena as arena_module
 from shmring.impl.ring.engine import RingProducer
 from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
+from shmring.spec.layout import POOL_SLOT_CLAIMED
 
 # -- mutants -------------------------------------------------------------------------
 
@@ -149,6 +155,39 @@ commit_before_decode_claim = _reordered(
 )
 
 
+class IgnoresClaimedPoolProducer(PoolProducer):
+    """Reuses a slot once its carrier is gone, never looking at the slot's state (CLAIMED)."""
+
+    def _is_reusable(self, slot: OwnedSlot) -> bool:
+        carrier = slot.carrier
+        if carrier is not None:
+            if carrier():
+                return False
+            slot.carrier = None
+        return True
+
+
+class StateBeforeCarrierPoolProducer(PoolProducer):
+    """The reuse check in the wrong order: the slot's state, then its carrier.
+
+    A claim that lands between the two loads (slot CLAIMED, then the carrier
+    DONE) is missed: the state it loaded said PUBLISHED, the carrier says gone.
+    """
+
+    def _is_reusable(self, slot: OwnedSlot) -> bool:
+        words = slot.mapping.words
+        assert words is not None
+        state = load_slot_state_acquire(words)
+        carrier = slot.carrier
+        if carrier is not None:
+            if carrier():
+                return False
+            slot.carrier = None
+        if state != POOL_SLOT_CLAIMED:
+            return True
+        return not is_holder_alive(load_slot_holder_pid(words), self._os)
+
+
 def _assert_found(report: interleave.Report) -> None:
     assert report.failure is not None, f"{report.mode}: {report.schedules} schedules, none failed"
     assert report.reproducer is not None
@@ -205,6 +244,66 @@ def test_fallback_commit_before_decode_is_found() -> None:
     _assert_found(report)
     again = replay(scenario, report.reproducer)
     assert again.failure is not None
+
+
+def test_a_pool_producer_reusing_a_claimed_slot_is_found() -> None:
+    scenario = scenarios.pool_reuse_race(IgnoresClaimedPoolProducer)
+    report = explore_bounded(scenario, preemptions=1)
+    _assert_found(report)
+    # Seen at the point after the overwrite, while the borrowed claim still holds the slot.
+    assert "invariant broken at P" in report.failure
+    assert "the bytes of a claimed slot changed under its holder" in report.failure
+    again = replay(scenario, report.reproducer)
+    assert again.failure is not None and "changed under its holder" in again.failure
+    assert replay(scenarios.pool_reuse_race(), report.reproducer).failure is None
+    assert explore_random(scenario, 200, depth=3, seed=1).failure is not None
+
+
+# What the k = 2 search below found (its 1,534th schedule): P loads slot 0's state
+# (PUBLISHED) and is switched out at its carrier's load; R0 claims v0 borrowed (slot
+# CLAIMED, carrier DONE) and is switched out before its release; P sees the carrier
+# gone and reuses the slot under the claim.
+STATE_BEFORE_CARRIER_SCHEDULE = "P*3 R0*25 P*2"
+
+
+def test_a_pool_reuse_check_that_loads_the_state_before_the_carrier_fails_its_schedule() -> None:
+    # The order is the safety argument of `PoolProducer._is_reusable`: a claim between
+    # the two loads is missed. It takes a switch into the check and one out of the claim,
+    # so no schedule with one preemption shows it.
+    scenario = scenarios.pool_reuse_race(StateBeforeCarrierPoolProducer)
+    assert explore_bounded(scenario, preemptions=1).failure is None
+    broken = replay(scenario, STATE_BEFORE_CARRIER_SCHEDULE)
+    assert broken.failure is not None and "changed under its holder" in broken.failure
+    assert replay(scenarios.pool_reuse_race(), STATE_BEFORE_CARRIER_SCHEDULE).failure is None
+
+
+@pytest.mark.slow
+def test_a_pool_reuse_check_that_loads_the_state_before_the_carrier_is_found() -> None:
+    scenario = scenarios.pool_reuse_race(StateBeforeCarrierPoolProducer)
+    report = explore_bounded(scenario, preemptions=2)  # about 16 s
+    _assert_found(report)
+    assert "changed under its holder" in report.failure
+    assert replay(scenarios.pool_reuse_race(), report.reproducer).failure is None
+
+
+def test_the_pool_scenario_reuses_slots() -> None:
+    """Not vacuous: the re-puts take a slot back (no new file) in the schedules explored."""
+    reused: list[int] = []
+
+    def build(scheduler: Scheduler) -> Any:
+        world = scenarios.pool_reuse_race().build(scheduler)
+        check_end = world.check_end
+
+        def counted() -> None:
+            reused.append(world.producer.reused)
+            check_end()
+
+        world.check_end = counted
+        return world
+
+    report = explore_bounded(interleave.Scenario("pool_reuse_race", build), preemptions=1)
+    assert report.failure is None and report.schedules == len(reused) > 1
+    assert all(reused), reused
 
 
 def test_random_schedules_find_the_copy_after_unlock_reader_too() -> None:
