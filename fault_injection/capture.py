@@ -70,10 +70,10 @@ def free_uid(start: int, taken: set[int] = frozenset()) -> int:  # type: ignore[
 
 
 def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
-    from shmring.impl.connector import Connector
-    from shmring.impl.errors import ShmringError
-    from shmring.spec.layout import MIN_POOL_CLASS, compute_slot_capacity
-    from shmring.spec.pool import compute_slot_charge
+    from ..impl.connector import Connector
+    from ..impl.errors import ShmringError
+    from ..spec.layout import MIN_POOL_CLASS, compute_slot_capacity
+    from ..spec.pool import compute_slot_charge
 
     assert _POOL_CLASS == MIN_POOL_CLASS
     assert _SLOT_PAYLOAD < compute_slot_capacity(_POOL_CLASS) < _SEGMENT_PAYLOAD

@@ -60,31 +60,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.fault_injection.kit.processes import ForkedChild, die, killed_by_sigkill
-from shmring.impl.codec import BORROWED_BYTES_MIN
-from shmring.impl.connector import Connector, GetStatus, Route
-from shmring.impl.connector.seams import Seams, seamed_connector
-from shmring.impl.errors import ProducerGoneError
-from shmring.impl.fallback import claim_segment
-from shmring.impl.names import (
+from ..impl.codec import BORROWED_BYTES_MIN
+from ..impl.connector import Connector, GetStatus, Route
+from ..impl.connector.seams import Seams, seamed_connector
+from ..impl.errors import ProducerGoneError
+from ..impl.fallback import claim_segment
+from ..impl.names import (
     current_producer_identity,
     deployment_directory,
     parse_pool_slot_file_name,
     ring_path,
 )
-from shmring.impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
-from shmring.impl.pool import is_pool_ref
-from shmring.impl.ring.producer import (
+from ..impl.os_seam import DEFAULT_OS, SITE_FLOCK, SITE_UNLINK, OsFacade
+from ..impl.pool import is_pool_ref
+from ..impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,
     HOOK_PAYLOAD_WRITTEN,
     HOOK_RESERVED,
 )
-from shmring.impl.ring.reader import RingReader
-from shmring.impl.ring.results import ReceiveStatus
-from shmring.spec.pool import compute_slot_charge
-from shmring.spec.ring import ConsumeMode
+from ..impl.ring.reader import RingReader
+from ..impl.ring.results import ReceiveStatus
+from ..spec.pool import compute_slot_charge
+from ..spec.ring import ConsumeMode
+from .kit.payloads import tagged_payload
+from .kit.processes import ForkedChild, die, killed_by_sigkill
 
 EDGE: Final = ("enc", "dec")
 CAPACITY: Final = 4096
@@ -352,7 +352,7 @@ def run_producer_cell(cell: CrashCell, scope: str) -> None:
             got = receiver.get(EDGE, key)
             _require(not got.delivered, f"dead producer's {key!r} delivered: {got}")
         if target is not None and target["route"] == Route.RING.value:
-            from shmring.impl.connector import descriptor_from_dict
+            from ..impl.connector import descriptor_from_dict
 
             stale = descriptor_from_dict(Route.RING, target["target"])
             got = receiver.get(EDGE, TARGET, descriptor=stale)
@@ -399,7 +399,7 @@ def _kept_payload(key: str) -> bytes:
 
 
 def _encoded(payload: bytes) -> bytes:
-    from shmring.impl import codec
+    from ..impl import codec
 
     return codec.encode(payload)
 

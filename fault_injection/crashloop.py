@@ -46,20 +46,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.fault_injection.kit.processes import ForkedChild, Report
-from shmring.impl import admin
-from shmring.impl.connector import Connector, GetStatus, Route
-from shmring.impl.connector.seams import Seams, seamed_connector
-from shmring.impl.names import file_owner, parse_pool_slot_file_name
-from shmring.impl.ring.producer import (
+from ..impl import admin
+from ..impl.connector import Connector, GetStatus, Route
+from ..impl.connector.seams import Seams, seamed_connector
+from ..impl.names import file_owner, parse_pool_slot_file_name
+from ..impl.ring.producer import (
     HOOK_FIELDS_WRITTEN,
     HOOK_LENGTH_STORED,
     HOOK_PAYLOAD_WRITTEN,
     HOOK_RESERVED,
 )
-from shmring.spec.layout import ADMISSION_DIVISOR, POOL_CLASS_HEADROOM, compute_slot_capacity
-from shmring.spec.pool import compute_slot_charge
+from ..spec.layout import ADMISSION_DIVISOR, POOL_CLASS_HEADROOM, compute_slot_capacity
+from ..spec.pool import compute_slot_charge
+from .kit.payloads import tagged_payload
+from .kit.processes import ForkedChild, Report
 
 EDGE: Final = ("work", "sink")
 DEAD_EDGE: Final = ("crash", "sink")

@@ -46,13 +46,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.fault_injection.identities import Identities, borrowed_identities
-from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.fault_injection.lockstep import ScenarioFailure
-from shmring.fault_injection.plans import FaultPlan, FaultyCudaDriver
-from shmring.fault_injection.scenarios import SCENARIOS, Env, Outcome, Scenario
-from shmring.fault_injection.sites import MODES, FaultError, all_sites
-from shmring.impl.names import DEFAULT_SHM_ROOT, current_producer_identity
+from ..impl.names import DEFAULT_SHM_ROOT, current_producer_identity
+from .identities import Identities, borrowed_identities
+from .kit.seams import FaultyOs
+from .lockstep import ScenarioFailure
+from .plans import FaultPlan, FaultyCudaDriver
+from .scenarios import SCENARIOS, Env, Outcome, Scenario
+from .sites import MODES, FaultError, all_sites
 
 Progress = Callable[[int, "int | None"], None]
 
@@ -310,13 +310,13 @@ def _run_faults(
 
 
 def run_crash(budget: str, seed: int, progress: Progress) -> dict[str, int]:
-    from shmring.fault_injection import crash
+    from . import crash
 
     return crash.run_crash(budget, seed, progress)
 
 
 def run_fuzz(budget: str, seed: int, progress: Progress) -> dict[str, int]:
-    from shmring.fault_injection import fuzz
+    from . import fuzz
 
     return fuzz.run_fuzz(budget, seed, progress)
 

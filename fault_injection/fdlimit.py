@@ -28,8 +28,8 @@ import sys
 from collections import Counter
 from typing import Any, Final
 
-from shmring.spec.layout import MIN_POOL_CLASS
-from shmring.spec.pool import compute_slot_charge
+from ..spec.layout import MIN_POOL_CLASS
+from ..spec.pool import compute_slot_charge
 
 EDGE: Final = ("many", "one")
 _LARGE: Final = 3000  # > a quarter of the 4 KiB ring: a fallback segment (or a pool slot)
@@ -46,8 +46,8 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
     import resource
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-    from shmring.impl.connector import Connector, GetStatus
-    from shmring.impl.errors import ShmringError
+    from ..impl.connector import Connector, GetStatus
+    from ..impl.errors import ShmringError
 
     delivered: set[str] = set()
     typed: Counter[str] = Counter()
@@ -81,7 +81,7 @@ def _reader(scope: str, keys: list[str], limit: int) -> dict[str, Any]:
 
 def _recover(scope: str, missed: list[str]) -> int:
     """How many keys the limited reader missed are delivered, intact, without the limit."""
-    from shmring.impl.connector import Connector, GetStatus
+    from ..impl.connector import Connector, GetStatus
 
     recovered = 0
     with Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as reader:
@@ -98,8 +98,8 @@ def run_probe(
 
     `pool`: the large payloads in pool slots (the report counts the pool puts).
     """
-    from shmring.impl.connector.seams import Seams, seamed_connector
-    from shmring.impl.names import read_start_time
+    from ..impl.connector.seams import Seams, seamed_connector
+    from ..impl.names import read_start_time
 
     helpers = [
         subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL) for _ in range(producers)

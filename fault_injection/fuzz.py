@@ -59,15 +59,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from shmring.impl.errors import (
+from ..impl.errors import (
     ConfigurationError,
     CorruptFrameError,
     InvalidKeyError,
     ProducerGoneError,
     ShmringError,
 )
-from shmring.impl.os_seam import FILE_MODE, OsFacade
-from shmring.spec.layout import (
+from ..impl.os_seam import FILE_MODE, OsFacade
+from ..spec.layout import (
     FRAME_CHECKSUM_OFFSET,
     FRAME_KEY_LENGTH_OFFSET,
     FRAME_KEY_OFFSET,
@@ -113,7 +113,7 @@ from shmring.spec.layout import (
     U32_FORMAT,
     compute_slot_capacity,
 )
-from shmring.spec.pool import compute_slot_charge
+from ..spec.pool import compute_slot_charge
 
 EDGE: Final = ("enc", "dec")
 OTHER_EDGE: Final = ("dec", "out")
@@ -276,7 +276,7 @@ def _write(path: str, data: bytes) -> None:
 @contextlib.contextmanager
 def _scratch(prefix: str) -> Iterator[str]:
     """A private deployment directory for one fuzz run, removed afterwards."""
-    from shmring.impl.directory import ensure_deployment_directory
+    from ..impl.directory import ensure_deployment_directory
 
     scope = f"{prefix}{uuid.uuid4().hex[:10]}"
     directory = ensure_deployment_directory(scope)
@@ -298,9 +298,9 @@ class RingTemplate:
 
 def make_ring_template(directory: str) -> RingTemplate:
     """A real ring: wrapped, with padding, done, retired and published frames."""
-    from shmring.impl.names import current_producer_identity, ring_path
-    from shmring.impl.ring.producer import RingChannel
-    from shmring.impl.ring.reader import RingReader
+    from ..impl.names import current_producer_identity, ring_path
+    from ..impl.ring.producer import RingChannel
+    from ..impl.ring.reader import RingReader
 
     path = ring_path(directory, "tpl", "x", current_producer_identity())
     payloads: dict[str, set[bytes]] = {}
@@ -363,8 +363,8 @@ def _run(name: str, test: Callable[[], None], seed: int) -> None:
 
 def fuzz_ring_file(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated ring files: a reader answers typed errors or original payloads, never crashes."""
-    from shmring.impl.ring.reader import RingReader
-    from shmring.impl.ring.results import ReceiveStatus
+    from ..impl.ring.reader import RingReader
+    from ..impl.ring.results import ReceiveStatus
 
     with _scratch("fz") as directory:
         template = make_ring_template(directory)
@@ -424,10 +424,10 @@ def fuzz_connector_ring(cases: int, seed: int, count: Callable[[], None]) -> Non
     put, or not at all (a typed error or a plain status); the healthy
     producer's ring frame and pool payload are served.
     """
-    from shmring.fault_injection.identities import borrowed_identities
-    from shmring.impl.connector import Connector, Route
-    from shmring.impl.connector.seams import Seams, seamed_connector
-    from shmring.impl.names import ring_path
+    from ..impl.connector import Connector, Route
+    from ..impl.connector.seams import Seams, seamed_connector
+    from ..impl.names import ring_path
+    from .identities import borrowed_identities
 
     identities = borrowed_identities()
     probe_scope = f"fp{uuid.uuid4().hex[:10]}"
@@ -503,7 +503,7 @@ def _codec_templates() -> list[tuple[bytes, list[tuple[int, int]]]]:
     import numpy as np
     import torch
 
-    from shmring.impl import codec
+    from ..impl import codec
 
     payloads = [
         {
@@ -543,7 +543,7 @@ class _FuzzPoint:
 
 
 def _register_fuzz_types() -> None:
-    from shmring.impl import extensions
+    from ..impl import extensions
 
     extensions.register_type(
         _FuzzPoint,
@@ -555,7 +555,7 @@ def _register_fuzz_types() -> None:
 
 def fuzz_codec(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated tensor frames: decode returns something or raises CorruptFrameError."""
-    from shmring.impl import codec
+    from ..impl import codec
 
     _register_fuzz_types()
     templates = _codec_templates()
@@ -578,10 +578,10 @@ def fuzz_codec(cases: int, seed: int, count: Callable[[], None]) -> None:
 
 def fuzz_fallback_segment(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Mutated fallback segments: the claim answers the original payload, nothing, or a typed error."""
-    from shmring.impl import codec
-    from shmring.impl.connector import Connector
-    from shmring.impl.fallback import ClaimStatus, claim_segment
-    from shmring.impl.names import fallback_segment_path
+    from ..impl import codec
+    from ..impl.connector import Connector
+    from ..impl.fallback import ClaimStatus, claim_segment
+    from ..impl.names import fallback_segment_path
 
     scope = f"ff{uuid.uuid4().hex[:10]}"
     original = bytes(range(256)) * 8
@@ -669,9 +669,9 @@ class PoolTemplate:
 @contextlib.contextmanager
 def _pool_templates() -> Iterator[tuple[str, list[PoolTemplate]]]:
     """A scratch directory and a published slot of each kind (checksum off, on), as bytes."""
-    from shmring.impl.directory import PathDirectory
-    from shmring.impl.names import current_producer_identity
-    from shmring.impl.pool import PoolProducer
+    from ..impl.directory import PathDirectory
+    from ..impl.names import current_producer_identity
+    from ..impl.pool import PoolProducer
 
     with _scratch("fp") as scratch:
         directory = PathDirectory(scratch, OsFacade())
@@ -703,8 +703,8 @@ def _pool_templates() -> Iterator[tuple[str, list[PoolTemplate]]]:
 
 def _claim_pool(scratch: str, template: PoolTemplate, ref: bytes) -> bytes | None:
     """Claim `ref` against the slot file now in `scratch`: the payload copied, or None (refused)."""
-    from shmring.impl.directory import PathDirectory
-    from shmring.impl.pool import PoolReader
+    from ..impl.directory import PathDirectory
+    from ..impl.pool import PoolReader
 
     reader = PoolReader(PathDirectory(scratch, OsFacade()), OsFacade())
     try:
@@ -726,7 +726,7 @@ def _claim_pool(scratch: str, template: PoolTemplate, ref: bytes) -> bytes | Non
 
 def fuzz_pool_ref(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Forged pool references: bounded fields or CorruptFrameError; a claim only of what was put."""
-    from shmring.impl.pool import decode_ref, encode_ref, is_pool_ref
+    from ..impl.pool import decode_ref, encode_ref, is_pool_ref
 
     with _pool_templates() as (scratch, templates):
         target = os.path.join(scratch, templates[0].name)
@@ -858,8 +858,8 @@ _FORGED_INTS = st.one_of(
 
 def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
     """Forged descriptors: typed errors or a plain status, nothing opened outside the directory."""
-    from shmring.impl.connector import Connector, Route, descriptor_from_dict
-    from shmring.impl.registered.transfer import (
+    from ..impl.connector import Connector, Route, descriptor_from_dict
+    from ..impl.registered.transfer import (
         FieldDescriptor,
         TransferDescriptor,
         TransferReceiver,
@@ -962,15 +962,15 @@ def forged_battery(scope: str) -> int:
 
     Answers how many cases ran; FuzzFailure on the first that misbehaves.
     """
-    from shmring.impl.connector import Connector, Route
-    from shmring.impl.names import (
+    from ..impl.connector import Connector, Route
+    from ..impl.names import (
         current_producer_identity,
         deployment_directory,
         fallback_segment_path,
         ring_path,
     )
-    from shmring.impl.ring.producer import RingChannel
-    from shmring.impl.ring.reader import RingReader
+    from ..impl.ring.producer import RingChannel
+    from ..impl.ring.reader import RingReader
 
     ran = 0
     outside = os.path.join("/dev/shm", f"shmring-outside-{uuid.uuid4().hex[:8]}")

@@ -20,7 +20,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
-from shmring.impl.names import ProducerIdentity, read_start_time
+from ..impl.names import ProducerIdentity, read_start_time
 
 
 @dataclass(frozen=True)

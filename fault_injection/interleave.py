@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from shmring.impl.frame_io import SharedWords
-from shmring.impl.os_seam import OsFacade
+from ..impl.frame_io import SharedWords
+from ..impl.os_seam import OsFacade
 
 # An actor that does not reach its next schedule point within this many
 # seconds is stuck (a real wait in the kernel): the run fails, it does not hang.
@@ -348,7 +348,7 @@ class SchedulingOs(OsFacade):
 
 def _word_name(width: int, index: int) -> str:
     """A shared word's field, from spec.layout: 'head', 'frame@96.state', ..."""
-    from shmring.spec import layout
+    from ..spec import layout
 
     offset = index * width
     names = {
@@ -705,13 +705,13 @@ def replay(scenario: Scenario | str, schedule: str) -> RunResult:
 
 
 def _is_registered(scenario: Scenario) -> bool:
-    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+    from .interleave_scenarios import SCENARIOS
 
     return any(registered.name == scenario.name for registered in SCENARIOS)
 
 
 def scenario_named(name: str) -> Scenario:
-    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+    from .interleave_scenarios import SCENARIOS
 
     for scenario in SCENARIOS:
         if scenario.name == name:
@@ -734,7 +734,7 @@ def run_interleavings(
     budget: str, seed: int, progress: Callable[[int, int | None], None]
 ) -> dict[str, int]:
     """The `shmring check` section: every registered scenario under `budget`."""
-    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+    from .interleave_scenarios import SCENARIOS
 
     return explore_scenarios(SCENARIOS, budget, seed, progress)
 
@@ -775,7 +775,7 @@ def explore_scenarios(
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from shmring.fault_injection.interleave_scenarios import SCENARIOS
+    from .interleave_scenarios import SCENARIOS
 
     parser = argparse.ArgumentParser(
         prog="python -m shmring.fault_injection.interleave",

@@ -32,21 +32,13 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Final
 
-from shmring.fault_injection.interleave import (
-    Scenario,
-    ScheduledWords,
-    Scheduler,
-    SchedulingOs,
-    install_words,
-)
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.impl import frame_io
-from shmring.impl.frame_io import FrameHeader, SharedWords, compute_checksum
-from shmring.impl.ring.producer import RingChannel
-from shmring.impl.ring.reader import RingReader
-from shmring.impl.ring.results import ReceiveStatus
-from shmring.spec import invariants
-from shmring.spec.layout import (
+from ..impl import frame_io
+from ..impl.frame_io import FrameHeader, SharedWords, compute_checksum
+from ..impl.ring.producer import RingChannel
+from ..impl.ring.reader import RingReader
+from ..impl.ring.results import ReceiveStatus
+from ..spec import invariants
+from ..spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
@@ -59,7 +51,15 @@ from shmring.spec.layout import (
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
 )
-from shmring.spec.ring import ConsumeMode, Frame, PutStatus, RingState
+from ..spec.ring import ConsumeMode, Frame, PutStatus, RingState
+from .interleave import (
+    Scenario,
+    ScheduledWords,
+    Scheduler,
+    SchedulingOs,
+    install_words,
+)
+from .kit.payloads import tagged_payload
 
 SHM_ROOT: Final = "/dev/shm"
 RING_CAPACITY: Final = 4096
@@ -612,8 +612,8 @@ class FallbackWorld:
     def __init__(
         self, scheduler: Scheduler, claim_segment: Callable[..., Any] | None = None
     ) -> None:
-        from shmring.impl import fallback
-        from shmring.impl.names import fallback_segment_path
+        from ..impl import fallback
+        from ..impl.names import fallback_segment_path
 
         self.fallback = fallback
         self.claim_segment = claim_segment or fallback.claim_segment
@@ -796,9 +796,9 @@ class ArenaWorld:
         import numpy as np
         import torch
 
-        from shmring.impl.registered.arena import ArenaReader, RegisteredArena
-        from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
-        from shmring.impl.registered.registration import Registry
+        from ..impl.registered.arena import ArenaReader, RegisteredArena
+        from ..impl.registered.cuda_driver import SimulatedCudaDriver
+        from ..impl.registered.registration import Registry
 
         self.np = np
         self.torch = torch
@@ -825,7 +825,7 @@ class ArenaWorld:
         self._snapshot: tuple[bytes, int] | None = None
 
     def put(self, *, scheduled: bool = True, retries: int = RETRIES) -> None:
-        from shmring.impl.registered.arena import ArenaFrameDescriptor
+        from ..impl.registered.arena import ArenaFrameDescriptor
 
         fill = len(self.descriptors) + 1
         source = self.torch.full((self.NBYTES,), fill, dtype=self.torch.uint8)
@@ -942,7 +942,7 @@ def arena_out_of_order(arena_class: type[Any] | None = None) -> Scenario:
 
 def _slot_word_name(width: int, index: int) -> str:
     """A pool slot header's word, from spec.layout: 'slot.state', 'slot.generation', ..."""
-    from shmring.spec import layout
+    from ..spec import layout
 
     names = {
         (8, layout.POOL_GENERATION_OFFSET): "generation",
@@ -975,11 +975,11 @@ class PoolWorld:
     CLASS: Final = 4096
 
     def __init__(self, scheduler: Scheduler, producer_class: type[Any] | None = None) -> None:
-        from shmring.impl.connector.config import ConnectorConfig
-        from shmring.impl.connector.pool_route import PoolRoute
-        from shmring.impl.directory import PathDirectory
-        from shmring.impl.pool import PoolProducer, PoolReader
-        from shmring.spec.pool import compute_slot_charge
+        from ..impl.connector.config import ConnectorConfig
+        from ..impl.connector.pool_route import PoolRoute
+        from ..impl.directory import PathDirectory
+        from ..impl.pool import PoolProducer, PoolReader
+        from ..spec.pool import compute_slot_charge
 
         self.scheduler = scheduler
         self.directory = tempfile.mkdtemp(prefix="shmring-il-", dir=SHM_ROOT)
@@ -1111,7 +1111,7 @@ class PoolWorld:
     # -- checks ----------------------------------------------------------------------
 
     def _slot_files(self) -> list[tuple[str, memoryview]]:
-        from shmring.spec.layout import POOL_SLOT_HEADER_LENGTH
+        from ..spec.layout import POOL_SLOT_HEADER_LENGTH
 
         found = []
         for name in sorted(os.listdir(self.directory)):
@@ -1128,8 +1128,8 @@ class PoolWorld:
         return found
 
     def check_step(self, label: str) -> None:
-        from shmring.impl.pool.slots import load_slot_payload_fields, load_slot_state_acquire
-        from shmring.spec import layout
+        from ..impl.pool.slots import load_slot_payload_fields, load_slot_state_acquire
+        from ..spec import layout
 
         slots = self._slot_files()
         snapshot = (

@@ -34,32 +34,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shmring.impl import codec
-from shmring.impl.connector import (
+from ..impl import codec
+from ..impl.connector import (
     Connector,
     Delivery,
     GetStatus,
     RingDescriptor,
 )
-from shmring.impl.connector.seams import Seams, seamed_connector
-from shmring.impl.errors import BackPressureError, CorruptFrameError, ShmringError
-from shmring.impl.frame_io import SharedWords
-from shmring.impl.names import (
+from ..impl.connector.seams import Seams, seamed_connector
+from ..impl.errors import BackPressureError, CorruptFrameError, ShmringError
+from ..impl.frame_io import SharedWords
+from ..impl.names import (
     ProducerIdentity,
     fallback_segment_path,
     read_segment_owner,
     ring_path,
 )
-from shmring.impl.os_seam import DEFAULT_OS
-from shmring.impl.ring.frames import published_keys, read_checked_ring_header
-from shmring.spec import connector as connector_spec
-from shmring.spec import discovery as discovery_spec
-from shmring.spec import pool as pool_spec
-from shmring.spec import producers as producers_spec
-from shmring.spec import ring as ring_spec
-from shmring.spec.connector import ConnectorPutStatus
-from shmring.spec.discovery import DeploymentGetStatus, PublishedDescriptor
-from shmring.spec.layout import (
+from ..impl.os_seam import DEFAULT_OS
+from ..impl.ring.frames import published_keys, read_checked_ring_header
+from ..spec import connector as connector_spec
+from ..spec import discovery as discovery_spec
+from ..spec import pool as pool_spec
+from ..spec import producers as producers_spec
+from ..spec import ring as ring_spec
+from ..spec.connector import ConnectorPutStatus
+from ..spec.discovery import DeploymentGetStatus, PublishedDescriptor
+from ..spec.layout import (
     RING_HEADER_LENGTH,
 )
 

@@ -23,7 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.fault_injection.sites import (
+from ..impl.registered.cuda_driver import SimulatedCudaDriver, driver_error
+from .sites import (
     DIRECTORY_REPLACED,
     DIRECTORY_SITES,
     LAYER_CUDA,
@@ -35,7 +36,6 @@ from shmring.fault_injection.sites import (
     parse_error,
     site,
 )
-from shmring.impl.registered.cuda_driver import SimulatedCudaDriver, driver_error
 
 _SEPARATOR: Final = ":"
 

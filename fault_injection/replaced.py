@@ -33,14 +33,14 @@ import shutil
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.fault_injection.plans import FaultPlan
-from shmring.fault_injection.sites import DIRECTORY_REPLACED, DIRECTORY_SITES, MODE_TRANSIENT
-from shmring.impl.connector import Connector
-from shmring.impl.errors import ShmringError
-from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
-from shmring.spec.layout import MIN_POOL_CLASS, compute_slot_capacity
-from shmring.spec.pool import compute_slot_charge
+from ..impl.connector import Connector
+from ..impl.errors import ShmringError
+from ..impl.names import DEFAULT_SHM_ROOT, deployment_directory
+from ..spec.layout import MIN_POOL_CLASS, compute_slot_capacity
+from ..spec.pool import compute_slot_charge
+from .kit.seams import FaultyOs
+from .plans import FaultPlan
+from .sites import DIRECTORY_REPLACED, DIRECTORY_SITES, MODE_TRANSIENT
 
 EDGE: Final = ("enc", "dec")
 LATE_EDGE: Final = ("late", "dec")

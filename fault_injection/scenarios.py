@@ -39,21 +39,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shmring.fault_injection.identities import Identities
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.fault_injection.lockstep import (
+from ..impl.names import DEFAULT_SHM_ROOT, deployment_directory, parse_pool_slot_file_name
+from ..spec.layout import MIN_POOL_CLASS
+from ..spec.pool import compute_slot_charge
+from .identities import Identities
+from .kit.payloads import tagged_payload
+from .kit.seams import FaultyOs
+from .lockstep import (
     DOCUMENTED_ERRORS,
     Deployment,
     Ledger,
     ScenarioFailure,
     require,
 )
-from shmring.fault_injection.plans import FaultyCudaDriver
-from shmring.fault_injection.sites import MODE_PERSISTENT
-from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, parse_pool_slot_file_name
-from shmring.spec.layout import MIN_POOL_CLASS
-from shmring.spec.pool import compute_slot_charge
+from .plans import FaultyCudaDriver
+from .sites import MODE_PERSISTENT
 
 Edge = tuple[str, str]
 EDGE: Final = ("enc", "dec")
@@ -438,9 +438,9 @@ def _entries(directory: str) -> set[str]:
 
 def registered_transfer(env: Env) -> Outcome:
     """Registered transfers through per-transfer segments, in lockstep with `spec.registration`."""
-    from shmring.impl.errors import RegistryPoisonedError
-    from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
-    from shmring.spec import registration as spec
+    from ..impl.errors import RegistryPoisonedError
+    from ..impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
+    from ..spec import registration as spec
 
     ledger = Ledger()
     options = TransferOptions(enable_registered_shm=True, arena_capacity=0)
@@ -564,11 +564,11 @@ def arena_leases(env: Env) -> Outcome:
     """The registered arena in lease mode, against `spec.ring`: leases pin frames, a full arena refuses."""
     import torch
 
-    from shmring.impl.registered.arena import ArenaReader, RegisteredArena
-    from shmring.impl.registered.registration import Registry
-    from shmring.spec import ring as ring_spec
-    from shmring.spec.layout import FRAME_STATE_DONE
-    from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
+    from ..impl.registered.arena import ArenaReader, RegisteredArena
+    from ..impl.registered.registration import Registry
+    from ..spec import ring as ring_spec
+    from ..spec.layout import FRAME_STATE_DONE
+    from ..spec.ring import ConsumeMode, GetStatus, PutStatus
 
     ledger = Ledger()
     registry = Registry(env.scope, env.driver, os_facade=env.os)

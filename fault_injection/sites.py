@@ -34,8 +34,8 @@ import errno
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl import os_seam
-from shmring.spec import registration as registration_spec
+from ..impl import os_seam
+from ..spec import registration as registration_spec
 
 LAYER_OS: Final = "os"
 LAYER_CUDA: Final = "cuda"

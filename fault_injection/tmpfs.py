@@ -89,9 +89,9 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
     import logging
 
     logging.getLogger("shmring").setLevel(logging.CRITICAL)
-    from shmring.impl.connector import Connector, Route
-    from shmring.impl.errors import NoSpaceError
-    from shmring.spec.layout import MIN_POOL_CLASS
+    from ..impl.connector import Connector, Route
+    from ..impl.errors import NoSpaceError
+    from ..spec.layout import MIN_POOL_CLASS
 
     seen: dict[str, Any] = {}
     edge = ("enc", "dec")
@@ -120,8 +120,8 @@ def _child_checks() -> dict[str, Any]:  # pragma: no cover - runs in the namespa
     # 3. The registered arena (1 MiB) does not fit; per-transfer segments carry.
     import torch
 
-    from shmring.fault_injection.plans import FaultyCudaDriver
-    from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
+    from ..impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
+    from .plans import FaultyCudaDriver
 
     driver = FaultyCudaDriver()
     options = TransferOptions(enable_registered_shm=True, arena_capacity=1024 * 1024)

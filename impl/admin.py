@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from shmring.impl import discovery
-from shmring.impl.directory import Directory, open_deployment_directory
-from shmring.impl.errors import ShmringError
-from shmring.impl.frame_io import SharedWords
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import (
+from ..spec.layout import STAMP_OFFSET
+from . import discovery
+from .directory import Directory, open_deployment_directory
+from .errors import ShmringError
+from .frame_io import SharedWords
+from .liveness import Liveness
+from .names import (
     STAMP_FILE_NAME,
     deployment_directory,
     file_owner,
@@ -31,9 +32,8 @@ from shmring.impl.names import (
     parse_ring_file_name,
     read_segment_owner,
 )
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
-from shmring.impl.ring.reader import RingReader
-from shmring.spec.layout import STAMP_OFFSET
+from .os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
+from .ring.reader import RingReader
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from shmring.impl import codec, extensions
-from shmring.impl.connector import (
+from ..spec.connector import Route
+from . import codec, extensions
+from .connector import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_RING_CAPACITY,
     Connector,
@@ -55,16 +56,15 @@ from shmring.impl.connector import (
     Descriptor,
     descriptor_from_dict,
 )
-from shmring.impl.connector.config import DEFAULT_POOL_BUDGET_BYTES
-from shmring.impl.errors import (
+from .connector.config import DEFAULT_POOL_BUDGET_BYTES
+from .errors import (
     ConfigurationError,
     CorruptFrameError,
     InvalidKeyError,
     ShmringError,
 )
-from shmring.impl.names import DEFAULT_SHM_ROOT
-from shmring.impl.os_seam import OsFacade
-from shmring.spec.connector import Route
+from .names import DEFAULT_SHM_ROOT
+from .os_seam import OsFacade
 
 logger = logging.getLogger("shmring.compat")
 

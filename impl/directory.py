@@ -19,9 +19,9 @@ import errno
 import os
 import stat
 
-from shmring.impl.errors import ConfigurationError, CorruptFrameError, DirectoryReplacedError
-from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory
-from shmring.impl.os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
+from .errors import ConfigurationError, CorruptFrameError, DirectoryReplacedError
+from .names import DEFAULT_SHM_ROOT, deployment_directory
+from .os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
 
 # -- the deployment directory ----------------------------------------------------
 #

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shmring.impl.errors import ConfigurationError, UnsupportedPayloadError
+from .errors import ConfigurationError, UnsupportedPayloadError
 
 PIL_IMAGE_NAME: Final = "PIL.Image.Image"
 MAX_NAME_LENGTH: Final = 200

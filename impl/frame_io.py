@@ -29,7 +29,7 @@ from typing import Final
 
 from xxhash import xxh3_64_intdigest
 
-from shmring.spec.layout import (
+from ..spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_CHECKSUM_OFFSET,
     FRAME_HEADER_LENGTH,

@@ -32,10 +32,10 @@ import select
 from collections.abc import Callable
 from typing import Final
 
-from shmring.impl.errors import ResourceExhaustedError, is_exhaustion
-from shmring.impl.names import ProducerIdentity, parse_start_time, process_of, read_proc_stat
-from shmring.impl.os_seam import OsFacade
-from shmring.spec.layout import FRAME_HOLDER_NONE
+from ..spec.layout import FRAME_HOLDER_NONE
+from .errors import ResourceExhaustedError, is_exhaustion
+from .names import ProducerIdentity, parse_start_time, process_of, read_proc_stat
+from .os_seam import OsFacade
 
 _DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
 

@@ -49,13 +49,13 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from shmring.impl.errors import ConfigurationError, InvalidKeyError
-from shmring.impl.frame_io import read_ring_header
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
-from shmring.spec.layout import RING_HEADER_LENGTH, RING_MAGIC
+from ..spec.layout import RING_HEADER_LENGTH, RING_MAGIC
+from .errors import ConfigurationError, InvalidKeyError
+from .frame_io import read_ring_header
+from .os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
 
 if TYPE_CHECKING:
-    from shmring.impl.directory import Directory
+    from .directory import Directory
 
 DEFAULT_SHM_ROOT: Final = "/dev/shm"
 DIRECTORY_PREFIX: Final = "shmring-"

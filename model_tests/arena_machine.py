@@ -22,21 +22,21 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shmring.impl.errors import RegistrationError
-from shmring.impl.registered.arena import (
+from ..impl.errors import RegistrationError
+from ..impl.registered.arena import (
     ArenaFrameDescriptor,
     ArenaReader,
     RegisteredArena,
     arena_key,
 )
-from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
-from shmring.impl.registered.registration import Registry
-from shmring.impl.registered.views import lease_statistics
-from shmring.model_tests.arena_worker import DERIVATIONS, TAG_RGB, LocalPlace, RemotePlace
-from shmring.spec import invariants, leases
-from shmring.spec import ring as ring_spec
-from shmring.spec.layout import FRAME_STATE_DONE, PADDING_FRAME_TYPE, compute_frame_length
-from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
+from ..impl.registered.cuda_driver import SimulatedCudaDriver
+from ..impl.registered.registration import Registry
+from ..impl.registered.views import lease_statistics
+from ..spec import invariants, leases
+from ..spec import ring as ring_spec
+from ..spec.layout import FRAME_STATE_DONE, PADDING_FRAME_TYPE, compute_frame_length
+from ..spec.ring import ConsumeMode, GetStatus, PutStatus
+from .arena_worker import DERIVATIONS, TAG_RGB, LocalPlace, RemotePlace
 
 ARENA_CAPACITY = 4096
 _remote: RemotePlace | None = None

@@ -24,9 +24,9 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from shmring.fault_injection.kit.processes import WorkerProcess, serve
-from shmring.impl.registered.arena import ArenaFrameDescriptor, ArenaReader
-from shmring.spec import leases
+from ..fault_injection.kit.processes import WorkerProcess, serve
+from ..impl.registered.arena import ArenaFrameDescriptor, ArenaReader
+from ..spec import leases
 
 try:  # PyAV frames are one derivation among many: without PyAV the others still run
     import av

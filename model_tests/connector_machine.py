@@ -61,23 +61,23 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.fault_injection.kit.machines import Tally, rarely, register_profiles
-from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
-from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.impl import codec
-from shmring.impl.connector import Connector, FallbackDescriptor, GetStatus, RingDescriptor
-from shmring.impl.errors import BackPressureError, ClosedError, NoSpaceError
-from shmring.spec import connector as connector_spec
-from shmring.spec import invariants
-from shmring.spec import ring as ring_spec
-from shmring.spec.connector import (
+from ..fault_injection.kit.machines import Tally, rarely, register_profiles
+from ..fault_injection.kit.payloads import payload_tag, tagged_payload
+from ..fault_injection.kit.seams import FaultyOs
+from ..impl import codec
+from ..impl.connector import Connector, FallbackDescriptor, GetStatus, RingDescriptor
+from ..impl.errors import BackPressureError, ClosedError, NoSpaceError
+from ..spec import connector as connector_spec
+from ..spec import invariants
+from ..spec import ring as ring_spec
+from ..spec.connector import (
     ConnectorGetStatus,
     ConnectorPutStatus,
     Route,
 )
-from shmring.spec.layout import compute_slot_capacity
-from shmring.spec.pool import compute_slot_charge
-from shmring.spec.ring import PutStatus
+from ..spec.layout import compute_slot_capacity
+from ..spec.pool import compute_slot_charge
+from ..spec.ring import PutStatus
 
 POOL_MIN_CLASS = 4096
 POOL_MAX_CLASS = 8192

@@ -15,8 +15,8 @@ import errno
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
-from shmring.fault_injection.kit.processes import WorkerProcess, serve
+from ..fault_injection.kit.payloads import payload_tag, tagged_payload
+from ..fault_injection.kit.processes import WorkerProcess, serve
 
 # -- worker processes ----------------------------------------------------------------
 
@@ -32,10 +32,10 @@ def connector_worker(scope: str, options: dict[str, Any], conn: Connection) -> N
     (another producer) and answers its index; ``("on", index, name, *args)``
     runs a command on that one. Errors come back as ("error", type name, message).
     """
-    from shmring.impl.connector import Connector, descriptor_from_dict
-    from shmring.impl.errors import BackPressureError
-    from shmring.impl.names import current_producer_identity
-    from shmring.spec.connector import Route
+    from ..impl.connector import Connector, descriptor_from_dict
+    from ..impl.errors import BackPressureError
+    from ..impl.names import current_producer_identity
+    from ..spec.connector import Route
 
     connectors = [Connector(scope, **options)]
 

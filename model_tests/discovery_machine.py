@@ -50,20 +50,20 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.fault_injection.kit.machines import Tally, rarely, register_profiles
-from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
-from shmring.fault_injection.kit.seams import CountingOs
-from shmring.impl import codec
-from shmring.impl.connector import Connector, descriptor_from_dict
-from shmring.impl.discovery import collect_orphans
-from shmring.impl.names import STAMP_FILE_NAME, parse_marker_file_name
-from shmring.impl.os_seam import DEFAULT_OS
-from shmring.model_tests.connector_support import SiblingWorker, Worker
-from shmring.spec import discovery as discovery_spec
-from shmring.spec import invariants
-from shmring.spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
-from shmring.spec.discovery import DeploymentGetStatus, DirectoryState, PublishedDescriptor
-from shmring.spec.layout import U64_FORMAT
+from ..fault_injection.kit.machines import Tally, rarely, register_profiles
+from ..fault_injection.kit.payloads import payload_tag, tagged_payload
+from ..fault_injection.kit.seams import CountingOs
+from ..impl import codec
+from ..impl.connector import Connector, descriptor_from_dict
+from ..impl.discovery import collect_orphans
+from ..impl.names import STAMP_FILE_NAME, parse_marker_file_name
+from ..impl.os_seam import DEFAULT_OS
+from ..spec import discovery as discovery_spec
+from ..spec import invariants
+from ..spec.connector import ConnectorPutStatus, Route, get_deliverable, get_route_of
+from ..spec.discovery import DeploymentGetStatus, DirectoryState, PublishedDescriptor
+from ..spec.layout import U64_FORMAT
+from .connector_support import SiblingWorker, Worker
 
 RING_CAPACITY = 4096
 FALLBACK_BUDGET = 1 << 20

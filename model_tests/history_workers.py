@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shmring.fault_injection.kit.payloads import payload_tag, tagged_payload
+from ..fault_injection.kit.payloads import payload_tag, tagged_payload
 
 Edge = tuple[str, str]
 
@@ -89,9 +89,9 @@ def history_producer(
     scope: str, edge: Edge, plan: list[tuple[Any, ...]], options: dict[str, Any], conn: Connection
 ) -> None:
     """Run `plan`; say "half" halfway through; report the history at the end."""
-    from shmring.impl.connector import Connector
-    from shmring.impl.errors import BackPressureError
-    from shmring.impl.names import current_producer_identity
+    from ..impl.connector import Connector
+    from ..impl.errors import BackPressureError
+    from ..impl.names import current_producer_identity
 
     puts: list[PutRecord] = []
     cleanups: list[CleanupRecord] = []
@@ -129,7 +129,7 @@ def history_reader(
     scope: str, edge: Edge, keys: list[str], name: str, done: Any, conn: Connection
 ) -> None:
     """Claim whatever it can of `keys` until producers are done and a sweep finds nothing."""
-    from shmring.impl.connector import Connector, GetStatus
+    from ..impl.connector import Connector, GetStatus
 
     deliveries: list[Delivery] = []
     corrupt: list[str] = []

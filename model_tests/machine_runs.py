@@ -27,7 +27,7 @@ from types import ModuleType
 from hypothesis import seed, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from shmring.fault_injection.kit.processes import watchdog
+from ..fault_injection.kit.processes import watchdog
 
 
 @dataclass(frozen=True)

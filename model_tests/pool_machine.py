@@ -35,27 +35,27 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.fault_injection.kit.machines import Tally, register_profiles
-from shmring.impl.directory import PathDirectory
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.names import current_producer_identity, parse_pool_slot_file_name
-from shmring.impl.os_seam import DEFAULT_OS
-from shmring.impl.pool import PoolClaim, PoolProducer, PoolReader
-from shmring.impl.pool.slots import (
+from ..fault_injection.kit.machines import Tally, register_profiles
+from ..impl.directory import PathDirectory
+from ..impl.errors import CorruptFrameError
+from ..impl.names import current_producer_identity, parse_pool_slot_file_name
+from ..impl.os_seam import DEFAULT_OS
+from ..impl.pool import PoolClaim, PoolProducer, PoolReader
+from ..impl.pool.slots import (
     load_slot_generation,
     load_slot_state_acquire,
     store_slot_holder_pid,
 )
-from shmring.spec import invariants
-from shmring.spec import pool as pool_spec
-from shmring.spec.layout import (
+from ..spec import invariants
+from ..spec import pool as pool_spec
+from ..spec.layout import (
     POOL_SLOT_CLAIMED,
     POOL_SLOT_DONE,
     POOL_SLOT_FREE,
     POOL_SLOT_PUBLISHED,
     compute_slot_capacity,
 )
-from shmring.spec.pool import AcquireStatus, ClaimStatus, SlotState, compute_slot_charge
+from ..spec.pool import AcquireStatus, ClaimStatus, SlotState, compute_slot_charge
 
 MIN_CLASS = 4096
 MAX_CLASS = 16384

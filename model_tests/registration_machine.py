@@ -26,16 +26,16 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shmring.fault_injection.kit.machines import register_profiles
-from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
-from shmring.impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
-from shmring.impl.registered.cuda_driver import CudaDriver, SimulatedCudaDriver
-from shmring.impl.registered.registration import RegisteredSegment, Registry
-from shmring.impl.registered.views import copy_segment
-from shmring.spec import invariants
-from shmring.spec import registration as spec
-from shmring.spec.registration import StepStatus, TransferStatus
+from ..fault_injection.kit.machines import register_profiles
+from ..fault_injection.kit.seams import FaultyOs
+from ..impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
+from ..impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
+from ..impl.registered.cuda_driver import CudaDriver, SimulatedCudaDriver
+from ..impl.registered.registration import RegisteredSegment, Registry
+from ..impl.registered.views import copy_segment
+from ..spec import invariants
+from ..spec import registration as spec
+from ..spec.registration import StepStatus, TransferStatus
 
 # -- Hypothesis profiles -------------------------------------------------------------
 

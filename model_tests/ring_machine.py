@@ -37,27 +37,27 @@ from hypothesis.stateful import (
     rule,
 )
 
-from shmring.fault_injection.kit.machines import Tally, register_profiles
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.impl.directory import (
+from ..fault_injection.kit.machines import Tally, register_profiles
+from ..fault_injection.kit.payloads import tagged_payload
+from ..impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
-from shmring.impl.names import current_producer_identity, ring_path
-from shmring.impl.ring.borrow import Lease
-from shmring.impl.ring.producer import RingChannel
-from shmring.impl.ring.reader import RingReader
-from shmring.impl.ring.results import ReceiveStatus
-from shmring.spec import ring as ring_spec
-from shmring.spec.invariants import check_ring
-from shmring.spec.layout import (
+from ..impl.names import current_producer_identity, ring_path
+from ..impl.ring.borrow import Lease
+from ..impl.ring.producer import RingChannel
+from ..impl.ring.reader import RingReader
+from ..impl.ring.results import ReceiveStatus
+from ..spec import ring as ring_spec
+from ..spec.invariants import check_ring
+from ..spec.layout import (
     ADMISSION_DIVISOR,
     FRAME_HEADER_LENGTH,
     FRAME_STATE_CLAIMED,
     MIN_RING_CAPACITY,
     RING_CAPACITY_ALIGNMENT,
 )
-from shmring.spec.ring import ConsumeMode, GetStatus, PutStatus
+from ..spec.ring import ConsumeMode, GetStatus, PutStatus
 
 KEYS = ("a", "b", "é", "req_0_1", "req_0_12", "req_0_1x", "request_0_0")
 FILLER_KEY = "filler"  # published and claimed in one rule; matches no prefix

@@ -17,16 +17,16 @@ import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from shmring.fault_injection.kit.payloads import tagged_payload
-from shmring.impl.directory import (
+from ..fault_injection.kit.payloads import tagged_payload
+from ..impl.directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
-from shmring.impl.names import DEFAULT_SHM_ROOT, current_producer_identity, ring_path
-from shmring.impl.os_seam import DEFAULT_OS
-from shmring.impl.ring.producer import RingChannel
-from shmring.impl.ring.reader import RingReader
-from shmring.impl.ring.results import ReceiveStatus
+from ..impl.names import DEFAULT_SHM_ROOT, current_producer_identity, ring_path
+from ..impl.os_seam import DEFAULT_OS
+from ..impl.ring.producer import RingChannel
+from ..impl.ring.reader import RingReader
+from ..impl.ring.results import ReceiveStatus
 
 # -- deployment directories --------------------------------------------------------
 

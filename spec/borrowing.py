@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmring.spec import ring as ring_spec
-from shmring.spec.connector import (
+from . import ring as ring_spec
+from .connector import (
     ConnectorGetResult,
     ConnectorGetStatus,
     ConnectorState,
@@ -41,7 +41,7 @@ from shmring.spec.connector import (
     Route,
     process_get,
 )
-from shmring.spec.leases import (
+from .leases import (
     SOURCE_RING_FRAME,
     SOURCE_SEGMENT,
     DropResult,
@@ -52,7 +52,7 @@ from shmring.spec.leases import (
     process_drop,
     process_holder_exit,
 )
-from shmring.spec.ring import ConsumeMode, get_deliverable_frame
+from .ring import ConsumeMode, get_deliverable_frame
 
 # -- state -------------------------------------------------------------------
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shmring.spec import pool as pool_spec
-from shmring.spec import ring as ring_spec
-from shmring.spec.layout import (
+from . import pool as pool_spec
+from . import ring as ring_spec
+from .layout import (
     FRAME_STATE_CLAIMED,
     FRAME_STATE_PUBLISHED,
     MIN_POOL_CLASS,
@@ -44,8 +44,8 @@ from shmring.spec.layout import (
     compute_frame_length,
     compute_ring_file_length,
 )
-from shmring.spec.pool import ClaimStatus, PoolState
-from shmring.spec.ring import (
+from .pool import ClaimStatus, PoolState
+from .ring import (
     ConsumeMode,
     GetStatus,
     PutStatus,

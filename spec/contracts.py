@@ -14,8 +14,8 @@ ring can actually see.
 
 from __future__ import annotations
 
-from shmring.spec.connector import compute_budget_allows
-from shmring.spec.layout import (
+from .connector import compute_budget_allows
+from .layout import (
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
     MAX_KEY_LENGTH,
@@ -25,7 +25,7 @@ from shmring.spec.layout import (
     align,
     compute_frame_length,
 )
-from shmring.spec.ring import (
+from .ring import (
     compute_free_space,
     compute_has_space,
     compute_padding,

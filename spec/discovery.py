@@ -38,9 +38,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shmring.spec import connector as connector_spec
-from shmring.spec import producers as producers_spec
-from shmring.spec.connector import (
+from . import connector as connector_spec
+from . import producers as producers_spec
+from .connector import (
     ConnectorGetResult,
     ConnectorGetStatus,
     ConnectorPutResult,
@@ -48,8 +48,8 @@ from shmring.spec.connector import (
     Edge,
     Route,
 )
-from shmring.spec.producers import ProducerId, ProducerState
-from shmring.spec.ring import ConsumeMode
+from .producers import ProducerId, ProducerState
+from .ring import ConsumeMode
 
 # -- state -------------------------------------------------------------------
 

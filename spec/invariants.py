@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from shmring.spec.connector import ConnectorState, PoolRef, compute_fallback_charge
-from shmring.spec.discovery import DeploymentState, DirectoryState, get_candidates
-from shmring.spec.layout import (
+from .connector import ConnectorState, PoolRef, compute_fallback_charge
+from .discovery import DeploymentState, DirectoryState, get_candidates
+from .layout import (
     ADMISSION_DIVISOR,
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
@@ -22,15 +22,15 @@ from shmring.spec.layout import (
     compute_frame_length,
     compute_slot_capacity,
 )
-from shmring.spec.pool import (
+from .pool import (
     PoolState,
     SlotState,
     compute_slot_charge,
     is_holder_alive,
     is_power_of_two,
 )
-from shmring.spec.producers import ProducerId, is_delivering
-from shmring.spec.ring import (
+from .producers import ProducerId, is_delivering
+from .ring import (
     RingState,
     compute_key_length,
     get_frame_at,
@@ -382,9 +382,9 @@ def check_deployment(dep: DeploymentState) -> None:
 # -- registration (registered transfer path) ---------------------------------
 # Imported here so the ring part above reads on its own.
 
-from shmring.spec.layout import FRAME_STATE_CLAIMED as _FRAME_STATE_CLAIMED  # noqa: E402
-from shmring.spec.leases import SOURCE_ARENA_FRAME, LeaseTable  # noqa: E402
-from shmring.spec.registration import (  # noqa: E402
+from .layout import FRAME_STATE_CLAIMED as _FRAME_STATE_CLAIMED  # noqa: E402
+from .leases import SOURCE_ARENA_FRAME, LeaseTable  # noqa: E402
+from .registration import (  # noqa: E402
     CUDA_SUCCESS,
     DRIVER_CALLS,
     REGISTERED_STATES,
@@ -547,8 +547,8 @@ def check_leases_against_ring(table: LeaseTable, ring: RingState) -> None:
 
 # -- borrowed gets (spec.borrowing) ---------------------------------------------
 
-from shmring.spec.borrowing import BorrowState, get_claimed_frames  # noqa: E402
-from shmring.spec.leases import SOURCE_RING_FRAME  # noqa: E402
+from .borrowing import BorrowState, get_claimed_frames  # noqa: E402
+from .leases import SOURCE_RING_FRAME  # noqa: E402
 
 
 def check_borrows(conn: ConnectorState, borrows: BorrowState) -> None:

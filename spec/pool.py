@@ -46,7 +46,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shmring.spec.layout import (
+from .layout import (
     MAX_POOL_CLASS,
     MIN_POOL_CLASS,
     compute_file_footprint,

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shmring.spec import connector as connector_spec
-from shmring.spec.connector import ConnectorState
+from . import connector as connector_spec
+from .connector import ConnectorState
 
 # (pid, process start time in clock ticks, instance); the first two name the process
 ProducerId = tuple[int, ...]

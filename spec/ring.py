@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shmring.spec.layout import (
+from .layout import (
     ADMISSION_DIVISOR,
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,

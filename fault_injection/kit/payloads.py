@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from shmring.spec.layout import U64_FORMAT
+from ...spec.layout import U64_FORMAT
 
 TAG_BYTES = struct.calcsize(U64_FORMAT)  # the tag, one little-endian u64, starts a payload
 _FILL_PERIOD = 64  # the fill repeats after this many bytes, so large payloads are cheap to make

@@ -43,9 +43,9 @@ import os
 from collections import Counter
 from collections.abc import Callable
 
-from shmring.fault_injection.plans import FaultPlan
-from shmring.fault_injection.sites import DIRECTORY_REPLACED, LAYER_OS, site
-from shmring.impl.os_seam import FILE_MODE, SITE_FLOCK, OsFacade
+from ...impl.os_seam import FILE_MODE, SITE_FLOCK, OsFacade
+from ..plans import FaultPlan
+from ..sites import DIRECTORY_REPLACED, LAYER_OS, site
 
 CallHook = Callable[[str, int], None]
 

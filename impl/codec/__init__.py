@@ -67,9 +67,12 @@ a process that only moves bytes and trees never imports either.
 
 from __future__ import annotations
 
-from shmring.impl.codec.decode import BORROWED_BYTES_MIN, decode, decode_borrowed
-from shmring.impl.codec.encode import EncodePlan, encode, prepare
-from shmring.impl.codec.wire import (
+from ...spec.layout import CODEC_FORMAT_VERSION as FORMAT_VERSION
+from ...spec.layout import CODEC_FRAMED_MARKER as FRAMED_MARKER
+from ...spec.layout import CODEC_REGION_ALIGNMENT as REGION_ALIGNMENT
+from .decode import BORROWED_BYTES_MIN, decode, decode_borrowed
+from .encode import EncodePlan, encode, prepare
+from .wire import (
     DEFAULT_LEAF_EXT_CODE,
     DIRECT_BYTES_MIN,
     MAX_NDIM,
@@ -80,9 +83,6 @@ from shmring.impl.codec.wire import (
     TIMESTAMP_EXT_CODE,
     TORCH_DTYPE_NAMES,
 )
-from shmring.spec.layout import CODEC_FORMAT_VERSION as FORMAT_VERSION
-from shmring.spec.layout import CODEC_FRAMED_MARKER as FRAMED_MARKER
-from shmring.spec.layout import CODEC_REGION_ALIGNMENT as REGION_ALIGNMENT
 
 __all__ = [
     "BORROWED_BYTES_MIN",

@@ -35,9 +35,23 @@ from typing import Any, Final
 import msgspec
 from msgspec.msgpack import Decoder, Ext
 
-from shmring.impl import extensions
-from shmring.impl.codec import fresh
-from shmring.impl.codec.wire import (
+from ...spec.layout import (
+    CODEC_DESCRIPTOR_DIMENSIONS_OFFSET,
+    CODEC_DESCRIPTOR_LENGTH,
+    CODEC_DIMENSION_LENGTH,
+    CODEC_FORMAT_VERSION,
+    CODEC_FRAMED_MARKER,
+    CODEC_NUMPY_FLAG,
+    CODEC_OWN_AREA,
+    CODEC_PREFIX_LENGTH,
+    CODEC_SHARED_AREA,
+    CODEC_TYPE_TAG,
+)
+from .. import extensions
+from ..errors import CorruptFrameError
+from ..ring.borrow import BorrowedPayload, tensor_face
+from . import fresh
+from .wire import (
     _ALIGN_MASK,
     _BFLOAT16_CODE,
     _BOOL_CODE,
@@ -56,20 +70,6 @@ from shmring.impl.codec.wire import (
     _type_name,
     load_numpy,
     load_torch,
-)
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.ring.borrow import BorrowedPayload, tensor_face
-from shmring.spec.layout import (
-    CODEC_DESCRIPTOR_DIMENSIONS_OFFSET,
-    CODEC_DESCRIPTOR_LENGTH,
-    CODEC_DIMENSION_LENGTH,
-    CODEC_FORMAT_VERSION,
-    CODEC_FRAMED_MARKER,
-    CODEC_NUMPY_FLAG,
-    CODEC_OWN_AREA,
-    CODEC_PREFIX_LENGTH,
-    CODEC_SHARED_AREA,
-    CODEC_TYPE_TAG,
 )
 
 # Bytes values this large are borrowed by `decode_borrowed` (smaller ones are copied).

@@ -26,8 +26,18 @@ from typing import Any, Final
 
 from msgspec.msgpack import Encoder, Ext
 
-from shmring.impl.codec.scan import _choose_leaf_code, _Rescan, _scan
-from shmring.impl.codec.wire import (
+from ...spec.layout import (
+    CODEC_FORMAT_VERSION,
+    CODEC_FRAMED_MARKER,
+    CODEC_NUMPY_FLAG,
+    CODEC_OWN_AREA,
+    CODEC_PREFIX_LENGTH,
+    CODEC_SHARED_AREA,
+    CODEC_TYPE_TAG,
+)
+from ..errors import UnsupportedPayloadError
+from .scan import _choose_leaf_code, _Rescan, _scan
+from .wire import (
     _ALIGN_MASK,
     _BFLOAT16_CODE,
     _DESCRIPTOR_BY_NDIM,
@@ -52,16 +62,6 @@ from shmring.impl.codec.wire import (
     _unsupported_tensor,
     load_numpy,
     load_torch,
-)
-from shmring.impl.errors import UnsupportedPayloadError
-from shmring.spec.layout import (
-    CODEC_FORMAT_VERSION,
-    CODEC_FRAMED_MARKER,
-    CODEC_NUMPY_FLAG,
-    CODEC_OWN_AREA,
-    CODEC_PREFIX_LENGTH,
-    CODEC_SHARED_AREA,
-    CODEC_TYPE_TAG,
 )
 
 _NO_LEAVES: Final[list[Any]] = []  # never appended to: set while no message is being built

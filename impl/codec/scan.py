@@ -15,15 +15,15 @@ from typing import Any, Final
 import msgspec
 from msgspec.msgpack import Ext
 
-from shmring.impl import extensions
-from shmring.impl.codec.wire import (
+from .. import extensions
+from ..errors import UnsupportedPayloadError
+from .wire import (
     _LEAF_CODE_CANDIDATES,
     DEFAULT_LEAF_EXT_CODE,
     MAX_NESTING,
     TIMESTAMP_EXT_CODE,
     _unsupported,
 )
-from shmring.impl.errors import UnsupportedPayloadError
 
 _SCALAR_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes, bytearray})
 _KEY_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes})

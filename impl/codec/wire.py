@@ -16,14 +16,14 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
-from shmring.impl.errors import UnsupportedPayloadError
-from shmring.spec.layout import (
+from ...spec.layout import (
     CODEC_DESCRIPTOR_FORMAT,
     CODEC_PREFIX_FORMAT,
     CODEC_REGION_ALIGNMENT,
     codec_descriptor_format,
     codec_dimensions_format,
 )
+from ..errors import UnsupportedPayloadError
 
 # -- ext codes and limits ---------------------------------------------------------
 

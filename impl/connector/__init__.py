@@ -32,22 +32,22 @@ so every instance of a killed process is dead at once.
 
 from __future__ import annotations
 
-from shmring.impl.connector.config import (
+from ...spec.connector import Route
+from .config import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_RING_CAPACITY,
     ConnectorConfig,
 )
-from shmring.impl.connector.descriptors import (
+from .descriptors import (
     Descriptor,
     FallbackDescriptor,
     PoolDescriptor,
     RingDescriptor,
     descriptor_from_dict,
 )
-from shmring.impl.connector.edges import Edge
-from shmring.impl.connector.facade import Connector
-from shmring.impl.connector.results import ConnectorHealth, Delivery, GetStatus
-from shmring.spec.connector import Route
+from .edges import Edge
+from .facade import Connector
+from .results import ConnectorHealth, Delivery, GetStatus
 
 __all__ = [
     "DEFAULT_FALLBACK_BUDGET",

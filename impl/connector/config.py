@@ -16,13 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.errors import ConfigurationError
-from shmring.impl.fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
-from shmring.impl.names import DEFAULT_SHM_ROOT, validate_scope
-from shmring.spec.connector import is_valid_budget
-from shmring.spec.layout import MAX_POOL_CLASS, MIN_POOL_CLASS
-from shmring.spec.pool import is_power_of_two
-from shmring.spec.ring import compute_capacity_error
+from ...spec.connector import is_valid_budget
+from ...spec.layout import MAX_POOL_CLASS, MIN_POOL_CLASS
+from ...spec.pool import is_power_of_two
+from ...spec.ring import compute_capacity_error
+from ..errors import ConfigurationError
+from ..fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
+from ..names import DEFAULT_SHM_ROOT, validate_scope
 
 DEFAULT_RING_CAPACITY: Final = 4 * 1024 * 1024
 DEFAULT_FALLBACK_BUDGET: Final = 16 * 1024 * 1024 * 1024

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from shmring.impl.connector.edges import Edge
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.names import ConnectorIdentity, fallback_segment_file_name
-from shmring.spec.connector import Route
+from ...spec.connector import Route
+from ..errors import CorruptFrameError
+from ..names import ConnectorIdentity, fallback_segment_file_name
+from .edges import Edge
 
 
 @dataclass(frozen=True)

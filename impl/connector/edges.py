@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Final
 
-from shmring.impl.errors import InvalidKeyError
-from shmring.impl.names import Edge, validate_stage_name
+from ..errors import InvalidKeyError
+from ..names import Edge, validate_stage_name
 
 # A stage as callers may pass it: a stage name, or an int stage id.
 Stage = str | int

@@ -21,8 +21,22 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, overload
 
-from shmring.impl import codec
-from shmring.impl.connector.config import (
+from ...spec.connector import Route
+from .. import codec
+from ..errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
+from ..fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
+from ..names import (
+    DEFAULT_SHM_ROOT,
+    ConnectorIdentity,
+    current_producer_identity,
+    deployment_directory,
+    fallback_segment_file_name,
+    next_instance,
+    ring_path,
+)
+from ..os_seam import DEFAULT_OS, OsFacade
+from ..ring.producer import PublishHook, RingChannel
+from .config import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_MAX_SLEEP_SECONDS,
     DEFAULT_POOL_BUDGET_BYTES,
@@ -34,43 +48,29 @@ from shmring.impl.connector.config import (
     DEFAULT_SPIN_SECONDS,
     ConnectorConfig,
 )
-from shmring.impl.connector.descriptors import (
+from .descriptors import (
     Descriptor,
     FallbackDescriptor,
     PoolDescriptor,
     RingDescriptor,
 )
-from shmring.impl.connector.edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
-from shmring.impl.connector.fallback_route import FallbackRoute
-from shmring.impl.connector.joining import Deployment
-from shmring.impl.connector.pool_route import PoolRoute
-from shmring.impl.connector.results import (
+from .edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
+from .fallback_route import FallbackRoute
+from .joining import Deployment
+from .pool_route import PoolRoute
+from .results import (
     BUSY,
     NOT_FOUND,
     ConnectorHealth,
     Delivery,
     GetStatus,
 )
-from shmring.impl.connector.ring_route import RingRoute
-from shmring.impl.connector.shortage import retry_short_of_descriptors
-from shmring.impl.connector.waiting import BlockingGets, Doorbell, FallbackMisses
-from shmring.impl.errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
-from shmring.impl.fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
-from shmring.impl.names import (
-    DEFAULT_SHM_ROOT,
-    ConnectorIdentity,
-    current_producer_identity,
-    deployment_directory,
-    fallback_segment_file_name,
-    next_instance,
-    ring_path,
-)
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.ring.producer import PublishHook, RingChannel
-from shmring.spec.connector import Route
+from .ring_route import RingRoute
+from .shortage import retry_short_of_descriptors
+from .waiting import BlockingGets, Doorbell, FallbackMisses
 
 if TYPE_CHECKING:
-    from shmring.impl.connector.seams import Seams
+    from .seams import Seams
 
 _DELIVERED = GetStatus.DELIVERED
 _BUSY_STATUS = GetStatus.BUSY

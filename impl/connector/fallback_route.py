@@ -16,25 +16,25 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from shmring.impl import codec
-from shmring.impl.connector.descriptors import FallbackDescriptor
-from shmring.impl.connector.edges import Edge
-from shmring.impl.connector.joining import Deployment
-from shmring.impl.connector.results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
-from shmring.impl.connector.ring_route import alive_or_assumed, borrow_sized
-from shmring.impl.connector.routes import Hook, RouteBackend
-from shmring.impl.connector.shortage import retry_short_of_descriptors
-from shmring.impl.errors import ResourceExhaustedError, ShmringError, is_exhaustion
-from shmring.impl.fallback import (
+from ...spec.connector import Route
+from .. import codec
+from ..errors import ResourceExhaustedError, ShmringError, is_exhaustion
+from ..fallback import (
     ClaimStatus,
     FallbackStatistics,
     FallbackWriter,
     SegmentMappings,
     claim_segment,
 )
-from shmring.impl.names import ConnectorIdentity
-from shmring.impl.os_seam import OsFacade
-from shmring.spec.connector import Route
+from ..names import ConnectorIdentity
+from ..os_seam import OsFacade
+from .descriptors import FallbackDescriptor
+from .edges import Edge
+from .joining import Deployment
+from .results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
+from .ring_route import alive_or_assumed, borrow_sized
+from .routes import Hook, RouteBackend
+from .shortage import retry_short_of_descriptors
 
 
 def _holds_nothing(edge: Edge, key: str) -> bool:

@@ -23,14 +23,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shmring.impl.connector.config import ConnectorConfig
-from shmring.impl.directory import DeploymentDirectory, open_deployment_directory
-from shmring.impl.discovery import DiscoveryCache, Membership, Registrar, Stamp
-from shmring.impl.errors import ConfigurationError, ShmringError
-from shmring.impl.fallback import FallbackWriter
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import ConnectorIdentity, live_file_name
-from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from ..directory import DeploymentDirectory, open_deployment_directory
+from ..discovery import DiscoveryCache, Membership, Registrar, Stamp
+from ..errors import ConfigurationError, ShmringError
+from ..fallback import FallbackWriter
+from ..liveness import Liveness
+from ..names import ConnectorIdentity, live_file_name
+from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from .config import ConnectorConfig
 
 logger = logging.getLogger("shmring.connector")
 

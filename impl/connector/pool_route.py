@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import functools
 
-from shmring.impl import codec
-from shmring.impl.connector.config import ConnectorConfig
-from shmring.impl.connector.joining import Deployment
-from shmring.impl.connector.routes import Hook
-from shmring.impl.names import ConnectorIdentity
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.pool import PoolProducer, PoolReader, PoolStatistics
-from shmring.impl.ring.producer import RingChannel
-from shmring.spec.connector import Route
-from shmring.spec.layout import POOL_REF_LENGTH
-from shmring.spec.ring import PutStatus
+from ...spec.connector import Route
+from ...spec.layout import POOL_REF_LENGTH
+from ...spec.ring import PutStatus
+from .. import codec
+from ..names import ConnectorIdentity
+from ..os_seam import OsFacade
+from ..pool import PoolProducer, PoolReader, PoolStatistics
+from ..ring.producer import RingChannel
+from .config import ConnectorConfig
+from .joining import Deployment
+from .routes import Hook
 
 
 class PoolRoute:

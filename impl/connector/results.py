@@ -12,9 +12,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shmring.impl.names import ConnectorIdentity
-from shmring.spec.connector import Route
-from shmring.spec.discovery import DeploymentGetStatus
+from ...spec.connector import Route
+from ...spec.discovery import DeploymentGetStatus
+from ..names import ConnectorIdentity
 
 
 class GetStatus(enum.Enum):

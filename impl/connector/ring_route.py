@@ -30,32 +30,32 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from shmring.impl import codec
-from shmring.impl.connector.config import MAX_RING_RETRY_SECONDS, ConnectorConfig
-from shmring.impl.connector.descriptors import RingDescriptor
-from shmring.impl.connector.edges import Edge
-from shmring.impl.connector.joining import Deployment
-from shmring.impl.connector.results import BUSY, GONE, STALE, Delivery, GetStatus
-from shmring.impl.connector.routes import Hook, RouteBackend
-from shmring.impl.connector.shortage import retry_short_of_descriptors
-from shmring.impl.errors import (
+from ...spec.connector import Route
+from ...spec.layout import POOL_REF_LENGTH
+from ...spec.ring import ConsumeMode, PutStatus
+from .. import codec
+from ..errors import (
     ClosedError,
     CorruptFrameError,
     ProducerGoneError,
     ResourceExhaustedError,
     ShmringError,
 )
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import ConnectorIdentity, ring_path
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.pool import PoolReader, is_pool_ref
-from shmring.impl.ring.borrow import BorrowedPayload
-from shmring.impl.ring.producer import PublishHook, RingChannel
-from shmring.impl.ring.reader import RingReader
-from shmring.impl.ring.results import ReceiveStatus
-from shmring.spec.connector import Route
-from shmring.spec.layout import POOL_REF_LENGTH
-from shmring.spec.ring import ConsumeMode, PutStatus
+from ..liveness import Liveness
+from ..names import ConnectorIdentity, ring_path
+from ..os_seam import OsFacade
+from ..pool import PoolReader, is_pool_ref
+from ..ring.borrow import BorrowedPayload
+from ..ring.producer import PublishHook, RingChannel
+from ..ring.reader import RingReader
+from ..ring.results import ReceiveStatus
+from .config import MAX_RING_RETRY_SECONDS, ConnectorConfig
+from .descriptors import RingDescriptor
+from .edges import Edge
+from .joining import Deployment
+from .results import BUSY, GONE, STALE, Delivery, GetStatus
+from .routes import Hook, RouteBackend
+from .shortage import retry_short_of_descriptors
 
 logger = logging.getLogger("shmring.connector")
 _RING = Route.RING

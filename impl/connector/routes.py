@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from shmring.impl.codec import EncodePlan
-from shmring.impl.connector.edges import Edge
-from shmring.impl.connector.results import Delivery
+from ..codec import EncodePlan
+from .edges import Edge
+from .results import Delivery
 
 Place = TypeVar("Place")
 Desc = TypeVar("Desc", contravariant=True)

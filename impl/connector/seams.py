@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shmring.impl.connector.config import ConnectorConfig
-from shmring.impl.connector.facade import Connector
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.ring.producer import PublishHook
+from ..os_seam import OsFacade
+from ..ring.producer import PublishHook
+from .config import ConnectorConfig
+from .facade import Connector
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from shmring.impl.errors import ResourceExhaustedError, ShmringError, is_exhaustion
+from ..errors import ResourceExhaustedError, ShmringError, is_exhaustion
 
 T = TypeVar("T")
 

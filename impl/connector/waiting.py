@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, overload
 
-from shmring.impl.connector.config import ConnectorConfig
-from shmring.impl.connector.descriptors import Descriptor
-from shmring.impl.connector.edges import Edge, Stage, split_edge, validate_key
-from shmring.impl.connector.results import FINAL_STATUSES, Delivery, GetStatus
-from shmring.impl.discovery import Stamp
+from ..discovery import Stamp
+from .config import ConnectorConfig
+from .descriptors import Descriptor
+from .edges import Edge, Stage, split_edge, validate_key
+from .results import FINAL_STATUSES, Delivery, GetStatus
 
 if TYPE_CHECKING:
-    from shmring.impl.connector.ring_route import RingRoute
+    from .ring_route import RingRoute
 
 MIN_SLEEP_SECONDS: Final = 0.00005
 # The longest a blocked receive sleeps on the doorbell before it looks again

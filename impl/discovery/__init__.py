@@ -21,18 +21,9 @@ only under the segment's lock rule); nothing in the fallback, in liveness
 or in names imports discovery.
 """
 
-from shmring.impl.discovery.cache import DiscoveryCache, DiscoveryStatistics
-from shmring.impl.discovery.gc import (
-    collect_orphans,
-    reclaim_dead_files,
-    remove_dead_files,
-    remove_unused_directory,
-    teardown_if_empty,
-)
-from shmring.impl.discovery.membership import Membership, Registrar
-from shmring.impl.discovery.stamp import Stamp
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import (
+from ...spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+from ..liveness import Liveness
+from ..names import (
     LIVE_FILE_PREFIX,
     MARKER_FILE_PREFIX,
     MEMBERS_FILE_NAME,
@@ -44,7 +35,16 @@ from shmring.impl.names import (
     parse_live_file_name,
     parse_marker_file_name,
 )
-from shmring.spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+from .cache import DiscoveryCache, DiscoveryStatistics
+from .gc import (
+    collect_orphans,
+    reclaim_dead_files,
+    remove_dead_files,
+    remove_unused_directory,
+    teardown_if_empty,
+)
+from .membership import Membership, Registrar
+from .stamp import Stamp
 
 __all__ = [
     "DOORBELL_OFFSET",

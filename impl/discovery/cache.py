@@ -17,13 +17,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from shmring.impl.directory import Directory, as_directory
-from shmring.impl.discovery.gc import reclaim_dead_files
-from shmring.impl.discovery.stamp import Stamp
-from shmring.impl.errors import ResourceExhaustedError, ShmringError
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import ConnectorIdentity, Edge, parse_marker_file_name
-from shmring.impl.os_seam import OsFacade
+from ..directory import Directory, as_directory
+from ..errors import ResourceExhaustedError, ShmringError
+from ..liveness import Liveness
+from ..names import ConnectorIdentity, Edge, parse_marker_file_name
+from ..os_seam import OsFacade
+from .gc import reclaim_dead_files
+from .stamp import Stamp
 
 
 @dataclass(frozen=True)

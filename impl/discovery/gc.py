@@ -24,11 +24,11 @@ import errno
 import fcntl
 from collections.abc import Iterable
 
-from shmring.impl.directory import DeploymentDirectory, Directory, as_directory
-from shmring.impl.errors import DirectoryReplacedError, ResourceExhaustedError
-from shmring.impl.fallback.claim import remove_if_orphaned
-from shmring.impl.liveness import Liveness
-from shmring.impl.names import (
+from ..directory import DeploymentDirectory, Directory, as_directory
+from ..errors import DirectoryReplacedError, ResourceExhaustedError
+from ..fallback.claim import remove_if_orphaned
+from ..liveness import Liveness
+from ..names import (
     MEMBERS_FILE_NAME,
     STAMP_FILE_NAME,
     ProducerIdentity,
@@ -36,7 +36,7 @@ from shmring.impl.names import (
     is_fallback_segment_file_name,
     parse_marker_file_name,
 )
-from shmring.impl.os_seam import OPEN_FLAGS_EXISTING, OsFacade
+from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
 
 
 def teardown_if_empty(directory: str | Directory, os_facade: OsFacade) -> bool:

@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from shmring.impl.directory import DeploymentDirectory, Directory, as_directory
-from shmring.impl.discovery.gc import remove_dead_files, teardown_if_empty
-from shmring.impl.discovery.stamp import Stamp
-from shmring.impl.errors import BrokenError, DirectoryReplacedError, ShmringError
-from shmring.impl.names import MEMBERS_FILE_NAME, Edge, marker_file_name
-from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
+from ..directory import DeploymentDirectory, Directory, as_directory
+from ..errors import BrokenError, DirectoryReplacedError, ShmringError
+from ..names import MEMBERS_FILE_NAME, Edge, marker_file_name
+from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
+from .gc import remove_dead_files, teardown_if_empty
+from .stamp import Stamp
 
 # Joining waits (sleeping, never spinning) only for a concurrent teardown,
 # which holds its exclusive lock for a handful of system calls.

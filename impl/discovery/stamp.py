@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from shmring.impl import futex
-from shmring.impl.directory import Directory, as_directory, check_private_file
-from shmring.impl.errors import BrokenError, ClosedError
-from shmring.impl.frame_io import u64_words
-from shmring.impl.futex import FutexWord
-from shmring.impl.names import STAMP_FILE_NAME
-from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
-from shmring.spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+from ...spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+from .. import futex
+from ..directory import Directory, as_directory, check_private_file
+from ..errors import BrokenError, ClosedError
+from ..frame_io import u64_words
+from ..futex import FutexWord
+from ..names import STAMP_FILE_NAME
+from ..os_seam import FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
 
 _STAMP_WORD: Final = STAMP_OFFSET // 8  # the stamp's index in the file's u64 words
 

@@ -86,7 +86,7 @@ refuses exactly when the model would.
 Every system call goes through the `OsFacade` the caller gives.
 """
 
-from shmring.impl.fallback.claim import (
+from .claim import (
     Claim,
     ClaimStatus,
     MappingKey,
@@ -94,8 +94,8 @@ from shmring.impl.fallback.claim import (
     claim_segment,
     remove_if_orphaned,
 )
-from shmring.impl.fallback.segment import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
-from shmring.impl.fallback.writer import (
+from .segment import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
+from .writer import (
     FallbackStatistics,
     FallbackWriter,
     PayloadPlan,

@@ -27,26 +27,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from shmring.impl.directory import Directory, as_directory, check_private_file
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.fallback.segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
-from shmring.impl.frame_io import compute_checksum
-from shmring.impl.names import (
-    Edge,
-    fallback_segment_path,
-    fallback_spare_file_name,
-    parse_segment_owner,
-)
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.ring.borrow import BorrowedPayload
-from shmring.impl.ring.frames import segment_problem
-from shmring.spec.layout import (
+from ...spec.layout import (
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     RING_HEADER_LENGTH,
     RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
 )
+from ..directory import Directory, as_directory, check_private_file
+from ..errors import CorruptFrameError
+from ..frame_io import compute_checksum
+from ..names import (
+    Edge,
+    fallback_segment_path,
+    fallback_spare_file_name,
+    parse_segment_owner,
+)
+from ..os_seam import OsFacade
+from ..ring.borrow import BorrowedPayload
+from ..ring.frames import segment_problem
+from .segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
 
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 

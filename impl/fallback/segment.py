@@ -27,9 +27,9 @@ import os
 import time
 from typing import Final
 
-from shmring.impl.directory import Directory
-from shmring.impl.errors import BrokenError, CorruptFrameError
-from shmring.impl.os_seam import OPEN_FLAGS_READONLY, OsFacade
+from ..directory import Directory
+from ..errors import BrokenError, CorruptFrameError
+from ..os_seam import OPEN_FLAGS_READONLY, OsFacade
 
 # Segments of at least this many bytes are kept for reuse (below it a fresh
 # file costs less than the bookkeeping), up to the writer's spare budget.

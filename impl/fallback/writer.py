@@ -28,35 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from shmring.impl.directory import Directory, as_directory
-from shmring.impl.errors import BackPressureError, BrokenError, ClosedError, NoSpaceError
-from shmring.impl.fallback.segment import (
-    DEFAULT_SPARE_BYTES,
-    MAX_SPARES,
-    SPARE_MIN_FILE_LENGTH,
-    Busy,
-    open_locked,
-)
-from shmring.impl.frame_io import (
-    SharedWords,
-    compute_checksum,
-    store_frame_length_release,
-    write_data_frame_fields,
-    write_ring_header,
-)
-from shmring.impl.names import (
-    Edge,
-    fallback_segment_path,
-    fallback_spare_file_name,
-    fallback_temp_file_name,
-)
-from shmring.impl.os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
-from shmring.spec.connector import (
+from ...spec.connector import (
     compute_budget_allows,
     compute_fallback_charge,
     compute_fallback_length,
 )
-from shmring.spec.layout import (
+from ...spec.layout import (
     FRAME_KEY_OFFSET,
     FRAME_STATE_PUBLISHED,
     RING_HEADER_LENGTH,
@@ -64,7 +41,30 @@ from shmring.spec.layout import (
     RING_STATE_SPARE_WANTED,
     compute_ring_file_length,
 )
-from shmring.spec.ring import is_prefix_match
+from ...spec.ring import is_prefix_match
+from ..directory import Directory, as_directory
+from ..errors import BackPressureError, BrokenError, ClosedError, NoSpaceError
+from ..frame_io import (
+    SharedWords,
+    compute_checksum,
+    store_frame_length_release,
+    write_data_frame_fields,
+    write_ring_header,
+)
+from ..names import (
+    Edge,
+    fallback_segment_path,
+    fallback_spare_file_name,
+    fallback_temp_file_name,
+)
+from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from .segment import (
+    DEFAULT_SPARE_BYTES,
+    MAX_SPARES,
+    SPARE_MIN_FILE_LENGTH,
+    Busy,
+    open_locked,
+)
 
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
 

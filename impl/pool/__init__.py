@@ -19,9 +19,9 @@ close), `consumer` (`PoolReader`: claim and `PoolClaim`, the borrow hook).
 docs/protocol.md ("Pool") maps each model step to its function.
 """
 
-from shmring.impl.pool.consumer import PoolClaim, PoolReader
-from shmring.impl.pool.producer import OwnedSlot, PoolProducer, PoolStatistics
-from shmring.impl.pool.refs import PoolRef, decode_ref, encode_ref, is_pool_ref
+from .consumer import PoolClaim, PoolReader
+from .producer import OwnedSlot, PoolProducer, PoolStatistics
+from .refs import PoolRef, decode_ref, encode_ref, is_pool_ref
 
 __all__ = [
     "OwnedSlot",

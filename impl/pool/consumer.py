@@ -30,14 +30,20 @@ from typing import Any, Final
 
 from xxhash import xxh3_64_intdigest
 
-from shmring.impl.directory import Directory, check_private_file
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.frame_io import SharedWords
-from shmring.impl.liveness import is_holder_alive
-from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
-from shmring.impl.os_seam import OPEN_FLAGS_EXISTING, OsFacade
-from shmring.impl.pool.refs import PoolRef, decode_ref
-from shmring.impl.pool.slots import (
+from ...spec.layout import (
+    POOL_SLOT_CLAIMED,
+    POOL_SLOT_DONE,
+    POOL_SLOT_HEADER_LENGTH,
+    POOL_SLOT_PUBLISHED,
+)
+from ..directory import Directory, check_private_file
+from ..errors import CorruptFrameError
+from ..frame_io import SharedWords
+from ..liveness import is_holder_alive
+from ..names import ConnectorIdentity, pool_slot_file_name
+from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
+from .refs import PoolRef, decode_ref
+from .slots import (
     SlotMapping,
     load_slot_generation,
     load_slot_holder_pid,
@@ -48,12 +54,6 @@ from shmring.impl.pool.slots import (
     state_name,
     store_slot_holder_pid,
     store_slot_state_release,
-)
-from shmring.spec.layout import (
-    POOL_SLOT_CLAIMED,
-    POOL_SLOT_DONE,
-    POOL_SLOT_HEADER_LENGTH,
-    POOL_SLOT_PUBLISHED,
 )
 
 # Slot files a consumer keeps mapped (one descriptor each), least recently used out.

@@ -25,20 +25,7 @@ from dataclasses import dataclass
 
 from xxhash import xxh3_64_intdigest
 
-from shmring.impl.directory import Directory
-from shmring.impl.liveness import is_holder_alive
-from shmring.impl.names import ConnectorIdentity, pool_slot_file_name
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.pool.refs import encode_ref
-from shmring.impl.pool.slots import (
-    SlotMapping,
-    create_slot_file,
-    load_slot_holder_pid,
-    load_slot_state_acquire,
-    store_slot_publish_fields,
-    store_slot_state_release,
-)
-from shmring.spec.layout import (
+from ...spec.layout import (
     POOL_FLAG_CHECKSUM,
     POOL_MAX_SLOT_INDEX,
     POOL_SLOT_CLAIMED,
@@ -47,7 +34,20 @@ from shmring.spec.layout import (
     POOL_SLOT_PUBLISHED,
     compute_slot_capacity,
 )
-from shmring.spec.pool import compute_class, compute_slot_charge
+from ...spec.pool import compute_class, compute_slot_charge
+from ..directory import Directory
+from ..liveness import is_holder_alive
+from ..names import ConnectorIdentity, pool_slot_file_name
+from ..os_seam import OsFacade
+from .refs import encode_ref
+from .slots import (
+    SlotMapping,
+    create_slot_file,
+    load_slot_holder_pid,
+    load_slot_state_acquire,
+    store_slot_publish_fields,
+    store_slot_state_release,
+)
 
 # Answers whether the ring frame carrying a slot's reference may still be claimed.
 Carrier = Callable[[], bool]

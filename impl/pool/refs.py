@@ -14,8 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.errors import CorruptFrameError
-from shmring.spec.layout import (
+from ...spec.layout import (
     CODEC_FRAMED_MARKER,
     POOL_FLAG_CHECKSUM,
     POOL_REF_FORMAT,
@@ -23,6 +22,7 @@ from shmring.spec.layout import (
     POOL_REF_TAG,
     POOL_REF_TAG_OFFSET,
 )
+from ..errors import CorruptFrameError
 
 _REF: Final = struct.Struct(POOL_REF_FORMAT)
 assert _REF.size == POOL_REF_LENGTH

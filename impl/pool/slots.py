@@ -23,11 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.directory import Directory
-from shmring.impl.errors import NoSpaceError
-from shmring.impl.frame_io import SharedWords, release_mapping
-from shmring.impl.os_seam import OPEN_FLAGS_CREATE, OsFacade
-from shmring.spec.layout import (
+from ...spec.layout import (
     POOL_CHECKSUM_OFFSET,
     POOL_FLAGS_OFFSET,
     POOL_GENERATION_OFFSET,
@@ -42,6 +38,10 @@ from shmring.spec.layout import (
     POOL_VERSION,
     compute_slot_file_length,
 )
+from ..directory import Directory
+from ..errors import NoSpaceError
+from ..frame_io import SharedWords, release_mapping
+from ..os_seam import OPEN_FLAGS_CREATE, OsFacade
 
 _IDENTITY: Final = struct.Struct(POOL_IDENTITY_FORMAT)
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)

@@ -45,40 +45,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from shmring.impl import frame_io
-from shmring.impl.directory import open_private_file
-from shmring.impl.errors import (
-    ClosedError,
-    ConfigurationError,
-    CorruptFrameError,
-    StaleDescriptorError,
-)
-from shmring.impl.liveness import is_holder_alive
-from shmring.impl.names import (
-    arena_file_name,
-    current_producer_identity,
-    validate_transfer_file_name,
-)
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registered.registration import (
-    RegisteredRange,
-    Registry,
-    ShmFile,
-    copy_into_host,
-    host_view,
-)
-from shmring.impl.registered.views import borrow
-from shmring.impl.ring.borrow import mark_frame_done
-from shmring.impl.ring.engine import RingProducer
-from shmring.impl.ring.frames import (
-    ARENA_FILE,
-    corrupt_frame,
-    frame_problem,
-    load_frame_fields,
-    read_checked_ring_header,
-)
-from shmring.impl.ring.mapping import _data_offset, _FrameShapes
-from shmring.spec.layout import (
+from ...spec.layout import (
     ARENA_KEY_LENGTH,
     ARENA_PAYLOAD_OFFSET,
     DATA_FRAME_TYPE,
@@ -94,10 +61,43 @@ from shmring.spec.layout import (
     compute_frame_length,
     compute_ring_file_length,
 )
-from shmring.spec.ring import (
+from ...spec.ring import (
     PutStatus,
     compute_capacity_error,
 )
+from .. import frame_io
+from ..directory import open_private_file
+from ..errors import (
+    ClosedError,
+    ConfigurationError,
+    CorruptFrameError,
+    StaleDescriptorError,
+)
+from ..liveness import is_holder_alive
+from ..names import (
+    arena_file_name,
+    current_producer_identity,
+    validate_transfer_file_name,
+)
+from ..os_seam import DEFAULT_OS, OsFacade
+from ..ring.borrow import mark_frame_done
+from ..ring.engine import RingProducer
+from ..ring.frames import (
+    ARENA_FILE,
+    corrupt_frame,
+    frame_problem,
+    load_frame_fields,
+    read_checked_ring_header,
+)
+from ..ring.mapping import _data_offset, _FrameShapes
+from .registration import (
+    RegisteredRange,
+    Registry,
+    ShmFile,
+    copy_into_host,
+    host_view,
+)
+from .views import borrow
 
 # Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
 DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024

@@ -37,8 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from shmring.impl.errors import ConfigurationError, RegistrationError
-from shmring.spec.registration import (
+from ...spec.registration import (
     CALL_COPY_TO_HOST,
     CALL_HOST_REGISTER,
     CALL_HOST_UNREGISTER,
@@ -52,6 +51,7 @@ from shmring.spec.registration import (
     DRIVER_CALLS,
     FAULT_EVERY,
 )
+from ..errors import ConfigurationError, RegistrationError
 
 if TYPE_CHECKING:
     import torch

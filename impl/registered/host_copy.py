@@ -14,8 +14,8 @@ from typing import Final
 
 import torch
 
-from shmring.impl.errors import RegistrationError, UnsupportedPayloadError
-from shmring.impl.registered.cuda_driver import CudaDriver
+from ..errors import RegistrationError, UnsupportedPayloadError
+from .cuda_driver import CudaDriver
 
 # What travels for each torch dtype: the numpy dtype name of the bits. bfloat16
 # has no numpy dtype; its bits travel as uint16 and a dtype view restores it.

@@ -47,35 +47,7 @@ from typing import Final
 
 import torch
 
-from shmring.impl.directory import (
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
-)
-from shmring.impl.errors import (
-    ClosedError,
-    NoSpaceError,
-    RegistrationError,
-    RegistryPoisonedError,
-    describe_errno,
-)
-from shmring.impl.names import DEFAULT_SHM_ROOT, registered_segment_file_name
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registered.cuda_driver import CudaDriver
-
-# The copy helpers and ShmFile have their own modules; they are re-exported
-# here (see __all__) for the importers that still take them from registration.
-from shmring.impl.registered.host_copy import (
-    WIRE_DTYPES,
-    copy_into_host,
-    copy_source,
-    copy_to_host_or_gather,
-    dtype_name,
-    gather_through_host,
-    host_view,
-    wire_dtype_of,
-)
-from shmring.impl.registered.shm_file import ShmFile
-from shmring.spec.registration import (
+from ...spec.registration import (
     SEGMENT_ALLOCATED,
     SEGMENT_COPIED,
     SEGMENT_PUBLISHED,
@@ -85,6 +57,34 @@ from shmring.spec.registration import (
     SEGMENT_UNREGISTERED,
     UNREGISTER_ATTEMPTS,
 )
+from ..directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
+from ..errors import (
+    ClosedError,
+    NoSpaceError,
+    RegistrationError,
+    RegistryPoisonedError,
+    describe_errno,
+)
+from ..names import DEFAULT_SHM_ROOT, registered_segment_file_name
+from ..os_seam import DEFAULT_OS, OsFacade
+from .cuda_driver import CudaDriver
+
+# The copy helpers and ShmFile have their own modules; they are re-exported
+# here (see __all__) for the importers that still take them from registration.
+from .host_copy import (
+    WIRE_DTYPES,
+    copy_into_host,
+    copy_source,
+    copy_to_host_or_gather,
+    dtype_name,
+    gather_through_host,
+    host_view,
+    wire_dtype_of,
+)
+from .shm_file import ShmFile
 
 # Published names a producer remembers before it checks which receivers took.
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256

@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from shmring.impl.errors import ClosedError
-from shmring.impl.os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
+from ..errors import ClosedError
+from ..os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
 
 
 class ShmFile:

@@ -44,41 +44,42 @@ from dataclasses import dataclass
 
 import torch
 
-from shmring.impl.directory import (
+from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
+from ..directory import (
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
-from shmring.impl.errors import (
+from ..errors import (
     ClosedError,
     ConfigurationError,
     RegistrationError,
     RegistryPoisonedError,
 )
-from shmring.impl.names import (
+from ..names import (
     DEFAULT_SHM_ROOT,
     registered_segment_file_name,
     validate_scope,
 )
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registered.arena import (
+from ..os_seam import DEFAULT_OS, OsFacade
+from .arena import (
     ArenaFrameDescriptor,
     ArenaReservation,
     RegisteredArena,
 )
-from shmring.impl.registered.cuda_driver import (
+from .cuda_driver import (
     CUDA_ERROR_INSUFFICIENT_DRIVER,
     CudaDriver,
     default_driver,
 )
-from shmring.impl.registered.host_copy import (
+from .host_copy import (
     copy_to_host_or_gather,
     dtype_name,
     host_view,
     wire_dtype_of,
 )
-from shmring.impl.registered.registration import Registry, prune_taken_names
-from shmring.impl.registered.shm_file import ShmFile
-from shmring.impl.registered.transfer_descriptor import (
+from .registration import Registry, prune_taken_names
+from .shm_file import ShmFile
+from .transfer_descriptor import (
     CARRIER_ARENA,
     CARRIER_SEGMENT,
     CARRIERS,
@@ -86,8 +87,7 @@ from shmring.impl.registered.transfer_descriptor import (
     TransferDescriptor,
     TransferOptions,
 )
-from shmring.impl.registered.transfer_receiver import TransferReceiver, restore_tensor
-from shmring.spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
+from .transfer_receiver import TransferReceiver, restore_tensor
 
 logger = logging.getLogger("shmring.transfer")
 

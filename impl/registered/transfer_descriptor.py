@@ -16,11 +16,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from shmring.impl.errors import ConfigurationError, CorruptFrameError
-from shmring.impl.names import validate_scope, validate_transfer_file_name
-from shmring.impl.registered.arena import DEFAULT_ARENA_CAPACITY
-from shmring.impl.registered.host_copy import WIRE_DTYPES, dtype_name
-from shmring.spec.ring import compute_capacity_error
+from ...spec.ring import compute_capacity_error
+from ..errors import ConfigurationError, CorruptFrameError
+from ..names import validate_scope, validate_transfer_file_name
+from .arena import DEFAULT_ARENA_CAPACITY
+from .host_copy import WIRE_DTYPES, dtype_name
 
 CARRIER_ARENA: Final = "arena"  # a frame of the registered arena
 CARRIER_SEGMENT: Final = "segment"  # a per-transfer segment (registered or not)

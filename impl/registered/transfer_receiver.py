@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from shmring.impl.errors import ClosedError, CorruptFrameError
-from shmring.impl.names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.registered.arena import ArenaFrameDescriptor, ArenaReader
-from shmring.impl.registered.transfer_descriptor import (
+from ..errors import ClosedError, CorruptFrameError
+from ..names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
+from ..os_seam import DEFAULT_OS, OsFacade
+from .arena import ArenaFrameDescriptor, ArenaReader
+from .transfer_descriptor import (
     _TORCH_DTYPES,
     CARRIER_ARENA,
     TransferDescriptor,
     TransferOptions,
 )
-from shmring.impl.registered.views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+from .views import borrow_mapped, copy_mapped, map_segment, unlink_segment
 
 
 def restore_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Any, Final
 import av
 import numpy as np
 
-from shmring.impl.errors import ConfigurationError
+from ..errors import ConfigurationError
 
 FRAME_INPUT_BORROWED: Final = "borrowed"  # from_numpy_buffer when eligible, else the copy
 FRAME_INPUT_COPY: Final = "copy"  # from_ndarray of a contiguous rgb24 copy

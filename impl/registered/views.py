@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from shmring.impl.directory import open_private_file
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.os_seam import DEFAULT_OS, OsFacade
-from shmring.impl.ring.borrow import CollectedLease, LeaseStatistics, ReleaseHook, lease_statistics
+from ..directory import open_private_file
+from ..errors import CorruptFrameError
+from ..os_seam import DEFAULT_OS, OsFacade
+from ..ring.borrow import CollectedLease, LeaseStatistics, ReleaseHook, lease_statistics
 
 
 class LeaseOwner(CollectedLease):

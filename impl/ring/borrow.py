@@ -36,14 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from shmring.impl.errors import (
+from ...spec.layout import (
+    FRAME_STATE_DONE,
+)
+from ..errors import (
     ClosedError,
 )
-from shmring.impl.frame_io import (
+from ..frame_io import (
     store_frame_state_in_header,
-)
-from shmring.spec.layout import (
-    FRAME_STATE_DONE,
 )
 
 _T = TypeVar("_T")

@@ -38,7 +38,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from shmring.impl.frame_io import (
+from ...spec.layout import (
+    FRAME_STATE_CLAIMED,
+    FRAME_STATE_DONE,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
+    RING_HEADER_LENGTH,
+)
+from ...spec.ring import compute_free_space, compute_padding
+from ..frame_io import (
     SharedWords,
     bump_wakeup_sequence_release,
     load_frame_holder_pid,
@@ -50,17 +58,9 @@ from shmring.impl.frame_io import (
     write_data_frame_fields,
     write_padding_frame_fields,
 )
-from shmring.impl.liveness import is_holder_alive
-from shmring.impl.os_seam import OsFacade
-from shmring.impl.ring.mapping import _LOCK, _UNLOCK, _data_offset, _FrameShapes
-from shmring.spec.layout import (
-    FRAME_STATE_CLAIMED,
-    FRAME_STATE_DONE,
-    FRAME_STATE_PUBLISHED,
-    FRAME_STATE_RETIRED,
-    RING_HEADER_LENGTH,
-)
-from shmring.spec.ring import compute_free_space, compute_padding
+from ..liveness import is_holder_alive
+from ..os_seam import OsFacade
+from .mapping import _LOCK, _UNLOCK, _data_offset, _FrameShapes
 
 PublishHook = Callable[[str], None]
 # Stages a publish hook is called at (tests stop or kill the producer there).

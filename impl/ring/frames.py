@@ -32,24 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from shmring.impl.errors import CorruptFrameError
-from shmring.impl.frame_io import (
-    RingHeader,
-    SharedWords,
-    load_frame_header_fields,
-    load_frame_prefix,
-    load_head_acquire,
-    load_tail_acquire,
-    read_frame_header,
-    read_ring_header,
-)
-from shmring.impl.ring.mapping import (
-    _KNOWN_STATES,
-    _MAX_RACE_RETRIES,
-    FrameFields,
-    _FrameShapes,
-)
-from shmring.spec.layout import (
+from ...spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_ALIGNMENT,
     FRAME_HEADER_LENGTH,
@@ -64,7 +47,24 @@ from shmring.spec.layout import (
     compute_frame_length,
     compute_ring_file_length,
 )
-from shmring.spec.ring import is_valid_capacity
+from ...spec.ring import is_valid_capacity
+from ..errors import CorruptFrameError
+from ..frame_io import (
+    RingHeader,
+    SharedWords,
+    load_frame_header_fields,
+    load_frame_prefix,
+    load_head_acquire,
+    load_tail_acquire,
+    read_frame_header,
+    read_ring_header,
+)
+from .mapping import (
+    _KNOWN_STATES,
+    _MAX_RACE_RETRIES,
+    FrameFields,
+    _FrameShapes,
+)
 
 # -- the ring header -------------------------------------------------------------
 

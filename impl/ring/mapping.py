@@ -7,19 +7,7 @@ import mmap
 import os
 from typing import Final
 
-from shmring.impl.directory import Directory, PathDirectory
-from shmring.impl.errors import (
-    ClosedError,
-    CorruptFrameError,
-)
-from shmring.impl.frame_io import (
-    SharedWords,
-    release_mapping,
-)
-from shmring.impl.os_seam import (
-    OsFacade,
-)
-from shmring.spec.layout import (
+from ...spec.layout import (
     FRAME_ALIGNMENT,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
@@ -28,8 +16,20 @@ from shmring.spec.layout import (
     RING_HEADER_LENGTH,
     compute_frame_length,
 )
-from shmring.spec.ring import (
+from ...spec.ring import (
     is_admitted,
+)
+from ..directory import Directory, PathDirectory
+from ..errors import (
+    ClosedError,
+    CorruptFrameError,
+)
+from ..frame_io import (
+    SharedWords,
+    release_mapping,
+)
+from ..os_seam import (
+    OsFacade,
 )
 
 Buffer = bytes | bytearray | memoryview  # what put copies from (any C-contiguous buffer)

@@ -6,47 +6,7 @@ import contextlib
 import errno
 from collections.abc import Callable
 
-from shmring.impl.directory import Directory
-from shmring.impl.errors import (
-    ConfigurationError,
-    NoSpaceError,
-)
-from shmring.impl.frame_io import (
-    SharedWords,
-    bump_wakeup_sequence_release,
-    compute_checksum,
-    store_ring_state_release,
-    write_ring_header,
-)
-from shmring.impl.names import current_producer_identity, instance_of
-from shmring.impl.os_seam import (
-    DEFAULT_OS,
-    FILE_MODE,
-    OPEN_FLAGS_CREATE,
-    OsFacade,
-)
-from shmring.impl.ring.borrow import call_with_view
-from shmring.impl.ring.engine import (
-    HOOK_FIELDS_WRITTEN,
-    HOOK_LENGTH_STORED,
-    HOOK_PAYLOAD_WRITTEN,
-    HOOK_RESERVED,
-    PublishHook,
-    RingProducer,
-)
-from shmring.impl.ring.mapping import (
-    _PAGE_SIZE,
-    _ZERO_FILL,
-    Buffer,
-    _new_outcome,
-    _RingFile,
-)
-from shmring.impl.ring.results import (
-    _PUT_CLOSED,
-    PutOutcome,
-    RingStatistics,
-)
-from shmring.spec.layout import (
+from ...spec.layout import (
     FRAME_KEY_OFFSET,
     RING_CAPACITY_DISABLED,
     RING_HEADER_LENGTH,
@@ -54,10 +14,50 @@ from shmring.spec.layout import (
     RING_STATE_OPEN,
     compute_ring_file_length,
 )
-from shmring.spec.ring import (
+from ...spec.ring import (
     PutStatus,
     compute_capacity_error,
     is_prefix_match,
+)
+from ..directory import Directory
+from ..errors import (
+    ConfigurationError,
+    NoSpaceError,
+)
+from ..frame_io import (
+    SharedWords,
+    bump_wakeup_sequence_release,
+    compute_checksum,
+    store_ring_state_release,
+    write_ring_header,
+)
+from ..names import current_producer_identity, instance_of
+from ..os_seam import (
+    DEFAULT_OS,
+    FILE_MODE,
+    OPEN_FLAGS_CREATE,
+    OsFacade,
+)
+from .borrow import call_with_view
+from .engine import (
+    HOOK_FIELDS_WRITTEN,
+    HOOK_LENGTH_STORED,
+    HOOK_PAYLOAD_WRITTEN,
+    HOOK_RESERVED,
+    PublishHook,
+    RingProducer,
+)
+from .mapping import (
+    _PAGE_SIZE,
+    _ZERO_FILL,
+    Buffer,
+    _new_outcome,
+    _RingFile,
+)
+from .results import (
+    _PUT_CLOSED,
+    PutOutcome,
+    RingStatistics,
 )
 
 # -- producer ------------------------------------------------------------------

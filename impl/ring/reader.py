@@ -11,63 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from shmring.impl.directory import Directory, check_private_file
-from shmring.impl.errors import (
-    ClosedError,
-    CorruptFrameError,
-    ProducerGoneError,
-)
-from shmring.impl.frame_io import (
-    SharedWords,
-    compute_checksum,
-    load_frame_state_acquire,
-    load_head_acquire,
-    load_ring_state_acquire,
-    load_tail_acquire,
-    load_wakeup_sequence_acquire,
-    store_frame_holder_pid,
-    store_frame_state_release,
-)
-from shmring.impl.os_seam import (
-    DEFAULT_OS,
-    OPEN_FLAGS_EXISTING,
-    OsFacade,
-)
-from shmring.impl.ring.borrow import (
-    BorrowedPayload,
-    Lease,
-    call_with_view,
-    mark_frame_done,
-)
-from shmring.impl.ring.frames import (
-    RING_FILE,
-    corrupt_frame,
-    frame_problem,
-    load_frame_fields,
-    load_positions,
-    read_checked_ring_header,
-    walk_frames,
-)
-from shmring.impl.ring.mapping import (
-    _KNOWN_STATES,
-    _PAGE_SIZE,
-    _TRY_LOCK,
-    _UNLOCK,
-    _data_offset,
-    _FrameShapes,
-    _IndexEntry,
-    _new_outcome,
-    _RingFile,
-)
-from shmring.impl.ring.results import (
-    _BUSY,
-    _DELIVERED,
-    _NOT_FOUND,
-    _STALE,
-    Received,
-    RingStatistics,
-)
-from shmring.spec.layout import (
+from ...spec.layout import (
     DATA_FRAME_TYPE,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
@@ -78,8 +22,64 @@ from shmring.spec.layout import (
     RING_STATE_CLOSED,
     RING_STATE_OPEN,
 )
-from shmring.spec.ring import (
+from ...spec.ring import (
     ConsumeMode,
+)
+from ..directory import Directory, check_private_file
+from ..errors import (
+    ClosedError,
+    CorruptFrameError,
+    ProducerGoneError,
+)
+from ..frame_io import (
+    SharedWords,
+    compute_checksum,
+    load_frame_state_acquire,
+    load_head_acquire,
+    load_ring_state_acquire,
+    load_tail_acquire,
+    load_wakeup_sequence_acquire,
+    store_frame_holder_pid,
+    store_frame_state_release,
+)
+from ..os_seam import (
+    DEFAULT_OS,
+    OPEN_FLAGS_EXISTING,
+    OsFacade,
+)
+from .borrow import (
+    BorrowedPayload,
+    Lease,
+    call_with_view,
+    mark_frame_done,
+)
+from .frames import (
+    RING_FILE,
+    corrupt_frame,
+    frame_problem,
+    load_frame_fields,
+    load_positions,
+    read_checked_ring_header,
+    walk_frames,
+)
+from .mapping import (
+    _KNOWN_STATES,
+    _PAGE_SIZE,
+    _TRY_LOCK,
+    _UNLOCK,
+    _data_offset,
+    _FrameShapes,
+    _IndexEntry,
+    _new_outcome,
+    _RingFile,
+)
+from .results import (
+    _BUSY,
+    _DELIVERED,
+    _NOT_FOUND,
+    _STALE,
+    Received,
+    RingStatistics,
 )
 
 # -- reader --------------------------------------------------------------------

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from shmring.spec.ring import (
+from ...spec.ring import (
     GetStatus,
     PutStatus,
 )
