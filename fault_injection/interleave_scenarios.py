@@ -364,6 +364,17 @@ class RingWorld:
                     f"the bytes under a live lease at {lease.position} changed",
                 )
 
+    def check_index(self, reader: RingReader) -> None:
+        """The reader's index, between two of its gets, against the ring as the model sees it.
+
+        `spec.invariants.check_reader_index`: every entry at or above the tail
+        names a frame of its key there, every deliverable frame the reader has
+        seen is its key's entry, and nothing it answers is a frame the model
+        would not deliver. Called by a reader's own script (its index is its
+        own business mid-get), unscheduled.
+        """
+        invariants.check_reader_index(self.decode(), reader.index_snapshot())
+
     def drain(self) -> None:
         """Unscheduled: release every lease, take what is still deliverable, reclaim all."""
         for lease, _ in self.leases:
@@ -577,6 +588,36 @@ def ring_lap(world: RingWorld, scheduler: Scheduler) -> None:
     ]
 
 
+@ring_scenario(
+    "a get through a reader's index against a competing claim, a reclaim and a re-put",
+    readers=2,
+    preload=4,
+)
+def ring_index_race(world: RingWorld, scheduler: Scheduler) -> None:
+    """R1's index names k0 v0 while R0 claims it and the producer reclaims it and re-puts k0 over it.
+
+    The ring is full (k0..k3), so the re-put waits until k0 v0 is claimed,
+    then reclaims it and wraps onto its bytes: R1's entry for position 0 may
+    be live, claimed, reclaimed or overwritten by k0 v1 when R1 claims
+    through it. The claim checks the frame at the entry (tail, state, header)
+    and answers only k0 v0 while it is deliverable, k0 v1 once scanned, or
+    a miss; R1's index is checked after each of its gets.
+    """
+    fast, indexed = world.readers
+
+    def indexed_reader() -> None:
+        world.get("R1", indexed, "k1", retries=0)  # indexes k0..k3, claims k1
+        world.check_index(indexed)
+        world.get("R1", indexed, "k0", retries=1)  # through the entry for k0 v0
+        world.check_index(indexed)
+
+    world.actors = [
+        ("P", lambda: world.put("k0", 1)),
+        ("R0", lambda: world.get("R0", fast, "k0", retries=0)),
+        ("R1", indexed_reader),
+    ]
+
+
 RING_SCENARIOS: Final = (
     ring_claim_race,
     ring_publish,
@@ -585,6 +626,7 @@ RING_SCENARIOS: Final = (
     ring_cancel_close,
     ring_descriptor,
     ring_lap,
+    ring_index_race,
 )
 
 
@@ -1256,6 +1298,7 @@ SCENARIOS: Final = (
     ring_cancel_close(),
     ring_descriptor(),
     ring_lap(),
+    ring_index_race(),
     fallback_claim_race(),
     fallback_handback(),
     fallback_retire_race(),

@@ -80,12 +80,21 @@ class CopyAfterUnlockReader(RingReader):
                 "                checked: bytes | memoryview = buf[payload_start:payload_end]\n",
             ),
             (
-                "        del self._index[key_bytes]",
+                "        if by_key:\n            del self._index[key_bytes]",
                 "        if value is None:\n"
                 "            value = buf[payload_start:payload_end].tobytes()\n"
-                "        del self._index[key_bytes]",
+                "        if by_key:\n            del self._index[key_bytes]",
             ),
         ],
+    )
+
+
+class TrustingIndexReader(RingReader):
+    """Claims through its index entry without loading the tail again under the lock."""
+
+    _claim = _reordered(
+        RingReader._claim,
+        [("            if load_tail_acquire(words) > position:\n", "            if False:\n")],
     )
 
 
@@ -207,6 +216,15 @@ def test_copy_after_unlock_reader_is_found_with_a_reproducer() -> None:
         again = replay(scenario, report.reproducer)
         assert again.failure is not None and "no version put under it" in again.failure
     assert replay(scenarios.ring_wrap_reclaim(), report.reproducer).failure is None
+
+
+def test_a_claim_through_a_stale_index_entry_is_found() -> None:
+    """Issue 25: the index race, with a claim that trusts its entry: a reclaimed slot is read."""
+    scenario = scenarios.ring_index_race(reader_class=TrustingIndexReader)
+    report = explore_bounded(scenario, preemptions=1)
+    _assert_found(report)
+    assert "frame header changed since it was indexed" in report.failure
+    assert replay(scenarios.ring_index_race(), report.reproducer).failure is None
 
 
 def test_head_before_length_producer_is_found_with_a_reproducer() -> None:

@@ -7,7 +7,13 @@ position, frame length, padding and retired count; get status, position and
 payload bytes; cancel counts. After every step the model's invariants are
 checked and the model's head and tail are compared with the ring header in
 shared memory, and its deliverable and claimed frame counts with a walk of
-the real frames.
+the real frames. Each of the two readers (they compete for the same frames)
+has the model's index next to it (`spec.index.ReaderIndex`, stepped by
+`process_indexed_get` at each of its gets by key): after every step the
+reader's real index equals the model's, entry for entry, and both pass
+`check_reader_index` against the model ring (sound, complete below what the
+reader has seen), through wraparound, re-puts, cancels and the other
+reader's claims.
 
 Capacities are small (4096..8192 bytes) and payloads up to ~1100 bytes, with
 draws that aim at the exact end of the data region and at the admission
@@ -48,8 +54,9 @@ from ..impl.ring.borrow import Lease
 from ..impl.ring.producer import RingChannel
 from ..impl.ring.reader import RingReader
 from ..impl.ring.results import ReceiveStatus
+from ..spec import index as index_spec
 from ..spec import ring as ring_spec
-from ..spec.invariants import check_ring
+from ..spec.invariants import check_reader_index, check_ring
 from ..spec.layout import (
     ADMISSION_DIVISOR,
     FRAME_HEADER_LENGTH,
@@ -134,6 +141,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
         # first reader claims, which the model does not care about.
         self.other_reader: RingReader | None = None
         self.directory: str | None = None
+        # The model's index of each reader (`spec.index`), keyed by `other`.
+        self.indexes = {False: index_spec.ReaderIndex(), True: index_spec.ReaderIndex()}
         self.serial = 0
         self.outstanding: set[int] = set()  # positions of leases not yet released
         # Whether Hypothesis shows this example's notes (the final replay of a
@@ -189,6 +198,25 @@ class RingLockstepMachine(RuleBasedStateMachine):
         else:  # EXACT_FIT: end at the region's end, or get as close as one frame may
             frame_length = min(capacity - self.ring.head % capacity, limit)
         return max(frame_length - FRAME_HEADER_LENGTH - key_length, 0)
+
+    def _indexed_get(self, key: str, other: bool, mode: ConsumeMode) -> ring_spec.GetResult:
+        """The model's get by key through the reader's model index, checked against `process_get`.
+
+        `spec.index.process_indexed_get` answers what `spec.ring.process_get`
+        would: the frame `get_deliverable_frame` names (looked up before the
+        step, which claims it), or NOT_FOUND.
+        """
+        frame = ring_spec.get_deliverable_frame(self.ring, key)
+        result = index_spec.process_indexed_get(self.ring, self.indexes[other], key, mode)
+        if frame is None:
+            assert result.status is GetStatus.NOT_FOUND, (key, result)
+        else:
+            assert (result.status, result.position) == (GetStatus.DELIVERED, frame.position), (
+                key,
+                result,
+                frame,
+            )
+        return result
 
     def _check_delivery(
         self, expected: ring_spec.GetResult, got_status: ReceiveStatus, got_position: int | None
@@ -251,7 +279,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         TALLY.step("get")
         if self.noting:
             note(f"get({key!r}){' by the other reader' if other else ''}")
-        expected = ring_spec.process_get(self.ring, key)
+        expected = self._indexed_get(key, other, ConsumeMode.COPY_OUT)
         got = self._pick_reader(other).get(key)
         if self.noting:
             note(f"  -> {got.status.value} at {got.position}")
@@ -295,7 +323,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         assert self.reader is not None
         if self.noting:
             note(f"lease({key!r})")
-        expected = ring_spec.process_get(self.ring, key, mode=ConsumeMode.LEASE)
+        expected = self._indexed_get(key, False, ConsumeMode.LEASE)
         got = self.reader.get(key, mode=ConsumeMode.LEASE)
         if self.noting:
             note(f"  -> {got.status.value} at {got.position}")
@@ -368,6 +396,17 @@ class RingLockstepMachine(RuleBasedStateMachine):
         claimed = sum(frame.state == FRAME_STATE_CLAIMED for frame in ring.frames)
         assert shared.claimed_frames == claimed
         assert shared.closed == ring.closed
+        for other, model_index in self.indexes.items():
+            real = self._pick_reader(other).index_snapshot()
+            check_reader_index(ring, model_index)
+            assert (real.scanned_to, real.entries) == (
+                model_index.scanned_to,
+                model_index.entries,
+            ), (
+                other,
+                real,
+                model_index,
+            )
 
 
 __all__ = [

@@ -13,6 +13,7 @@ from collections import Counter
 
 from .connector import ConnectorState, PoolRef, compute_fallback_charge
 from .discovery import DeploymentState, DirectoryState, get_candidates
+from .index import ReaderIndex, get_index_answer
 from .layout import (
     ADMISSION_DIVISOR,
     DATA_FRAME_TYPE,
@@ -33,6 +34,7 @@ from .producers import ProducerId, is_delivering
 from .ring import (
     RingState,
     compute_key_length,
+    get_deliverable_frame,
     get_frame_at,
     is_deliverable,
     is_valid_capacity,
@@ -132,6 +134,61 @@ def check_ring(ring: RingState) -> None:
     check_ring_frames_tile(ring)
     check_ring_one_version_per_key(ring)
     check_ring_closed_holds_nothing(ring)
+
+
+# -- a reader's index of a ring (spec.index) ----------------------------------
+
+
+def check_reader_index(ring: RingState, index: ReaderIndex) -> None:
+    """The index is a derived view of the ring: sound, complete below `scanned_to`, bounded.
+
+    * It never passes the head, and holds no entry at or above `scanned_to`.
+    * An entry at or above the tail names a data frame of its key starting
+      exactly there (one below the tail is stale: allowed, never answered).
+    * Sound: what it answers for a key is the key's deliverable frame or
+      nothing (`get_index_answer`); never a frame the model would not deliver.
+    * Complete: every deliverable frame starting below `scanned_to` is its
+      key's entry (the reader never misses a frame it has seen).
+    * Bounded: no more entries than data frames the ring holds, plus the
+      stale ones below the tail (at most the frames the ring held at the scan).
+    """
+    scanned_to = index.scanned_to
+    if not 0 <= scanned_to <= ring.head:
+        raise InvariantViolation(
+            f"index scanned past the head: scanned_to={scanned_to} head={ring.head}"
+        )
+    for key, position in index.entries.items():
+        if position >= scanned_to:
+            raise InvariantViolation(
+                f"index entry not yet seen: key={key!r} position={position} scanned_to={scanned_to}"
+            )
+        if position >= ring.tail:
+            frame = get_frame_at(ring, position)
+            if frame is None or frame.frame_type != DATA_FRAME_TYPE or frame.key != key:
+                raise InvariantViolation(
+                    f"index entry names no frame of its key: key={key!r} position={position} "
+                    f"found={frame}"
+                )
+        answer = get_index_answer(ring, index, key)
+        if answer is not None and answer is not get_deliverable_frame(ring, key):
+            raise InvariantViolation(
+                f"index answers a frame the model would not deliver: key={key!r} "
+                f"position={answer.position}"
+            )
+    for frame in ring.frames:
+        if frame.position >= scanned_to:
+            break
+        if is_deliverable(frame) and index.entries.get(frame.key) != frame.position:
+            raise InvariantViolation(
+                f"index misses a frame it has seen: key={frame.key!r} position={frame.position} "
+                f"entry={index.entries.get(frame.key)} scanned_to={scanned_to}"
+            )
+    live = sum(1 for frame in ring.frames if frame.frame_type == DATA_FRAME_TYPE)
+    stale = sum(1 for position in index.entries.values() if position < ring.tail)
+    if len(index.entries) - stale > live:
+        raise InvariantViolation(
+            f"index larger than the ring: entries={len(index.entries)} stale={stale} frames={live}"
+        )
 
 
 # -- connector ---------------------------------------------------------------

@@ -35,8 +35,6 @@ from ..os_seam import (
 Buffer = bytes | bytearray | memoryview  # what put copies from (any C-contiguous buffer)
 # (length, type, state, key length, payload length, position, checksum) of a frame header
 FrameFields = tuple[int, int, int, int, int, int, int]
-# A reader's index entry: (position, mapping offset, payload start, payload end, checksum).
-_IndexEntry = tuple[int, int, int, int, int]
 
 _PAGE_SIZE: Final = mmap.PAGESIZE
 _LOCK: Final = fcntl.LOCK_EX

@@ -11,8 +11,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ...spec.index import ReaderIndex
 from ...spec.layout import (
     DATA_FRAME_TYPE,
+    FRAME_ALIGNMENT,
+    FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
@@ -34,6 +37,7 @@ from ..errors import (
 from ..frame_io import (
     SharedWords,
     compute_checksum,
+    load_frame_header_fields,
     load_frame_state_acquire,
     load_head_acquire,
     load_ring_state_acquire,
@@ -67,9 +71,9 @@ from .mapping import (
     _PAGE_SIZE,
     _TRY_LOCK,
     _UNLOCK,
+    FrameFields,
     _data_offset,
     _FrameShapes,
-    _IndexEntry,
     _new_outcome,
     _RingFile,
 )
@@ -98,15 +102,15 @@ class RingReader(_RingFile):
         super().__init__(path, os_facade, directory)
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
         self.instance = 0  # the producer's connector instance, from the ring header
-        self._seen_head = 0  # head at the last scan
-        self._scanned_to = 0  # a frame boundary; frames below it are in the index (if published)
-        # key bytes -> the frame seen PUBLISHED at the last scan, its header
-        # already validated: (position, offset, payload start, payload end, checksum).
-        # Those fields never change while the frame is unreclaimed, so a claim
-        # re-reads only the state and the tail.
-        self._index: dict[bytes, _IndexEntry] = {}
-        # (position, key bytes) in scan order, to prune index entries the tail passed.
-        self._index_order: deque[tuple[int, bytes]] = deque()
+        # The index, `spec.index.ReaderIndex` (see "Finding a key" in `shmring.impl.ring`).
+        self._seen_head = 0  # head at the last complete scan: a get scans only when head moved
+        self._scanned_to = 0  # a frame boundary; every frame below it was seen by a scan
+        # key bytes -> position of the newest frame of the key a scan saw PUBLISHED.
+        # Only a candidate: a claim reads the frame header there and checks it.
+        self._index: dict[bytes, int] = {}
+        # The entries in scan order, to drop those the tail passed (two deques, no tuples).
+        self._order_positions: deque[int] = deque()
+        self._order_keys: deque[bytes] = deque()
         self._gets = 0
         self._busy = 0
         self._skipped = 0
@@ -175,39 +179,36 @@ class RingReader(_RingFile):
         return load_positions(self._require_words(), self._capacity, self.path)
 
     def _scan(self, buf: memoryview, words: SharedWords) -> None:
-        """Index the frames published since the last scan, without the lock (`frames.walk_frames`)."""
+        """`spec.index.process_index_scan`: index the frames published since the last scan.
+
+        Without the lock (`frames.walk_frames`). Entries the tail passed go
+        first; then each frame from where the last scan ended (or the tail)
+        up to the head: a data frame seen PUBLISHED becomes its key's entry,
+        one seen in another state drops an older entry of its key.
+        """
         capacity = self._capacity
         tail, head = load_positions(words, capacity, self.path)
         index = self._index
-        order = self._index_order
-        while order and order[0][0] < tail:
-            old_position, old_key = order.popleft()
-            entry = index.get(old_key)
-            if entry is not None and entry[0] == old_position:
+        positions = self._order_positions
+        keys = self._order_keys
+        while positions and positions[0] < tail:
+            old_position = positions.popleft()
+            old_key = keys.popleft()
+            if index.get(old_key) == old_position:
                 del index[old_key]
         frames, end, complete = walk_frames(
             buf, words, capacity, self._shapes, max(self._scanned_to, tail), head, self.path
         )
-        for position, offset, fields, key in frames:
-            _, frame_type, state, key_length, payload_length, _, checksum = fields
-            if frame_type == DATA_FRAME_TYPE:
-                if state == FRAME_STATE_PUBLISHED:
-                    index.pop(key, None)  # keep dict order = position order
-                    payload_start = offset + FRAME_KEY_OFFSET + key_length
-                    index[key] = (
-                        position,
-                        offset,
-                        payload_start,
-                        payload_start + payload_length,
-                        checksum,
-                    )
-                    order.append((position, key))
+        for position, _, fields, key in frames:
+            if fields[1] == DATA_FRAME_TYPE:
+                if fields[2] == FRAME_STATE_PUBLISHED:
+                    index[key] = position
+                    positions.append(position)
+                    keys.append(key)
                 else:
-                    entry = index.get(key)
-                    if entry is not None and entry[0] < position:
-                        del index[
-                            key
-                        ]  # an older entry cannot be deliverable once a newer frame exists
+                    older = index.get(key)
+                    if older is not None and older < position:
+                        del index[key]  # a newer version exists: the older one is not deliverable
         self._scanned_to = end
         if complete:
             self._seen_head = head  # else the next get scans again
@@ -244,77 +245,162 @@ class RingReader(_RingFile):
 
         With `position` (a descriptor) only that exact frame may be claimed;
         anything else answers STALE. BUSY: another process holds the ring
-        lock; nothing changed. A get on an unchanged channel whose index has
-        nothing for the key makes no system call and takes no lock.
+        lock; nothing changed.
+
+        A get by key finds the frame through the reader's index
+        (`spec.index.process_indexed_get`): it indexes the frames published
+        since its last scan only when the head moved, then claims the
+        index's candidate after checking the frame header there (key,
+        position, state), so a stale entry costs a miss, never a wrong
+        frame. A get with a descriptor checks the exact frame it names and
+        neither scans nor uses the index. A get on an unchanged channel
+        whose index has nothing for the key makes no system call and takes
+        no lock.
         """
         buf = self._buf
         words = self._words
         if buf is None:
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
-        if load_head_acquire(words) != self._seen_head:
-            self._scan(buf, words)
         key_bytes = key.encode("utf-8")
-        entry = self._index.get(key_bytes)
         if position is None:
-            if entry is None:
+            if load_head_acquire(words) != self._seen_head:
+                self._scan(buf, words)
+            found = self._index.get(key_bytes)
+            if found is None:
                 return _NOT_FOUND
             miss = _NOT_FOUND
         else:
-            if entry is None or entry[0] != position:
+            if not self._names_frame(buf, words, key_bytes, position):
                 return _STALE
+            found = position
             miss = _STALE
         ring_state = load_ring_state_acquire(words)
         if ring_state != RING_STATE_OPEN:
             if ring_state == RING_STATE_CLOSED:
                 return miss  # a closed ring delivers nothing; its producer retires the rest
             raise CorruptFrameError(f"bad ring state: state={ring_state} path={self.path!r}")
-        return self._claim(buf, key_bytes, entry, mode, decode, miss)
+        return self._claim(buf, key_bytes, found, mode, decode, miss)
+
+    def _names_frame(
+        self, buf: memoryview, words: SharedWords | None, key_bytes: bytes, position: int
+    ) -> bool:
+        """Whether a descriptor's `position` holds a frame of `key_bytes` now, by a lock-free look.
+
+        Aligned, in [tail, head), far enough from the end of the data region
+        for a data frame's header, and that header (read before the tail is
+        loaded again: a frame the tail passed may be rewritten) names this
+        key at this position. The claim checks it all again under the lock.
+        """
+        assert words is not None
+        capacity = self._capacity
+        if position % FRAME_ALIGNMENT:
+            return False
+        tail, head = load_positions(words, capacity, self.path)
+        if not tail <= position < head or position % capacity + FRAME_HEADER_LENGTH > capacity:
+            return False
+        offset = RING_HEADER_LENGTH + position % capacity
+        if not self._header_names(buf, offset, key_bytes, position):
+            return False
+        return load_tail_acquire(words) <= position
+
+    def _header_names(
+        self,
+        buf: memoryview,
+        offset: int,
+        key_bytes: bytes,
+        position: int,
+        fields: FrameFields | None = None,
+    ) -> bool:
+        """Whether the frame header at mapping `offset` is a data frame of `key_bytes` at `position`.
+
+        `fields`: the header as the caller already read it (else read here).
+        """
+        length, frame_type, _, key_length, payload_length, frame_position, _ = (
+            fields if fields is not None else load_frame_header_fields(buf, offset)
+        )
+        key_start = offset + FRAME_KEY_OFFSET
+        return (
+            frame_position == position
+            and frame_type == DATA_FRAME_TYPE
+            and key_length == len(key_bytes)
+            and self._shapes[key_length, payload_length] == length
+            and offset + length <= RING_HEADER_LENGTH + self._capacity
+            and buf[key_start : key_start + key_length] == key_bytes
+        )
 
     def _claim(
         self,
         buf: memoryview,
         key_bytes: bytes,
-        entry: _IndexEntry,
+        position: int,
         mode: ConsumeMode,
         decode: Callable[[memoryview], Any] | None,
         miss: Received,
     ) -> Received:
-        position, offset, payload_start, payload_end, checksum = entry
+        """Claim the frame at `position` for `key_bytes` once, after checking its header there.
+
+        `miss` says which get this is: NOT_FOUND for a get by key (`position`
+        is the index's entry, dropped when the frame is no longer
+        deliverable), STALE for a get with a descriptor (the index is not
+        touched).
+        """
+        by_key = miss is _NOT_FOUND
         words = self._words
+        offset = RING_HEADER_LENGTH + position % self._capacity
         # A frame another reader claimed since our scan is skipped without the
         # lock (issue 12: competing readers answered BUSY 249,570 times in a
         # soak, mostly retrying frames the other one had already taken). Only
         # a hint: the claim below re-reads the state under the lock, so
         # "exactly once" rests on the lock as before.
         state = load_frame_state_acquire(words, offset)
-        if state != FRAME_STATE_PUBLISHED and self._claimed_elsewhere(
-            words, key_bytes, position, state
-        ):
+        if state != FRAME_STATE_PUBLISHED and self._claimed_elsewhere(words, position, state):
+            if by_key:
+                self._forget(key_bytes, position)
             self._skipped += 1
             return miss
         try:
             self._os.flock(self._fd, _TRY_LOCK)
         except BlockingIOError:
             state = load_frame_state_acquire(words, offset)
-            if self._claimed_elsewhere(words, key_bytes, position, state):
+            if self._claimed_elsewhere(words, position, state):
+                if by_key:
+                    self._forget(key_bytes, position)
                 self._skipped += 1  # lost the race for this very frame: not BUSY, gone
                 return miss
             self._busy += 1
             return _BUSY
         self._locks += 1
         try:
-            # The scan validated this frame's header; while the frame is not
-            # reclaimed only its state can change, so the state is all there is
-            # to re-read, then the tail (a frame the tail passed may be rewritten).
+            # Under the lock only this process moves the frame out of
+            # PUBLISHED, and while the tail has not passed it the producer
+            # changes nothing in it but its state (a retire): read the header,
+            # the state, then the tail (a frame the tail passed may be rewritten).
+            fields = load_frame_header_fields(buf, offset)
             state = load_frame_state_acquire(words, offset)
             if load_tail_acquire(words) > position:
-                self._forget(key_bytes, position)  # reclaimed (and maybe rewritten) under us
+                if by_key:
+                    self._forget(key_bytes, position)  # reclaimed (and maybe rewritten) under us
                 return miss
             if state != FRAME_STATE_PUBLISHED:
                 if state not in _KNOWN_STATES:
                     raise corrupt_frame(position, f"bad frame state={state}", self.path)
-                self._forget(key_bytes, position)
+                if by_key:
+                    self._forget(key_bytes, position)
                 return miss
+            # PUBLISHED under the lock: neither reclaimed nor retired while we hold it.
+            if not self._header_names(buf, offset, key_bytes, position, fields):
+                if not by_key:
+                    return miss  # the descriptor names no frame of this key: STALE
+                # The scan saw a frame of this key here, and nothing but the
+                # state of a frame changes before the tail passes it.
+                self._forget(key_bytes, position)
+                store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+                raise corrupt_frame(
+                    position, f"frame header changed since it was indexed: {fields}", self.path
+                )
+            _, _, _, key_length, payload_length, _, checksum = fields
+            payload_start = offset + FRAME_KEY_OFFSET + key_length
+            payload_end = payload_start + payload_length
             # From here the frame is ours to claim: PUBLISHED frames are not
             # reclaimed, and only lock holders move a frame out of PUBLISHED.
             if decode is None and mode is ConsumeMode.COPY_OUT:
@@ -368,7 +454,8 @@ class RingReader(_RingFile):
                 store_frame_state_release(words, offset, FRAME_STATE_DONE)
         finally:
             self._os.flock(self._fd, _UNLOCK)
-        del self._index[key_bytes]  # the entry named this frame (checked above, under no change)
+        if by_key:
+            del self._index[key_bytes]  # the entry named this frame (checked above, under the lock)
         self._gets += 1
         return _new_outcome(Received, (_DELIVERED, position, value))
 
@@ -418,27 +505,21 @@ class RingReader(_RingFile):
         store_frame_state_release(words, offset, FRAME_STATE_CLAIMED)
         payload.arm(mark_frame_done)
 
-    def _claimed_elsewhere(
-        self, words: SharedWords | None, key_bytes: bytes, position: int, state: int
-    ) -> bool:
-        """Whether the indexed frame, whose state was just loaded, is surely no longer ours.
+    def _claimed_elsewhere(self, words: SharedWords | None, position: int, state: int) -> bool:
+        """Whether the frame at `position`, whose state was just loaded, is surely no longer ours.
 
         A lock-free look. True only for a frame still in the lap (the tail has
         not passed it, checked after the state: a reclaimed slot may hold a
-        newer frame) whose state is a known one past PUBLISHED; its index
-        entry is dropped.
+        newer frame) whose state is a known one past PUBLISHED.
         """
         assert words is not None
         if state == FRAME_STATE_PUBLISHED or state not in _KNOWN_STATES:
             return False  # claimable, or corrupt: the locked path decides and reports
-        if load_tail_acquire(words) > position:
-            return False  # reclaimed meanwhile: the locked path forgets it
-        self._forget(key_bytes, position)
-        return True
+        return load_tail_acquire(words) <= position  # else reclaimed meanwhile: the locked path
 
     def _forget(self, key_bytes: bytes, position: int) -> None:
-        entry = self._index.get(key_bytes)
-        if entry is not None and entry[0] == position:
+        """`spec.index.process_index_forget`: drop the key's entry if it still names `position`."""
+        if self._index.get(key_bytes) == position:
             del self._index[key_bytes]
 
     def release(self, position: int) -> None:
@@ -462,6 +543,22 @@ class RingReader(_RingFile):
         store_frame_state_release(words, offset, FRAME_STATE_DONE)
 
     # -- inspection --------------------------------------------------------------
+
+    def index_snapshot(self) -> ReaderIndex:
+        """A copy of this reader's index in the model's terms (`spec.index.ReaderIndex`).
+
+        What `spec.invariants.check_reader_index` checks against the ring: the
+        position every frame below `scanned_to` was seen at, key by key. For
+        inspection (the lockstep machines, the interleaving explorer); a get
+        never reads it.
+        """
+        return ReaderIndex(
+            scanned_to=self._scanned_to,
+            entries={
+                key.decode("utf-8", "surrogateescape"): position
+                for key, position in self._index.items()
+            },
+        )
 
     @property
     def producer_closed(self) -> bool:
