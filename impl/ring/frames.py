@@ -214,31 +214,40 @@ def walk_frames(
     tail still covers it.
     """
     frames: list[WalkedFrame] = []
+    append = frames.append
     region_end = RING_HEADER_LENGTH + capacity
+    last_header = region_end - FRAME_HEADER_LENGTH  # a whole header fits at offsets up to here
     retries = 0
     while position < head:
         offset = RING_HEADER_LENGTH + position % capacity
-        if region_end - offset >= FRAME_HEADER_LENGTH:
+        if offset <= last_header:
             fields = load_frame_header_fields(buf, offset)
         else:
             fields = load_frame_fields(buf, offset, capacity)
-        length, frame_type, _, key_length, payload_length, frame_position, _ = fields
+        length, frame_type, state, key_length, payload_length, frame_position, _ = fields
         if (
             frame_type == DATA_FRAME_TYPE
-            and length == shapes[key_length, payload_length]
             and frame_position == position
+            and length == shapes[key_length, payload_length]
             and offset + length <= region_end
             and position + length <= head
-            and fields[2] in _KNOWN_STATES
+            and state in _KNOWN_STATES
         ):
-            problem = None  # the common case of frame_problem, without the call
-        else:
-            problem = frame_problem(position, head, fields, capacity, shapes)
-        key = b""
-        if problem is None and frame_type == DATA_FRAME_TYPE:
+            # A valid data frame (frame_problem's checks, without the call): its key,
+            # then the tail again (a frame the tail passed may have been rewritten).
             key_start = offset + FRAME_KEY_OFFSET
             key = bytes(buf[key_start : key_start + key_length])
-        if problem is not None or frame_type == DATA_FRAME_TYPE:
+            if load_tail_acquire(words) > position:
+                retries += 1
+                if retries > _MAX_RACE_RETRIES:  # pragma: no cover - lapped endlessly
+                    return frames, load_tail_acquire(words), False
+                position = load_tail_acquire(words)
+                continue
+            append((position, offset, fields, key))
+            position += length
+            continue
+        problem = frame_problem(position, head, fields, capacity, shapes)
+        if problem is not None:
             now_tail = load_tail_acquire(words)
             if now_tail > position:  # reclaimed and possibly rewritten under us
                 retries += 1
@@ -246,9 +255,8 @@ def walk_frames(
                     return frames, now_tail, False
                 position = now_tail
                 continue
-        if problem is not None:
             raise corrupt_frame(position, problem, path)
-        frames.append((position, offset, fields, key))
+        append((position, offset, fields, b""))  # padding
         position += length
     return frames, position, True
 
