@@ -488,12 +488,10 @@ class RingRoute:
         for index, (producer, kept, decode) in enumerate(candidates):
             reader: RingReader | None = kept
             if cached:
-                slot = (edge, producer)
-                if readers.pop(slot, None) is not reader:  # dropped under us: resolve afresh
+                if readers.get((edge, producer)) is not reader:  # dropped under us: resolve afresh
                     self._edge_readers.clear()
                     return self.claim_by_key(edge, key, borrow)
                 assert reader is not None
-                readers[slot] = reader  # most recently used last, as `_reader` does
                 # A closed ring delivers nothing (`RingReader.get`); it is
                 # released after the miss below, not looked at before each get.
             else:
@@ -530,6 +528,8 @@ class RingRoute:
             finally:
                 self._claiming = None
             if got.status is ReceiveStatus.DELIVERED:
+                if cached:  # most recently used last, as `_reader` does (the ring that delivered)
+                    readers[edge, producer] = readers.pop((edge, producer), reader)
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
                 if borrow:

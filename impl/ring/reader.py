@@ -562,8 +562,15 @@ class RingReader(_RingFile):
 
     @property
     def producer_closed(self) -> bool:
-        """The producer closed the ring: nothing on it will be delivered."""
-        return load_ring_state_acquire(self._require_words()) == RING_STATE_CLOSED
+        """The producer closed the ring: nothing on it will be delivered.
+
+        Asked after every miss of a connector's get on each of the edge's
+        rings, so it loads the word itself (ClosedError once this reader is closed).
+        """
+        words = self._words
+        if words is None:
+            raise ClosedError(f"ring channel is closed: path={self.path!r}")
+        return load_ring_state_acquire(words) == RING_STATE_CLOSED
 
     @property
     def wakeup_sequence(self) -> int:
