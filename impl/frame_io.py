@@ -32,44 +32,60 @@ from xxhash import xxh3_64_intdigest
 
 from ..spec.layout import (
     DATA_FRAME_TYPE,
-    FRAME_CHECKSUM_OFFSET,
+    FRAME_HEADER_FIELDS,
     FRAME_HEADER_LENGTH,
     FRAME_HOLDER_NONE,
-    FRAME_HOLDER_PID_OFFSET,
-    FRAME_KEY_LENGTH_OFFSET,
-    FRAME_LENGTH_OFFSET,
-    FRAME_PAYLOAD_LENGTH_OFFSET,
-    FRAME_POSITION_OFFSET,
-    FRAME_STATE_OFFSET,
-    FRAME_TYPE_OFFSET,
+    FRAME_HOLDER_PID_FIELD,
+    FRAME_LENGTH_FIELD,
+    FRAME_PREFIX_FIELDS,
+    FRAME_STATE_FIELD,
+    FRAME_TYPE_FIELD,
     PADDING_FRAME_TYPE,
-    RING_CAPACITY_OFFSET,
-    RING_HEAD_OFFSET,
+    RING_HEAD_FIELD,
+    RING_HEADER_FIELDS,
     RING_HEADER_LENGTH,
-    RING_HEADER_LENGTH_OFFSET,
+    RING_IDENTITY_FIELDS,
     RING_MAGIC,
-    RING_MAGIC_OFFSET,
-    RING_PRODUCER_INSTANCE_OFFSET,
-    RING_PRODUCER_PID_OFFSET,
-    RING_PRODUCER_START_TIME_OFFSET,
-    RING_STATE_OFFSET,
-    RING_TAIL_OFFSET,
+    RING_MAGIC_FIELD,
+    RING_STATE_FIELD,
+    RING_TAIL_FIELD,
     RING_VERSION,
-    RING_VERSION_OFFSET,
-    RING_WAKEUP_SEQUENCE_OFFSET,
+    RING_WAKEUP_SEQUENCE_FIELD,
+    U16_CHAR,
+    U16_FORMAT,
+    U32_CHAR,
+    U64_CHAR,
+    Section,
+    compute_struct_format,
 )
 
-_U16: Final = struct.Struct("<H")
-_U32: Final = struct.Struct("<I")
-_U64: Final = struct.Struct("<Q")
+_U16: Final = struct.Struct(U16_FORMAT)
 
 # The layout is little-endian; SharedWords uses the host's byte order.
 assert sys.byteorder == "little", "shmring's shared layout needs a little-endian host"
-# Every field several processes touch at once is naturally aligned.
-assert RING_HEAD_OFFSET % 8 == 0 and RING_TAIL_OFFSET % 8 == 0
-assert RING_WAKEUP_SEQUENCE_OFFSET % 8 == 0 and RING_STATE_OFFSET % 4 == 0
-assert FRAME_LENGTH_OFFSET % 4 == 0 and FRAME_STATE_OFFSET % 2 == 0
-assert FRAME_HOLDER_PID_OFFSET % 4 == 0
+
+
+def _word_index(field: Section) -> int:
+    """Index of `field` among the words of its own size (`SharedWords`); it must be aligned."""
+    # Every field several processes touch at once is naturally aligned.
+    assert field.offset % field.size == 0, field
+    return field.offset // field.size
+
+
+# Frame offsets are multiples of FRAME_ALIGNMENT, so a frame field's word index is
+# (frame offset + field offset) >> shift, the shift of its size.
+_SHIFTS: Final = {2: 1, 4: 2, 8: 3}
+_FRAME_LENGTH_SHIFT: Final = _SHIFTS[FRAME_LENGTH_FIELD.size]
+_FRAME_STATE_SHIFT: Final = _SHIFTS[FRAME_STATE_FIELD.size]
+_FRAME_HOLDER_SHIFT: Final = _SHIFTS[FRAME_HOLDER_PID_FIELD.size]
+_FRAME_STATE: Final = FRAME_STATE_FIELD.offset
+for _field in (FRAME_LENGTH_FIELD, FRAME_STATE_FIELD, FRAME_HOLDER_PID_FIELD):
+    _word_index(_field)  # aligned within the (aligned) frame
+# The word arrays `SharedWords` casts to, by field size.
+_WORD_CHARS: Final = {2: U16_CHAR, 4: U32_CHAR, 8: U64_CHAR}
+assert {f.format for f in (FRAME_STATE_FIELD, FRAME_LENGTH_FIELD, RING_HEAD_FIELD)} <= set(
+    _WORD_CHARS.values()
+)
 
 
 def u64_words(buf: memoryview) -> memoryview:
@@ -78,7 +94,7 @@ def u64_words(buf: memoryview) -> memoryview:
     For a shared file whose words are all u64 (the discovery stamp); release
     the view before the mapping closes. A ring's mapping uses `SharedWords`.
     """
-    return buf.cast("Q")
+    return buf.cast(U64_CHAR)
 
 
 class SharedWords:
@@ -97,9 +113,9 @@ class SharedWords:
     __slots__ = ("u16", "u32", "u64")
 
     def __init__(self, buf: memoryview) -> None:
-        self.u16 = buf.cast("H")
-        self.u32 = buf.cast("I")
-        self.u64 = buf.cast("Q")
+        self.u16 = buf.cast(U16_CHAR)
+        self.u32 = buf.cast(U32_CHAR)
+        self.u64 = buf.cast(U64_CHAR)
 
     def release(self) -> None:
         self.u16.release()
@@ -108,9 +124,8 @@ class SharedWords:
 
 
 # The data-frame header fields after `length` (holder pid included), packed in one store.
-_FRAME_FIELDS: Final = struct.Struct("<HHIIQII")
-assert _FRAME_FIELDS.size == FRAME_HOLDER_PID_OFFSET + 4 - FRAME_TYPE_OFFSET
-assert FRAME_HOLDER_PID_OFFSET == FRAME_CHECKSUM_OFFSET + 4
+_FRAME_FIELDS: Final = struct.Struct(compute_struct_format(FRAME_HEADER_FIELDS[1:]))
+assert FRAME_TYPE_FIELD.offset + _FRAME_FIELDS.size == FRAME_HEADER_LENGTH
 
 
 @dataclass(frozen=True)
@@ -141,6 +156,14 @@ class RingHeader:
 # -- ring header -------------------------------------------------------------
 
 
+# The fields a ring header is made with (magic .. producer instance), in one struct.
+_RING_IDENTITY: Final = struct.Struct(compute_struct_format(RING_IDENTITY_FIELDS))
+# The whole ring header, in one struct (head, tail and the wake-up sequence: 0 at creation).
+_RING_HEADER: Final = struct.Struct(compute_struct_format(RING_HEADER_FIELDS))
+_RING_MAGIC: Final = struct.Struct(compute_struct_format((RING_MAGIC_FIELD,)))
+assert RING_HEADER_FIELDS[0] is RING_MAGIC_FIELD and RING_MAGIC_FIELD.offset == 0
+
+
 def write_ring_header(
     buf: memoryview,
     capacity: int,
@@ -150,36 +173,32 @@ def write_ring_header(
     producer_instance: int = 0,
 ) -> None:
     """Initialise a new ring's header; the magic goes last so a half-made file reads as invalid."""
-    _U32.pack_into(buf, RING_VERSION_OFFSET, RING_VERSION)
-    _U32.pack_into(buf, RING_HEADER_LENGTH_OFFSET, RING_HEADER_LENGTH)
-    _U64.pack_into(buf, RING_CAPACITY_OFFSET, capacity)
-    _U64.pack_into(buf, RING_PRODUCER_PID_OFFSET, producer_pid)
-    _U64.pack_into(buf, RING_PRODUCER_START_TIME_OFFSET, producer_start_time)
-    _U32.pack_into(buf, RING_STATE_OFFSET, state)
-    _U32.pack_into(buf, RING_PRODUCER_INSTANCE_OFFSET, producer_instance)
-    _U64.pack_into(buf, RING_HEAD_OFFSET, 0)
-    _U64.pack_into(buf, RING_TAIL_OFFSET, 0)
-    _U64.pack_into(buf, RING_WAKEUP_SEQUENCE_OFFSET, 0)
-    _U64.pack_into(buf, RING_MAGIC_OFFSET, RING_MAGIC)
+    _RING_HEADER.pack_into(
+        buf,
+        0,
+        0,  # magic: stored last, below
+        RING_VERSION,
+        RING_HEADER_LENGTH,
+        capacity,
+        producer_pid,
+        producer_start_time,
+        state,
+        producer_instance,
+        0,  # head
+        0,  # tail
+        0,  # wake-up sequence
+    )
+    _RING_MAGIC.pack_into(buf, RING_MAGIC_FIELD.offset, RING_MAGIC)
 
 
 def read_ring_header(buf: memoryview) -> RingHeader:
-    return RingHeader(
-        magic=_U64.unpack_from(buf, RING_MAGIC_OFFSET)[0],
-        version=_U32.unpack_from(buf, RING_VERSION_OFFSET)[0],
-        header_length=_U32.unpack_from(buf, RING_HEADER_LENGTH_OFFSET)[0],
-        capacity=_U64.unpack_from(buf, RING_CAPACITY_OFFSET)[0],
-        producer_pid=_U64.unpack_from(buf, RING_PRODUCER_PID_OFFSET)[0],
-        producer_start_time=_U64.unpack_from(buf, RING_PRODUCER_START_TIME_OFFSET)[0],
-        state=_U32.unpack_from(buf, RING_STATE_OFFSET)[0],
-        producer_instance=_U32.unpack_from(buf, RING_PRODUCER_INSTANCE_OFFSET)[0],
-    )
+    return RingHeader(*_RING_IDENTITY.unpack_from(buf, RING_IDENTITY_FIELDS[0].offset))
 
 
-_RING_STATE_WORD: Final = RING_STATE_OFFSET // 4
-_HEAD_WORD: Final = RING_HEAD_OFFSET // 8
-_TAIL_WORD: Final = RING_TAIL_OFFSET // 8
-_WAKEUP_WORD: Final = RING_WAKEUP_SEQUENCE_OFFSET // 8
+_RING_STATE_WORD: Final = _word_index(RING_STATE_FIELD)
+_HEAD_WORD: Final = _word_index(RING_HEAD_FIELD)
+_TAIL_WORD: Final = _word_index(RING_TAIL_FIELD)
+_WAKEUP_WORD: Final = _word_index(RING_WAKEUP_SEQUENCE_FIELD)
 
 
 def store_ring_state_release(words: SharedWords, state: int) -> None:
@@ -249,7 +268,7 @@ def write_data_frame_fields(
     """Write every header field of a data frame except `length`; no lease holder yet."""
     _FRAME_FIELDS.pack_into(
         buf,
-        offset + FRAME_TYPE_OFFSET,
+        offset + FRAME_TYPE_FIELD.offset,
         DATA_FRAME_TYPE,
         state,
         key_length,
@@ -262,8 +281,8 @@ def write_data_frame_fields(
 
 def write_padding_frame_fields(buf: memoryview, offset: int, state: int) -> None:
     """A padding frame only has type and state before its length."""
-    _U16.pack_into(buf, offset + FRAME_TYPE_OFFSET, PADDING_FRAME_TYPE)
-    _U16.pack_into(buf, offset + FRAME_STATE_OFFSET, state)
+    _U16.pack_into(buf, offset + FRAME_TYPE_FIELD.offset, PADDING_FRAME_TYPE)
+    _U16.pack_into(buf, offset + FRAME_STATE_FIELD.offset, state)
 
 
 # Frame offsets are multiples of FRAME_ALIGNMENT, so these word indexes are exact.
@@ -271,38 +290,38 @@ def write_padding_frame_fields(buf: memoryview, offset: int, state: int) -> None
 
 def store_frame_length_release(words: SharedWords, offset: int, length: int) -> None:
     """Publish a frame: its length is the last store a producer makes to it."""
-    words.u32[(offset + FRAME_LENGTH_OFFSET) >> 2] = length
+    words.u32[(offset + FRAME_LENGTH_FIELD.offset) >> _FRAME_LENGTH_SHIFT] = length
 
 
 def load_frame_length_acquire(words: SharedWords, offset: int) -> int:
-    value: int = words.u32[(offset + FRAME_LENGTH_OFFSET) >> 2]
+    value: int = words.u32[(offset + FRAME_LENGTH_FIELD.offset) >> _FRAME_LENGTH_SHIFT]
     return value
 
 
 def store_frame_state_release(words: SharedWords, offset: int, state: int) -> None:
-    words.u16[(offset + FRAME_STATE_OFFSET) >> 1] = state
+    words.u16[(offset + _FRAME_STATE) >> _FRAME_STATE_SHIFT] = state
 
 
 def load_frame_state_acquire(words: SharedWords, offset: int) -> int:
-    value: int = words.u16[(offset + FRAME_STATE_OFFSET) >> 1]
+    value: int = words.u16[(offset + _FRAME_STATE) >> _FRAME_STATE_SHIFT]
     return value
 
 
 def store_frame_holder_pid(words: SharedWords, offset: int, pid: int) -> None:
     """Name the lease holder; a claimer stores it before it stores CLAIMED (release)."""
-    words.u32[(offset + FRAME_HOLDER_PID_OFFSET) >> 2] = pid
+    words.u32[(offset + FRAME_HOLDER_PID_FIELD.offset) >> _FRAME_HOLDER_SHIFT] = pid
 
 
 def load_frame_holder_pid(words: SharedWords, offset: int) -> int:
     """The lease holder's pid; meaningful only after loading CLAIMED (acquire)."""
-    value: int = words.u32[(offset + FRAME_HOLDER_PID_OFFSET) >> 2]
+    value: int = words.u32[(offset + FRAME_HOLDER_PID_FIELD.offset) >> _FRAME_HOLDER_SHIFT]
     return value
 
 
 def store_frame_state_in_header(header: memoryview, state: int) -> None:
     """`store_frame_state_release` through a view that starts at the frame (a lease's own)."""
-    with header.cast("B")[:FRAME_HEADER_LENGTH] as frame, frame.cast("H") as halves:
-        halves[FRAME_STATE_OFFSET >> 1] = state
+    with header.cast("B")[:FRAME_HEADER_LENGTH] as frame, frame.cast(U16_CHAR) as halves:
+        halves[_word_index(FRAME_STATE_FIELD)] = state
 
 
 def release_mapping(
@@ -323,7 +342,9 @@ def release_mapping(
 
 
 # The whole frame header in one unpack (holder pid skipped).
-_FRAME_HEADER: Final = struct.Struct("<IHHIIQI4x")
+_FRAME_HEADER: Final = struct.Struct(
+    compute_struct_format(FRAME_HEADER_FIELDS, skip=(FRAME_HOLDER_PID_FIELD.name,))
+)
 assert _FRAME_HEADER.size == FRAME_HEADER_LENGTH
 
 
@@ -340,8 +361,8 @@ load_frame_header_fields: Final[
 ] = _FRAME_HEADER.unpack_from  # type: ignore[assignment]
 
 
-_FRAME_PREFIX: Final = struct.Struct("<IHH")
-assert _FRAME_PREFIX.size == FRAME_STATE_OFFSET + 2
+_FRAME_PREFIX: Final = struct.Struct(compute_struct_format(FRAME_PREFIX_FIELDS))
+assert _FRAME_PREFIX.size == FRAME_PREFIX_FIELDS[-1].end
 
 
 def load_frame_prefix(buf: memoryview, offset: int) -> tuple[int, int, int]:
@@ -356,20 +377,10 @@ def load_frame_prefix(buf: memoryview, offset: int) -> tuple[int, int, int]:
 
 def read_frame_header(buf: memoryview, offset: int) -> FrameHeader:
     """Read a frame header; padding frames read only what they carry."""
-    length = _U32.unpack_from(buf, offset + FRAME_LENGTH_OFFSET)[0]
-    frame_type = _U16.unpack_from(buf, offset + FRAME_TYPE_OFFSET)[0]
-    state = _U16.unpack_from(buf, offset + FRAME_STATE_OFFSET)[0]
+    length, frame_type, state = _FRAME_PREFIX.unpack_from(buf, offset)
     if frame_type != DATA_FRAME_TYPE:
         return FrameHeader(length, frame_type, state, 0, 0, 0, 0)
-    return FrameHeader(
-        length=length,
-        frame_type=frame_type,
-        state=state,
-        key_length=_U32.unpack_from(buf, offset + FRAME_KEY_LENGTH_OFFSET)[0],
-        payload_length=_U32.unpack_from(buf, offset + FRAME_PAYLOAD_LENGTH_OFFSET)[0],
-        position=_U64.unpack_from(buf, offset + FRAME_POSITION_OFFSET)[0],
-        checksum=_U32.unpack_from(buf, offset + FRAME_CHECKSUM_OFFSET)[0],
-    )
+    return FrameHeader(*_FRAME_HEADER.unpack_from(buf, offset))
 
 
 __all__ = [

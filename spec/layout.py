@@ -45,31 +45,145 @@ that claimed it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
+
+# -- sections: one record per field -------------------------------------------
+#
+# Every header below is a tuple of `Section`s in offset order, and the
+# `*_OFFSET` names are their offsets. Struct formats are derived from the
+# sections (`compute_struct_format`), never written next to them, so a field
+# is added, moved or resized in one place.
+
+# The struct character of one integer of each width (every integer in these
+# files is little-endian; `compute_struct_format` and the `*_FORMAT` words
+# below add the byte order). What a memoryview cast takes.
+U8_CHAR: Final = "B"
+I8_CHAR: Final = "b"
+U16_CHAR: Final = "H"
+U32_CHAR: Final = "I"
+U64_CHAR: Final = "Q"
+LITTLE_ENDIAN: Final = "<"
+PAD_CHAR: Final = "x"
+
+
+@dataclass(frozen=True)
+class Section:
+    """One field of a header in a shared file (or in a codec payload)."""
+
+    name: str  # what the field holds, as messages and docs call it
+    offset: int  # bytes from the start of its header
+    size: int  # bytes it occupies
+    format: str  # its struct character (U8_CHAR .. U64_CHAR), without byte order
+
+    @property
+    def end(self) -> int:
+        """The offset just past the field: where a field that follows it starts."""
+        return self.offset + self.size
+
+
+def compute_section_after(previous: Section, name: str, size: int, format: str) -> Section:
+    """The field that starts where `previous` ends."""
+    # Verify the size is positive
+    assert size > 0
+    return Section(name, previous.end, size, format)
+
+
+def compute_struct_format(fields: tuple[Section, ...], skip: tuple[str, ...] = ()) -> str:
+    """The little-endian struct format that reads `fields` in one go, from the first one's offset.
+
+    Bytes between two fields, and the fields named in `skip`, are read as
+    pad bytes. `fields` are in offset order and do not overlap.
+    """
+    # Verify there is a field and the fields are in order without overlap
+    assert fields
+    assert all(a.end <= b.offset for a, b in zip(fields, fields[1:], strict=False))
+    parts = [LITTLE_ENDIAN]
+    end = fields[0].offset
+    for field in fields:
+        if field.offset > end:
+            parts.append(f"{field.offset - end}{PAD_CHAR}")
+        parts.append(f"{field.size}{PAD_CHAR}" if field.name in skip else field.format)
+        end = field.end
+    return "".join(parts)
+
+
+def get_section(fields: tuple[Section, ...], name: str) -> Section:
+    """The field of `fields` called `name`."""
+    for field in fields:
+        if field.name == name:
+            return field
+    raise KeyError(name)
+
 
 # -- ring header -----------------------------------------------------------
 
 RING_MAGIC: Final = 0x31474E49524D4853  # b"SHMRING1" read as a little-endian u64
 RING_VERSION: Final = 1
 
-RING_MAGIC_OFFSET: Final = 0
-RING_VERSION_OFFSET: Final = RING_MAGIC_OFFSET + 8
-RING_HEADER_LENGTH_OFFSET: Final = RING_VERSION_OFFSET + 4
-RING_CAPACITY_OFFSET: Final = RING_HEADER_LENGTH_OFFSET + 4
-RING_PRODUCER_PID_OFFSET: Final = RING_CAPACITY_OFFSET + 8
-RING_PRODUCER_START_TIME_OFFSET: Final = RING_PRODUCER_PID_OFFSET + 8
-RING_STATE_OFFSET: Final = RING_PRODUCER_START_TIME_OFFSET + 8
+RING_MAGIC_FIELD: Final = Section("magic", 0, 8, U64_CHAR)
+RING_VERSION_FIELD: Final = compute_section_after(RING_MAGIC_FIELD, "version", 4, U32_CHAR)
+RING_HEADER_LENGTH_FIELD: Final = compute_section_after(
+    RING_VERSION_FIELD, "header length", 4, U32_CHAR
+)
+RING_CAPACITY_FIELD: Final = compute_section_after(
+    RING_HEADER_LENGTH_FIELD, "capacity", 8, U64_CHAR
+)
+RING_PRODUCER_PID_FIELD: Final = compute_section_after(
+    RING_CAPACITY_FIELD, "producer pid", 8, U64_CHAR
+)
+RING_PRODUCER_START_TIME_FIELD: Final = compute_section_after(
+    RING_PRODUCER_PID_FIELD, "producer start time", 8, U64_CHAR
+)
+RING_STATE_FIELD: Final = compute_section_after(
+    RING_PRODUCER_START_TIME_FIELD, "ring state", 4, U32_CHAR
+)
 # Which connector of the producer process made the file: a process may hold
 # several producers (connector instances) on one edge, each with its own ring.
-RING_PRODUCER_INSTANCE_OFFSET: Final = RING_STATE_OFFSET + 4
+RING_PRODUCER_INSTANCE_FIELD: Final = compute_section_after(
+    RING_STATE_FIELD, "producer instance", 4, U32_CHAR
+)
 
 CACHE_LINE_LENGTH: Final = 64
 # Head, tail and the wake-up sequence each own a cache line so that the
 # producer's stores do not bounce the line readers poll.
-RING_HEAD_OFFSET: Final = CACHE_LINE_LENGTH
-RING_TAIL_OFFSET: Final = RING_HEAD_OFFSET + CACHE_LINE_LENGTH
-RING_WAKEUP_SEQUENCE_OFFSET: Final = RING_TAIL_OFFSET + CACHE_LINE_LENGTH
-RING_HEADER_LENGTH: Final = RING_WAKEUP_SEQUENCE_OFFSET + CACHE_LINE_LENGTH
+RING_HEAD_FIELD: Final = Section("head", CACHE_LINE_LENGTH, 8, U64_CHAR)
+RING_TAIL_FIELD: Final = Section("tail", RING_HEAD_FIELD.offset + CACHE_LINE_LENGTH, 8, U64_CHAR)
+RING_WAKEUP_SEQUENCE_FIELD: Final = Section(
+    "wake-up sequence", RING_TAIL_FIELD.offset + CACHE_LINE_LENGTH, 8, U64_CHAR
+)
+RING_HEADER_LENGTH: Final = RING_WAKEUP_SEQUENCE_FIELD.offset + CACHE_LINE_LENGTH
+
+# The fields written once when the file is made (magic .. producer instance), in order.
+RING_IDENTITY_FIELDS: Final = (
+    RING_MAGIC_FIELD,
+    RING_VERSION_FIELD,
+    RING_HEADER_LENGTH_FIELD,
+    RING_CAPACITY_FIELD,
+    RING_PRODUCER_PID_FIELD,
+    RING_PRODUCER_START_TIME_FIELD,
+    RING_STATE_FIELD,
+    RING_PRODUCER_INSTANCE_FIELD,
+)
+# Every field of the ring header, in order.
+RING_HEADER_FIELDS: Final = (
+    *RING_IDENTITY_FIELDS,
+    RING_HEAD_FIELD,
+    RING_TAIL_FIELD,
+    RING_WAKEUP_SEQUENCE_FIELD,
+)
+
+RING_MAGIC_OFFSET: Final = RING_MAGIC_FIELD.offset
+RING_VERSION_OFFSET: Final = RING_VERSION_FIELD.offset
+RING_HEADER_LENGTH_OFFSET: Final = RING_HEADER_LENGTH_FIELD.offset
+RING_CAPACITY_OFFSET: Final = RING_CAPACITY_FIELD.offset
+RING_PRODUCER_PID_OFFSET: Final = RING_PRODUCER_PID_FIELD.offset
+RING_PRODUCER_START_TIME_OFFSET: Final = RING_PRODUCER_START_TIME_FIELD.offset
+RING_STATE_OFFSET: Final = RING_STATE_FIELD.offset
+RING_PRODUCER_INSTANCE_OFFSET: Final = RING_PRODUCER_INSTANCE_FIELD.offset
+RING_HEAD_OFFSET: Final = RING_HEAD_FIELD.offset
+RING_TAIL_OFFSET: Final = RING_TAIL_FIELD.offset
+RING_WAKEUP_SEQUENCE_OFFSET: Final = RING_WAKEUP_SEQUENCE_FIELD.offset
 
 RING_STATE_OPEN: Final = 1
 RING_STATE_CLOSED: Final = 2
@@ -87,15 +201,43 @@ RING_CAPACITY_ALIGNMENT: Final = 16
 
 # -- frame header ----------------------------------------------------------
 
-FRAME_LENGTH_OFFSET: Final = 0
-FRAME_TYPE_OFFSET: Final = FRAME_LENGTH_OFFSET + 4
-FRAME_STATE_OFFSET: Final = FRAME_TYPE_OFFSET + 2
-FRAME_KEY_LENGTH_OFFSET: Final = FRAME_STATE_OFFSET + 2
-FRAME_PAYLOAD_LENGTH_OFFSET: Final = FRAME_KEY_LENGTH_OFFSET + 4
-FRAME_POSITION_OFFSET: Final = FRAME_PAYLOAD_LENGTH_OFFSET + 4
-FRAME_CHECKSUM_OFFSET: Final = FRAME_POSITION_OFFSET + 8
-FRAME_HOLDER_PID_OFFSET: Final = FRAME_CHECKSUM_OFFSET + 4
-FRAME_HEADER_LENGTH: Final = FRAME_HOLDER_PID_OFFSET + 4
+FRAME_LENGTH_FIELD: Final = Section("length", 0, 4, U32_CHAR)
+FRAME_TYPE_FIELD: Final = compute_section_after(FRAME_LENGTH_FIELD, "type", 2, U16_CHAR)
+FRAME_STATE_FIELD: Final = compute_section_after(FRAME_TYPE_FIELD, "state", 2, U16_CHAR)
+FRAME_KEY_LENGTH_FIELD: Final = compute_section_after(FRAME_STATE_FIELD, "key length", 4, U32_CHAR)
+FRAME_PAYLOAD_LENGTH_FIELD: Final = compute_section_after(
+    FRAME_KEY_LENGTH_FIELD, "payload length", 4, U32_CHAR
+)
+FRAME_POSITION_FIELD: Final = compute_section_after(
+    FRAME_PAYLOAD_LENGTH_FIELD, "position", 8, U64_CHAR
+)
+FRAME_CHECKSUM_FIELD: Final = compute_section_after(FRAME_POSITION_FIELD, "checksum", 4, U32_CHAR)
+FRAME_HOLDER_PID_FIELD: Final = compute_section_after(
+    FRAME_CHECKSUM_FIELD, "holder pid", 4, U32_CHAR
+)
+# Every field of a frame header, in order.
+FRAME_HEADER_FIELDS: Final = (
+    FRAME_LENGTH_FIELD,
+    FRAME_TYPE_FIELD,
+    FRAME_STATE_FIELD,
+    FRAME_KEY_LENGTH_FIELD,
+    FRAME_PAYLOAD_LENGTH_FIELD,
+    FRAME_POSITION_FIELD,
+    FRAME_CHECKSUM_FIELD,
+    FRAME_HOLDER_PID_FIELD,
+)
+# What a padding frame carries: length, type and state.
+FRAME_PREFIX_FIELDS: Final = FRAME_HEADER_FIELDS[:3]
+
+FRAME_LENGTH_OFFSET: Final = FRAME_LENGTH_FIELD.offset
+FRAME_TYPE_OFFSET: Final = FRAME_TYPE_FIELD.offset
+FRAME_STATE_OFFSET: Final = FRAME_STATE_FIELD.offset
+FRAME_KEY_LENGTH_OFFSET: Final = FRAME_KEY_LENGTH_FIELD.offset
+FRAME_PAYLOAD_LENGTH_OFFSET: Final = FRAME_PAYLOAD_LENGTH_FIELD.offset
+FRAME_POSITION_OFFSET: Final = FRAME_POSITION_FIELD.offset
+FRAME_CHECKSUM_OFFSET: Final = FRAME_CHECKSUM_FIELD.offset
+FRAME_HOLDER_PID_OFFSET: Final = FRAME_HOLDER_PID_FIELD.offset
+FRAME_HEADER_LENGTH: Final = FRAME_HOLDER_PID_FIELD.end
 FRAME_HOLDER_NONE: Final = 0  # holder pid of a frame no lease holder has claimed
 FRAME_KEY_OFFSET: Final = FRAME_HEADER_LENGTH
 
@@ -194,31 +336,72 @@ def compute_file_footprint(file_length: int) -> int:
 CODEC_FRAMED_MARKER: Final = 0xC1  # the byte msgpack never uses: no plain message starts with it
 CODEC_FORMAT_VERSION: Final = 1
 
-CODEC_MARKER_OFFSET: Final = 0
-CODEC_VERSION_OFFSET: Final = CODEC_MARKER_OFFSET + 1
-CODEC_LEAF_CODE_OFFSET: Final = CODEC_VERSION_OFFSET + 1
-CODEC_FLAGS_OFFSET: Final = CODEC_LEAF_CODE_OFFSET + 1
-CODEC_HEADER_LENGTH_OFFSET: Final = CODEC_FLAGS_OFFSET + 1
-CODEC_SHARED_LENGTH_OFFSET: Final = CODEC_HEADER_LENGTH_OFFSET + 4
-CODEC_PREFIX_LENGTH: Final = CODEC_SHARED_LENGTH_OFFSET + 4
+CODEC_MARKER_FIELD: Final = Section("marker", 0, 1, U8_CHAR)
+CODEC_VERSION_FIELD: Final = compute_section_after(CODEC_MARKER_FIELD, "version", 1, U8_CHAR)
+CODEC_LEAF_CODE_FIELD: Final = compute_section_after(
+    CODEC_VERSION_FIELD, "leaf ext code", 1, I8_CHAR
+)
+CODEC_FLAGS_FIELD: Final = compute_section_after(CODEC_LEAF_CODE_FIELD, "flags", 1, U8_CHAR)
+CODEC_HEADER_LENGTH_FIELD: Final = compute_section_after(
+    CODEC_FLAGS_FIELD, "header length", 4, U32_CHAR
+)
+CODEC_SHARED_LENGTH_FIELD: Final = compute_section_after(
+    CODEC_HEADER_LENGTH_FIELD, "shared length", 4, U32_CHAR
+)
+CODEC_PREFIX_FIELDS: Final = (
+    CODEC_MARKER_FIELD,
+    CODEC_VERSION_FIELD,
+    CODEC_LEAF_CODE_FIELD,
+    CODEC_FLAGS_FIELD,
+    CODEC_HEADER_LENGTH_FIELD,
+    CODEC_SHARED_LENGTH_FIELD,
+)
+CODEC_MARKER_OFFSET: Final = CODEC_MARKER_FIELD.offset
+CODEC_VERSION_OFFSET: Final = CODEC_VERSION_FIELD.offset
+CODEC_LEAF_CODE_OFFSET: Final = CODEC_LEAF_CODE_FIELD.offset
+CODEC_FLAGS_OFFSET: Final = CODEC_FLAGS_FIELD.offset
+CODEC_HEADER_LENGTH_OFFSET: Final = CODEC_HEADER_LENGTH_FIELD.offset
+CODEC_SHARED_LENGTH_OFFSET: Final = CODEC_SHARED_LENGTH_FIELD.offset
+CODEC_PREFIX_LENGTH: Final = CODEC_SHARED_LENGTH_FIELD.end
 # The prefix's fields in order (marker .. shared length), one struct format.
-CODEC_PREFIX_FORMAT: Final = "<BBbBII"
+CODEC_PREFIX_FORMAT: Final = compute_struct_format(CODEC_PREFIX_FIELDS)
 
 # Largest item size (complex128) and the SIMD width torch assumes: the header
 # is zero filled to it, and every leaf starts on it.
 CODEC_REGION_ALIGNMENT: Final = 16
 
-CODEC_DESCRIPTOR_DTYPE_OFFSET: Final = 0
-CODEC_DESCRIPTOR_AREA_OFFSET: Final = CODEC_DESCRIPTOR_DTYPE_OFFSET + 1
-CODEC_DESCRIPTOR_NDIM_OFFSET: Final = CODEC_DESCRIPTOR_AREA_OFFSET + 1
-CODEC_DESCRIPTOR_RESERVED_OFFSET: Final = CODEC_DESCRIPTOR_NDIM_OFFSET + 1
-CODEC_DESCRIPTOR_AREA_START_OFFSET: Final = CODEC_DESCRIPTOR_RESERVED_OFFSET + 1
-CODEC_DESCRIPTOR_DIMENSIONS_OFFSET: Final = CODEC_DESCRIPTOR_AREA_START_OFFSET + 8
+CODEC_DESCRIPTOR_DTYPE_FIELD: Final = Section("dtype code", 0, 1, U8_CHAR)
+CODEC_DESCRIPTOR_AREA_FIELD: Final = compute_section_after(
+    CODEC_DESCRIPTOR_DTYPE_FIELD, "area", 1, U8_CHAR
+)
+CODEC_DESCRIPTOR_NDIM_FIELD: Final = compute_section_after(
+    CODEC_DESCRIPTOR_AREA_FIELD, "ndim", 1, U8_CHAR
+)
+CODEC_DESCRIPTOR_RESERVED_FIELD: Final = compute_section_after(
+    CODEC_DESCRIPTOR_NDIM_FIELD, "reserved", 1, U8_CHAR
+)
+CODEC_DESCRIPTOR_AREA_START_FIELD: Final = compute_section_after(
+    CODEC_DESCRIPTOR_RESERVED_FIELD, "offset in its area", 8, U64_CHAR
+)
+# The descriptor's fixed fields in order (dtype code .. offset); the dimensions follow.
+CODEC_DESCRIPTOR_FIELDS: Final = (
+    CODEC_DESCRIPTOR_DTYPE_FIELD,
+    CODEC_DESCRIPTOR_AREA_FIELD,
+    CODEC_DESCRIPTOR_NDIM_FIELD,
+    CODEC_DESCRIPTOR_RESERVED_FIELD,
+    CODEC_DESCRIPTOR_AREA_START_FIELD,
+)
+CODEC_DESCRIPTOR_DTYPE_OFFSET: Final = CODEC_DESCRIPTOR_DTYPE_FIELD.offset
+CODEC_DESCRIPTOR_AREA_OFFSET: Final = CODEC_DESCRIPTOR_AREA_FIELD.offset
+CODEC_DESCRIPTOR_NDIM_OFFSET: Final = CODEC_DESCRIPTOR_NDIM_FIELD.offset
+CODEC_DESCRIPTOR_RESERVED_OFFSET: Final = CODEC_DESCRIPTOR_RESERVED_FIELD.offset
+CODEC_DESCRIPTOR_AREA_START_OFFSET: Final = CODEC_DESCRIPTOR_AREA_START_FIELD.offset
+CODEC_DESCRIPTOR_DIMENSIONS_OFFSET: Final = CODEC_DESCRIPTOR_AREA_START_FIELD.end
 CODEC_DESCRIPTOR_LENGTH: Final = CODEC_DESCRIPTOR_DIMENSIONS_OFFSET  # without the dimensions
 CODEC_DIMENSION_LENGTH: Final = 8
-# The descriptor's fixed fields in order (dtype code .. offset), and one dimension.
-CODEC_DESCRIPTOR_FORMAT: Final = "<BBBBQ"
-CODEC_DIMENSION_FORMAT: Final = "Q"
+# The descriptor's fixed fields in one struct format, and one dimension.
+CODEC_DESCRIPTOR_FORMAT: Final = compute_struct_format(CODEC_DESCRIPTOR_FIELDS)
+CODEC_DIMENSION_FORMAT: Final = U64_CHAR
 
 CODEC_SHARED_AREA: Final = 0  # area byte: the leaf lives in the shared area
 CODEC_OWN_AREA: Final = 1  # area byte: the leaf lives in the own area
@@ -246,9 +429,9 @@ def codec_dimensions_format(ndim: int) -> str:
 # of each width, for code that reads or writes a single word outside
 # `shmring.impl.frame_io` (the fault plans, the tests, the benchmarks).
 
-U16_FORMAT: Final = "<H"
-U32_FORMAT: Final = "<I"
-U64_FORMAT: Final = "<Q"
+U16_FORMAT: Final = LITTLE_ENDIAN + U16_CHAR
+U32_FORMAT: Final = LITTLE_ENDIAN + U32_CHAR
+U64_FORMAT: Final = LITTLE_ENDIAN + U64_CHAR
 
 # -- discovery stamp file ---------------------------------------------------
 #
@@ -264,9 +447,12 @@ U64_FORMAT: Final = "<Q"
 # with every change of the marker set, under the file's exclusive flock. The
 # doorbell is a futex word every connector bumps after it publishes.
 
-STAMP_OFFSET: Final = 0
-DOORBELL_OFFSET: Final = STAMP_OFFSET + 8
-STAMP_FILE_LENGTH: Final = 64
+STAMP_FIELD: Final = Section("stamp", 0, 8, U64_CHAR)
+DOORBELL_FIELD: Final = compute_section_after(STAMP_FIELD, "doorbell", 4, U32_CHAR)
+STAMP_FILE_FIELDS: Final = (STAMP_FIELD, DOORBELL_FIELD)
+STAMP_OFFSET: Final = STAMP_FIELD.offset
+DOORBELL_OFFSET: Final = DOORBELL_FIELD.offset
+STAMP_FILE_LENGTH: Final = CACHE_LINE_LENGTH
 
 # -- registered arena frames (`shmring.impl.registered.arena`) --------------------------
 #
@@ -333,23 +519,76 @@ ARENA_PAYLOAD_OFFSET: Final = FRAME_KEY_OFFSET + ARENA_KEY_LENGTH
 POOL_MAGIC: Final = 0x314C4F4F504D4853  # b"SHMPOOL1" read as a little-endian u64
 POOL_VERSION: Final = 1
 
-POOL_MAGIC_OFFSET: Final = 0
-POOL_VERSION_OFFSET: Final = POOL_MAGIC_OFFSET + 8
-POOL_HEADER_LENGTH_OFFSET: Final = POOL_VERSION_OFFSET + 4
-POOL_CAPACITY_OFFSET: Final = POOL_HEADER_LENGTH_OFFSET + 4
-POOL_PRODUCER_PID_OFFSET: Final = POOL_CAPACITY_OFFSET + 8
-POOL_PRODUCER_START_TIME_OFFSET: Final = POOL_PRODUCER_PID_OFFSET + 8
-POOL_PRODUCER_INSTANCE_OFFSET: Final = POOL_PRODUCER_START_TIME_OFFSET + 8
-POOL_SLOT_INDEX_OFFSET: Final = POOL_PRODUCER_INSTANCE_OFFSET + 4
-POOL_GENERATION_OFFSET: Final = POOL_SLOT_INDEX_OFFSET + 4
-POOL_STATE_OFFSET: Final = POOL_GENERATION_OFFSET + 8
-POOL_HOLDER_PID_OFFSET: Final = POOL_STATE_OFFSET + 4
-POOL_PAYLOAD_LENGTH_OFFSET: Final = POOL_HOLDER_PID_OFFSET + 4
-POOL_CHECKSUM_OFFSET: Final = POOL_PAYLOAD_LENGTH_OFFSET + 8
-POOL_FLAGS_OFFSET: Final = POOL_CHECKSUM_OFFSET + 8
-POOL_HEADER_FIELDS_END: Final = POOL_FLAGS_OFFSET + 4
+POOL_MAGIC_FIELD: Final = Section("magic", 0, 8, U64_CHAR)
+POOL_VERSION_FIELD: Final = compute_section_after(POOL_MAGIC_FIELD, "version", 4, U32_CHAR)
+POOL_HEADER_LENGTH_FIELD: Final = compute_section_after(
+    POOL_VERSION_FIELD, "header length", 4, U32_CHAR
+)
+POOL_CAPACITY_FIELD: Final = compute_section_after(
+    POOL_HEADER_LENGTH_FIELD, "capacity", 8, U64_CHAR
+)
+POOL_PRODUCER_PID_FIELD: Final = compute_section_after(
+    POOL_CAPACITY_FIELD, "producer pid", 8, U64_CHAR
+)
+POOL_PRODUCER_START_TIME_FIELD: Final = compute_section_after(
+    POOL_PRODUCER_PID_FIELD, "producer start time", 8, U64_CHAR
+)
+POOL_PRODUCER_INSTANCE_FIELD: Final = compute_section_after(
+    POOL_PRODUCER_START_TIME_FIELD, "producer instance", 4, U32_CHAR
+)
+POOL_SLOT_INDEX_FIELD: Final = compute_section_after(
+    POOL_PRODUCER_INSTANCE_FIELD, "slot index", 4, U32_CHAR
+)
+POOL_GENERATION_FIELD: Final = compute_section_after(
+    POOL_SLOT_INDEX_FIELD, "generation", 8, U64_CHAR
+)
+POOL_STATE_FIELD: Final = compute_section_after(POOL_GENERATION_FIELD, "state", 4, U32_CHAR)
+POOL_HOLDER_PID_FIELD: Final = compute_section_after(POOL_STATE_FIELD, "holder pid", 4, U32_CHAR)
+POOL_PAYLOAD_LENGTH_FIELD: Final = compute_section_after(
+    POOL_HOLDER_PID_FIELD, "payload length", 8, U64_CHAR
+)
+POOL_CHECKSUM_FIELD: Final = compute_section_after(
+    POOL_PAYLOAD_LENGTH_FIELD, "checksum", 8, U64_CHAR
+)
+POOL_FLAGS_FIELD: Final = compute_section_after(POOL_CHECKSUM_FIELD, "flags", 4, U32_CHAR)
+# The fields written once at creation (magic .. slot index), in order.
+POOL_IDENTITY_FIELDS: Final = (
+    POOL_MAGIC_FIELD,
+    POOL_VERSION_FIELD,
+    POOL_HEADER_LENGTH_FIELD,
+    POOL_CAPACITY_FIELD,
+    POOL_PRODUCER_PID_FIELD,
+    POOL_PRODUCER_START_TIME_FIELD,
+    POOL_PRODUCER_INSTANCE_FIELD,
+    POOL_SLOT_INDEX_FIELD,
+)
+# Every field of a slot header, in order.
+POOL_HEADER_FIELDS: Final = (
+    *POOL_IDENTITY_FIELDS,
+    POOL_GENERATION_FIELD,
+    POOL_STATE_FIELD,
+    POOL_HOLDER_PID_FIELD,
+    POOL_PAYLOAD_LENGTH_FIELD,
+    POOL_CHECKSUM_FIELD,
+    POOL_FLAGS_FIELD,
+)
+POOL_MAGIC_OFFSET: Final = POOL_MAGIC_FIELD.offset
+POOL_VERSION_OFFSET: Final = POOL_VERSION_FIELD.offset
+POOL_HEADER_LENGTH_OFFSET: Final = POOL_HEADER_LENGTH_FIELD.offset
+POOL_CAPACITY_OFFSET: Final = POOL_CAPACITY_FIELD.offset
+POOL_PRODUCER_PID_OFFSET: Final = POOL_PRODUCER_PID_FIELD.offset
+POOL_PRODUCER_START_TIME_OFFSET: Final = POOL_PRODUCER_START_TIME_FIELD.offset
+POOL_PRODUCER_INSTANCE_OFFSET: Final = POOL_PRODUCER_INSTANCE_FIELD.offset
+POOL_SLOT_INDEX_OFFSET: Final = POOL_SLOT_INDEX_FIELD.offset
+POOL_GENERATION_OFFSET: Final = POOL_GENERATION_FIELD.offset
+POOL_STATE_OFFSET: Final = POOL_STATE_FIELD.offset
+POOL_HOLDER_PID_OFFSET: Final = POOL_HOLDER_PID_FIELD.offset
+POOL_PAYLOAD_LENGTH_OFFSET: Final = POOL_PAYLOAD_LENGTH_FIELD.offset
+POOL_CHECKSUM_OFFSET: Final = POOL_CHECKSUM_FIELD.offset
+POOL_FLAGS_OFFSET: Final = POOL_FLAGS_FIELD.offset
+POOL_HEADER_FIELDS_END: Final = POOL_FLAGS_FIELD.end
 # The fields written once at creation (magic .. slot index), one struct format.
-POOL_IDENTITY_FORMAT: Final = "<QIIQQQII"
+POOL_IDENTITY_FORMAT: Final = compute_struct_format(POOL_IDENTITY_FIELDS)
 # The payload starts on a page: what a consumer maps is page aligned.
 POOL_SLOT_HEADER_LENGTH: Final = SHM_PAGE_SIZE
 
@@ -375,16 +614,42 @@ MAX_POOL_CLASS: Final = 1 << 40
 POOL_CLASS_HEADROOM: Final = 64 * 1024
 
 POOL_REF_TAG: Final = 0x50  # b"P"; never CODEC_FORMAT_VERSION
-POOL_REF_MARKER_OFFSET: Final = 0
-POOL_REF_TAG_OFFSET: Final = POOL_REF_MARKER_OFFSET + 1
-POOL_REF_FLAGS_OFFSET: Final = POOL_REF_TAG_OFFSET + 1
-POOL_REF_RESERVED_OFFSET: Final = POOL_REF_FLAGS_OFFSET + 1
-POOL_REF_INDEX_OFFSET: Final = POOL_REF_RESERVED_OFFSET + 1
-POOL_REF_GENERATION_OFFSET: Final = POOL_REF_INDEX_OFFSET + 4
-POOL_REF_PAYLOAD_LENGTH_OFFSET: Final = POOL_REF_GENERATION_OFFSET + 8
-POOL_REF_CHECKSUM_OFFSET: Final = POOL_REF_PAYLOAD_LENGTH_OFFSET + 8
-POOL_REF_LENGTH: Final = POOL_REF_CHECKSUM_OFFSET + 8
-POOL_REF_FORMAT: Final = "<BBBBIQQQ"
+POOL_REF_MARKER_FIELD: Final = Section("marker", 0, 1, U8_CHAR)
+POOL_REF_TAG_FIELD: Final = compute_section_after(POOL_REF_MARKER_FIELD, "tag", 1, U8_CHAR)
+POOL_REF_FLAGS_FIELD: Final = compute_section_after(POOL_REF_TAG_FIELD, "flags", 1, U8_CHAR)
+POOL_REF_RESERVED_FIELD: Final = compute_section_after(POOL_REF_FLAGS_FIELD, "reserved", 1, U8_CHAR)
+POOL_REF_INDEX_FIELD: Final = compute_section_after(
+    POOL_REF_RESERVED_FIELD, "slot index", 4, U32_CHAR
+)
+POOL_REF_GENERATION_FIELD: Final = compute_section_after(
+    POOL_REF_INDEX_FIELD, "generation", 8, U64_CHAR
+)
+POOL_REF_PAYLOAD_LENGTH_FIELD: Final = compute_section_after(
+    POOL_REF_GENERATION_FIELD, "payload length", 8, U64_CHAR
+)
+POOL_REF_CHECKSUM_FIELD: Final = compute_section_after(
+    POOL_REF_PAYLOAD_LENGTH_FIELD, "checksum", 8, U64_CHAR
+)
+POOL_REF_FIELDS: Final = (
+    POOL_REF_MARKER_FIELD,
+    POOL_REF_TAG_FIELD,
+    POOL_REF_FLAGS_FIELD,
+    POOL_REF_RESERVED_FIELD,
+    POOL_REF_INDEX_FIELD,
+    POOL_REF_GENERATION_FIELD,
+    POOL_REF_PAYLOAD_LENGTH_FIELD,
+    POOL_REF_CHECKSUM_FIELD,
+)
+POOL_REF_MARKER_OFFSET: Final = POOL_REF_MARKER_FIELD.offset
+POOL_REF_TAG_OFFSET: Final = POOL_REF_TAG_FIELD.offset
+POOL_REF_FLAGS_OFFSET: Final = POOL_REF_FLAGS_FIELD.offset
+POOL_REF_RESERVED_OFFSET: Final = POOL_REF_RESERVED_FIELD.offset
+POOL_REF_INDEX_OFFSET: Final = POOL_REF_INDEX_FIELD.offset
+POOL_REF_GENERATION_OFFSET: Final = POOL_REF_GENERATION_FIELD.offset
+POOL_REF_PAYLOAD_LENGTH_OFFSET: Final = POOL_REF_PAYLOAD_LENGTH_FIELD.offset
+POOL_REF_CHECKSUM_OFFSET: Final = POOL_REF_CHECKSUM_FIELD.offset
+POOL_REF_LENGTH: Final = POOL_REF_CHECKSUM_FIELD.end
+POOL_REF_FORMAT: Final = compute_struct_format(POOL_REF_FIELDS)
 POOL_MAX_SLOT_INDEX: Final = (1 << 32) - 1
 
 assert POOL_HEADER_FIELDS_END <= POOL_SLOT_HEADER_LENGTH
