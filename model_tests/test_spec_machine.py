@@ -50,6 +50,7 @@ from shmring.check.explore import compute_payload_length
 from shmring.spec import borrowing as borrowing_spec
 from shmring.spec import connector as connector_spec
 from shmring.spec import discovery as discovery_spec
+from shmring.spec import index as index_spec
 from shmring.spec import invariants
 from shmring.spec import leases as leases_spec
 from shmring.spec import pool as pool_spec
@@ -499,6 +500,13 @@ def _ring() -> ring_spec.RingState:
     return ring
 
 
+def _indexed_ring() -> tuple[ring_spec.RingState, index_spec.ReaderIndex]:
+    ring = _ring()
+    index = index_spec.ReaderIndex()
+    index_spec.process_index_scan(ring, index)
+    return ring, index
+
+
 def _connector() -> connector_spec.ConnectorState:
     conn = connector_spec.initialize_connector(CAPACITY, BUDGET)
     connector_spec.process_put(conn, EDGE, "r", 100, "ring")
@@ -798,6 +806,12 @@ VIOLATIONS: dict[
         lambda t: t.leases[0].live_views.add(7),
         invariants.check_leases,
         "counts dead view=7",
+    ),
+    "check_reader_index": (
+        _indexed_ring,
+        lambda pair: pair[1].entries.pop("b"),
+        lambda pair: invariants.check_reader_index(*pair),
+        "misses a frame it has seen",
     ),
     "check_leases_against_ring": (
         _leased_ring,

@@ -102,7 +102,7 @@ class RingReader(_RingFile):
         super().__init__(path, os_facade, directory)
         self.producer: tuple[int, int] = (0, 0)  # (pid, start time) from the ring header
         self.instance = 0  # the producer's connector instance, from the ring header
-        # The index, `spec.index.ReaderIndex` (see "Finding a key" in `shmring.impl.ring`).
+        # The index, `spec.index.ReaderIndex` (docs/protocol.md, "Finding a key").
         self._seen_head = 0  # head at the last complete scan: a get scans only when head moved
         self._scanned_to = 0  # a frame boundary; every frame below it was seen by a scan
         # key bytes -> position of the newest frame of the key a scan saw PUBLISHED.
