@@ -22,6 +22,10 @@ order rotated), medians of the per-repeat medians:
 * ``same edge``: P producers all on the measured edge (the put's producer
   last in the order a get visits them): what a get by key pays per
   producer of its own edge.
+* ``stamp moves``: as ``producers``, but the discovery stamp is bumped
+  before each put (untimed), as a marker change anywhere in the scope
+  would: the get after it rescans the directory, so this is what discovery
+  costs per change against the producers present.
 * ``edges``: one producer connector publishing on E edges into one
   receiver (64 KiB rings), put + get on a random edge each time.
 
@@ -59,7 +63,7 @@ WAITING_CAPACITY = 64 * MIB  # the largest ring: 50,000 frames of 64 B fit many 
 SMALL_CAPACITY = 64 * KIB  # per ring where many rings exist at once (producers, edges)
 BURST_GETS = 200
 
-SECTIONS = ("waiting", "burst", "producers", "same edge", "edges")
+SECTIONS = ("waiting", "burst", "producers", "same edge", "stamp moves", "edges")
 
 
 @dataclass(frozen=True)
@@ -238,8 +242,9 @@ def burst(waiting: int, rng: random.Random, traced: bool = False) -> dict[str, f
 class Producers(Point):
     """P producers in the scope; the measured one on edge (a, b), the others elsewhere or on it."""
 
-    def __init__(self, count: int, same_edge: bool) -> None:
+    def __init__(self, count: int, same_edge: bool, bump: bool = False) -> None:
         super().__init__()
+        self.bump = bump  # move the discovery stamp before each put (untimed)
         from shmring.impl.connector import Connector
 
         scope = _scope("p")
@@ -263,9 +268,12 @@ class Producers(Point):
         clock = time.perf_counter_ns
         puts, gets = [], []
         producer, receiver = self.producer, self.receiver
+        stamp = producer._deployment.stamp if self.bump and producer._deployment else None
         for _ in range(operations):
             self.serial += 1
             key = f"k{self.serial}"
+            if stamp is not None:
+                stamp.bump()  # as a marker change would: the receiver's next get rescans
             began = clock()
             producer.put("a", "b", key, PAYLOAD)
             middle = clock()
@@ -403,6 +411,13 @@ def measure(plan: Plan, sections: tuple[str, ...], seed: int) -> dict[str, Any]:
             plan,
             rng,
         )
+    if "stamp moves" in sections:
+        curves["stamp moves"] = run_curve(
+            "stamp moves",
+            {p: (lambda p=p: Producers(p, same_edge=False, bump=True)) for p in plan.producers},
+            plan,
+            rng,
+        )
     if "edges" in sections:
         curves["edges"] = run_curve(
             "edges", {e: (lambda e=e: Edges(e)) for e in plan.edges}, plan, rng
@@ -452,6 +467,7 @@ def markdown(result: dict[str, Any]) -> str:
         "burst": "frames put before the gets",
         "producers": "producers in the scope",
         "same edge": "producers on the measured edge",
+        "stamp moves": "producers in the scope, stamp moved before each put",
         "edges": "edges per connector",
     }
     for curve, points in result["curves"].items():
@@ -484,6 +500,7 @@ def write_plot(result: dict[str, Any], path: str) -> None:
         "burst": "N frames put, then 200 random gets (issue 25's measurement)",
         "producers": "producers in the scope (others on other edges)",
         "same edge": "producers on the measured edge",
+        "stamp moves": "producers in the scope, the stamp moved before each put",
         "edges": "edges per connector",
     }
     figure, axes = plt.subplots(1, len(curves), figsize=(4.6 * len(curves), 4.4), squeeze=False)

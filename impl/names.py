@@ -160,6 +160,7 @@ def _owner_in(match: re.Match[str]) -> ProducerIdentity | None:
     return int(groups["pid"]), int(groups["start"])
 
 
+@functools.lru_cache(maxsize=4096)  # a discovery scan parses every name of the directory again
 def parse_file_name(name: str) -> ParsedFileName | None:
     """What the file `name` is and who owns it, or None for a name no shmring file has."""
     for kind, pattern in _FILE_NAMES:
@@ -315,6 +316,7 @@ def marker_file_name(edge: Edge, producer: tuple[int, ...]) -> str:
     return NAME_SEPARATOR.join((MARKER_FILE_PREFIX, *_validate_edge(edge), *map(str, producer)))
 
 
+@functools.lru_cache(maxsize=4096)  # a discovery scan parses every name of the directory again
 def parse_marker_file_name(name: str) -> tuple[Edge, ConnectorIdentity] | None:
     """(edge, producer (pid, start time, instance)) of a marker file name, or None."""
     match = _MARKER_PATTERN.fullmatch(name)

@@ -310,6 +310,8 @@ class RingRoute:
         # dropped whenever discovery scans or a producer is released.
         self._edge_readers: dict[Edge, list[Candidate]] = {}
         self._sheds = 0  # times `shed` ran (a kept candidate list may be stale)
+        # Discovery's producers per edge at the scan `scanned` last saw (its own dict).
+        self._known: dict[Edge, set[ConnectorIdentity]] = {}
         # The reader whose `get` runs now: its decode may run short of descriptors
         # and shed (liveness's /proc read, a pool slot's mapping), never this one.
         self._claiming: RingReader | None = None
@@ -631,23 +633,28 @@ class RingRoute:
     # -- receiver: releasing mapped rings ------------------------------------------------------
 
     def scanned(self) -> None:
-        """After a discovery scan: forget the kept candidates, unmap rings of departed producers.
+        """After a discovery scan: for the edges whose producers changed, forget the kept
+        candidates and unmap the rings of producers discovery no longer lists.
 
         A get by key visits only the producers discovery still lists, so a
         producer that left would otherwise stay mapped (fd and mapping of a
-        deleted file) until this connector closes.
+        deleted file) until this connector closes. Only what changed is
+        looked at (issue 25): an edge whose producers the scan found the same
+        keeps its candidates, since the scan itself found each of them alive
+        (it prunes the markers of dead ones: their edges change). A listed
+        producer that closed is released after a miss (`claim_by_key`).
         """
-        self._edge_readers.clear()
         deployment = self._deployment
         assert deployment is not None  # joined
         known = deployment.discovery.producers
-        for edge, producer in list(self.readers):
-            reader = self.readers[(edge, producer)]
-            if (
-                producer not in known.get(edge, ())
-                or reader.producer_closed
-                or not alive_or_assumed(deployment.liveness, producer)
-            ):
+        before, self._known = self._known, known
+        changed = {
+            edge for edge in before.keys() | known.keys() if before.get(edge) != known.get(edge)
+        }
+        for edge in changed:
+            self._edge_readers.pop(edge, None)
+        for edge, producer in [slot for slot in self.readers if slot[0] in changed]:
+            if producer not in known.get(edge, ()):
                 self.release(edge, producer)
 
     def release(self, edge: Edge, producer: ConnectorIdentity) -> None:
