@@ -242,6 +242,55 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# -- the connector against the raw ring and iceoryx2 (issue 23) ---------------------------
+
+# (ours, baseline) pairs of the ratio table and the plot's ratio panel.
+RATIO_PAIRS = (
+    ("connector", "ring"),
+    ("connector", "iceoryx2"),
+    ("connector/poll", "ring"),
+    ("connector/poll", "iceoryx2"),
+)
+
+
+def ratios(result: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Connector / raw ring and Connector / iceoryx2 from this run, per case.
+
+    ``{"latency": {label: {"connector / ring": ratio, ...}}, "throughput":
+    {...}}``: one-way p50 latency as ours / baseline (below 1: ours is
+    faster), throughput as ours / baseline (above 1: ours is faster). A
+    pair that did not both run in a case is left out.
+    """
+    found: dict[str, dict[str, dict[str, float]]] = {"latency": {}, "throughput": {}}
+    for kind, table in (
+        ("latency", result["latency_us"]),
+        ("throughput", result["throughput_mib_s"]),
+    ):
+        for label, cells in table.items():
+            row = {}
+            for ours, baseline in RATIO_PAIRS:
+                value, base = _median(cells.get(ours)), _median(cells.get(baseline))
+                if value is not None and base:
+                    row[f"{ours} / {baseline}"] = value / base
+            if row:
+                found[kind][label] = row
+    return found
+
+
+def _ratio_lines(result: dict[str, Any]) -> list[str]:
+    found = ratios(result)
+    names = [f"{ours} / {baseline}" for ours, baseline in RATIO_PAIRS]
+    lines = [
+        "| case | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for kind, what in (("latency", "one-way p50"), ("throughput", "throughput")):
+        for label, row in found[kind].items():
+            cells = [f"{row[name]:.2f}x" if name in row else "-" for name in names]
+            lines.append(f"| {label} {what} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # -- text ----------------------------------------------------------------------------------
 
 
@@ -387,6 +436,9 @@ def table(result: dict[str, Any], transports: list[str]) -> str:
     if result.get("wake_us"):
         lines += ["", "Wake-up, us (a receiver asleep; futex: a full round trip)", ""]
         lines += _wake_lines(result)
+    if any(ratios(result).values()):
+        lines += ["", "Connector / raw ring and Connector / iceoryx2 (ratios of medians)", ""]
+        lines += _ratio_lines(result)
     lines += ["", "Issue 13's targets (ratios of medians in this run)", ""]
     lines += _target_lines(result)
     lines += [""] + _notes(result)
@@ -414,6 +466,14 @@ def markdown(result: dict[str, Any], transports: list[str]) -> str:
     ]
     if result.get("wake_us"):
         lines += ["", "Wake-up of a sleeping receiver, us:", "", *_wake_lines(result)]
+    if any(ratios(result).values()):
+        lines += [
+            "",
+            "The Connector against the raw ring and iceoryx2, from this run (latency: ours / "
+            "theirs, below 1 is faster; throughput: ours / theirs, above 1 is faster):",
+            "",
+            *_ratio_lines(result),
+        ]
     lines += ["", "Issue 13's targets:", "", *_target_lines(result), "", *_notes(result)]
     return "\n".join(lines) + "\n"
 
@@ -437,9 +497,12 @@ def write_plot(result: dict[str, Any], transports: list[str], path: str) -> None
             cells[copy_name] = warm
     names = [*transports, copy_name]
     wake = result.get("wake_us", {})
-    panels = 3 if wake else 2
+    found = ratios(result)
+    shown_ratios = any(found.values())
+    widths = [3, 3] + ([2] if shown_ratios else []) + ([1] if wake else [])
+    panels = len(widths)
     figure, axes = plt.subplots(
-        1, panels, figsize=(6.5 * panels, 5.5), gridspec_kw={"width_ratios": [3, 3, 1][:panels]}
+        1, panels, figsize=(6.0 * panels, 5.5), gridspec_kw={"width_ratios": widths}
     )
     left, right = axes[0], axes[1]
     colors = plt.get_cmap("tab20")
@@ -471,8 +534,34 @@ def write_plot(result: dict[str, Any], transports: list[str], path: str) -> None
     bars(right, rates, "throughput, MiB/s (median); higher is better", False)
     left.legend(fontsize=7, ncol=2)
     right.legend(fontsize=7, ncol=2)
-    if wake:
+    if shown_ratios:
         axis = axes[2]
+        cases = [(f"{label} p50", row) for label, row in found["latency"].items()]
+        cases += [(f"{label} MiB/s", row) for label, row in found["throughput"].items()]
+        names = [f"{ours} / {baseline}" for ours, baseline in RATIO_PAIRS]
+        names = [name for name in names if any(name in row for _, row in cases)]
+        width = 0.8 / max(len(names), 1)
+        for index, name in enumerate(names):
+            xs = [
+                i + (index - (len(names) - 1) / 2) * width
+                for i, (_, row) in enumerate(cases)
+                if name in row
+            ]
+            ys = [row[name] for _, row in cases if name in row]
+            axis.bar(xs, ys, width, label=name, color=colors((2 * index + 1) % 20))
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xticks(range(len(cases)))
+        axis.set_xticklabels([case for case, _ in cases], rotation=30, fontsize=7, ha="right")
+        axis.set_yscale("log")
+        axis.set_title(
+            "Connector / raw ring and / iceoryx2, this run\n"
+            "(latency: < 1 is faster; throughput: > 1 is faster)",
+            fontsize=9,
+        )
+        axis.grid(axis="y", which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    if wake:
+        axis = axes[-1]
         labels = list(wake)
         axis.bar(range(len(labels)), [wake[k]["median"] for k in labels], color="tab:gray")
         axis.scatter(

@@ -186,6 +186,21 @@ def test_rows_that_did_not_run_say_why(report: ModuleType) -> None:
     assert "| not run |" in text and "**missed**" in text and "| met |" in text
 
 
+def test_connector_ratios_against_the_raw_ring_and_iceoryx2(report: ModuleType) -> None:
+    """Issue 23: Connector / raw ring and Connector / iceoryx2 from the one run, per case."""
+    found = report.ratios(_result())
+    latency = found["latency"]["64 B"]
+    assert latency["connector / ring"] == pytest.approx(1.05)
+    assert latency["connector / iceoryx2"] == pytest.approx(2.1)
+    assert latency["connector/poll / ring"] == pytest.approx(1.2)
+    throughput = found["throughput"]["16 MiB"]
+    assert throughput == {"connector / iceoryx2": pytest.approx(7000 / 7500)}  # no raw ring there
+    result = _result()
+    result["targets"] = report.targets(result)
+    text = report.markdown(result, ["connector", "connector/poll", "ring", "iceoryx2"])
+    assert "| 64 B one-way p50 | 1.05x | 2.10x | 1.20x | 2.40x |" in text
+
+
 def test_space_shortfall_skips_cases_that_do_not_fit(space: ModuleType) -> None:
     assert space.compute_shortfall(space.CHECK_FROM - 1, 0, 0) is None  # small: never checked
     need = 3 * GIB

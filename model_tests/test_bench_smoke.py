@@ -218,3 +218,58 @@ def test_ring_steps_smoke_measures_every_step(tmp_path: Path) -> None:
     steps = json.loads(out.read_text())["median_us"]
     for step in ("ring get(tree, decode)", "connector put(tree)", "zlib.crc32(1 MiB)"):
         assert steps[step] > 0, step
+
+
+def _run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One of the benchmark scripts, run on this checkout's code (its root first on the path)."""
+    root = BENCH.parent.parent
+    return subprocess.run(
+        [sys.executable, str(BENCH.parent / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=root,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))),
+            "PYTHONWARNINGS": "error::ResourceWarning",
+        },
+    )
+
+
+def test_bench_scale_smoke_measures_every_curve(tmp_path: Path) -> None:
+    """Issue 25's curves: every section has its points, series and a verdict per target."""
+    out = tmp_path / "scale.json"
+    completed = _run_script("bench_scale.py", "--smoke", "--json", str(out))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    result = json.loads(out.read_text())
+    curves = result["curves"]
+    assert set(curves) == {"waiting", "burst", "producers", "same edge", "stamp moves", "edges"}
+    for name, points in curves.items():
+        assert len(points) >= 2, name
+        for size, series in points.items():
+            assert series and all(value > 0 for value in series.values()), (name, size, series)
+    assert {"connector get", "raw ring get", "connector put"} <= set(curves["waiting"]["100"])
+    burst = curves["burst"]["1000"]
+    assert burst["index bytes per waiting frame"] > 0 and burst["first get"] > 0
+    for row in result["targets"]:
+        assert row["verdict"] == ("met" if row["ratio"] <= row["limit"] else "missed"), row
+    assert {row["curve"] for row in result["targets"]} == {"waiting", "producers", "edges"}
+    assert (tmp_path / "scale.png").stat().st_size > 0
+    assert "| frames waiting |" in completed.stdout
+
+
+def test_dtype_throughput_smoke_runs_both_dtypes(tmp_path: Path) -> None:
+    out = tmp_path / "dtypes.json"
+    completed = _run_script(
+        "dtype_throughput.py", "--mib", "4", "--rounds", "2", "--json", str(out)
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((row["round"], row["dtype"]) for row in rows) == [
+        (0, "float32"),
+        (0, "uint8"),
+        (1, "float32"),
+        (1, "uint8"),
+    ]
+    assert all(row["mb_s"] > 0 and row["put_ms"] > 0 for row in rows)
