@@ -306,6 +306,12 @@ def report(results: Path, logs_dir: Path) -> int:
         ("CPU tests of the same files (`-m 'not cuda'`)", "cpu-tests.xml"),
     ):
         xml = logs.text(name)
+        collect = logs.text("cuda-tests-collect.log")
+        if xml is None and name == "cuda-tests.xml" and collect is not None:
+            lines = [line for line in collect.splitlines() if " collected" in line]
+            closing = lines[-1] if lines else "no 'collected' line"
+            out.append(f"- {label}: not run (no device); collected only: {closing}")
+            continue
         out.append(f"- {label}: {describe_counts(junit_counts(xml), name)}")
         for outcome in ("failure", "error", "skipped"):
             out += [f"  - {outcome}: {case}" for case in junit_cases(xml, outcome)] if xml else []
