@@ -31,6 +31,8 @@ order rotated), medians of the per-repeat medians:
 
     .venv/bin/python benchmarks/bench_scale.py [--quick | --smoke] [--repeats N]
         [--json out.json] [--plot out.png] [--sections waiting,burst,...]
+    .venv/bin/python benchmarks/bench_scale.py --compare before.json [...] --against after.json [...]
+        [--plot out.png]   # before / after: medians over the runs of each side, one plot
 
 `--json out.json` also writes ``out.png`` (the curves) unless `--plot`
 names another path. Never asserts a time: `model_tests/test_bench_smoke.py`
@@ -488,7 +490,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:
-    """One panel per curve: us per operation against its size, log-log."""
+    """One panel per curve: us per operation against its size (log x; y as `_scale_y`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -516,7 +518,7 @@ def write_plot(result: dict[str, Any], path: str) -> None:
                 label=series,
             )
         axis.set_xscale("log")
-        axis.set_yscale("log")
+        _scale_y(axis)
         axis.set_xlabel(titles.get(curve, curve), fontsize=8)
         axis.set_ylabel("us per operation (median of repeats)", fontsize=8)
         axis.grid(which="both", alpha=0.3)
@@ -530,6 +532,114 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+# -- before / after -------------------------------------------------------------------
+
+# The series a comparison shows, per curve (the put's curves are in the tables).
+COMPARED = {
+    "waiting": ("connector get", "raw ring get", "connector put"),
+    "burst": ("mean get (the issue's figure)", "later gets (median)"),
+    "producers": ("connector put + get",),
+    "same edge": ("connector put + get",),
+    "stamp moves": ("connector put + get",),
+    "edges": ("connector put + get",),
+}
+
+
+def merge_runs(paths: list[str]) -> dict[str, Any]:
+    """The curves of several runs of one side: per point and series, the median over the runs."""
+    runs = []
+    for path in paths:
+        with open(path) as stream:
+            runs.append(json.load(stream))
+    curves: dict[str, Any] = {}
+    for name in runs[0]["curves"]:
+        points: dict[str, dict[str, float]] = {}
+        for size in runs[0]["curves"][name]:
+            series = runs[0]["curves"][name][size]
+            points[size] = {
+                key: statistics.median(run["curves"][name][size][key] for run in runs)
+                for key in series
+            }
+        curves[name] = points
+    loads = [run["host"]["load_average_1m"] for run in runs]
+    return {"curves": curves, "runs": len(runs), "loads": loads, "targets": targets(curves)}
+
+
+def compare_markdown(before: dict[str, Any], after: dict[str, Any]) -> str:
+    lines = [
+        "| curve | size | series | before | after | after / before |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, shown in COMPARED.items():
+        if name not in before["curves"] or name not in after["curves"]:
+            continue
+        for size in sorted(before["curves"][name], key=int):
+            for series in shown:
+                old = before["curves"][name][size].get(series)
+                new = after["curves"][name].get(size, {}).get(series)
+                if old is None or new is None:
+                    continue
+                lines.append(
+                    f"| {name} | {int(size):,} | {series} | {old:.1f} | {new:.1f} | {new / old:.2f} |"
+                )
+    lines += ["", "| target | before | after |", "|---|---:|---:|"]
+    for old, new in zip(before["targets"], after["targets"], strict=True):
+        text = [
+            f"{row['ratio']:.2f}x {row['verdict']}" if row["ratio"] is not None else "-"
+            for row in (old, new)
+        ]
+        lines.append(f"| {old['target']} | {text[0]} | {text[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_compare_plot(before: dict[str, Any], after: dict[str, Any], path: str) -> None:
+    """One panel per curve: before dashed, after solid, the same colour per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in COMPARED if name in before["curves"] and name in after["curves"]]
+    figure, axes = plt.subplots(1, len(names), figsize=(4.4 * len(names), 4.4), squeeze=False)
+    colors = plt.get_cmap("tab10")
+    for axis, name in zip(axes[0], names, strict=True):
+        for index, series in enumerate(COMPARED[name]):
+            for side, style in ((before, "--"), (after, "-")):
+                points = side["curves"][name]
+                sizes = sorted(points, key=int)
+                axis.plot(
+                    [int(s) for s in sizes],
+                    [points[s][series] for s in sizes],
+                    style,
+                    marker="o",
+                    color=colors(index),
+                    label=f"{series} ({'before' if side is before else 'after'})",
+                )
+        axis.set_xscale("log")
+        _scale_y(axis)
+        axis.set_title(name, fontsize=9)
+        axis.set_ylabel("us per operation", fontsize=8)
+        axis.grid(which="both", alpha=0.3)
+        axis.legend(fontsize=6)
+    figure.suptitle(
+        f"bench_scale.py before (dashed, {before['runs']} runs, load {before['loads']}) / "
+        f"after (solid, {after['runs']} runs, load {after['loads']})",
+        fontsize=9,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _scale_y(axis: Any) -> None:
+    """Log where a panel spans a decade or more; else linear from 0, so a flat curve looks flat."""
+    values = [y for line in axis.get_lines() for y in line.get_ydata() if y > 0]
+    if values and max(values) / min(values) >= 10:
+        axis.set_yscale("log")
+    else:
+        axis.set_ylim(bottom=0, top=max(values, default=1) * 1.15)
 
 
 def _revision() -> str:
@@ -565,7 +675,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=25)
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--compare", nargs="+", default=None, help="JSON runs before a change")
+    parser.add_argument("--against", nargs="+", default=None, help="JSON runs after it")
     args = parser.parse_args(argv)
+    if args.compare or args.against:
+        if not (args.compare and args.against):
+            parser.error("--compare and --against go together")
+        before, after = merge_runs(args.compare), merge_runs(args.against)
+        print(compare_markdown(before, after))
+        if args.plot:
+            write_compare_plot(before, after, args.plot)
+        return 0
     sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:

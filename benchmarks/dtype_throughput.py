@@ -11,7 +11,14 @@ copy advised (`codec.fresh.statistics`) and the kernel's transparent huge
 page counters for the get (`/proc/vmstat`: huge pages faulted, faults that
 fell back to 4 KiB pages, direct compaction stalls).
 
-    .venv/bin/python benchmarks/dtype_throughput.py [--mib 256] [--rounds 6] [--json out.json]
+Round 0 is a warm-up unless ``--cold``: the consumer imports torch at its
+first tensor decode (the codec imports it lazily) and the producer creates
+its pool slots at its first puts, and under load the import alone took 5 s
+here, so whichever dtype goes first pays it (the issue's run measured
+uint8 first). Warm-up rows are reported with ``warm-up`` and kept out of
+the medians.
+
+    .venv/bin/python benchmarks/dtype_throughput.py [--mib 256] [--rounds 6] [--cold] [--json out.json]
 """
 
 from __future__ import annotations
@@ -68,7 +75,9 @@ def producer(scope: str, nbytes: int, rounds: int, cpu: int, pipe: Any) -> None:
         pipe.recv()  # the consumer is done: close only now (the pool's slots are ours)
 
 
-def consumer(scope: str, nbytes: int, rounds: int, cpu: int, pipe: Any, out: Any) -> None:
+def consumer(
+    scope: str, nbytes: int, rounds: int, cpu: int, pipe: Any, out: Any, warm_up: bool
+) -> None:
     os.sched_setaffinity(0, {cpu})
     import gc
 
@@ -100,6 +109,7 @@ def consumer(scope: str, nbytes: int, rounds: int, cpu: int, pipe: Any, out: Any
                 rows.append(
                     {
                         "round": round_,
+                        "warm_up": round_ == 0 and warm_up,
                         "dtype": dtype,
                         "first_in_round": position == 0,
                         "route": got.route.name.lower() if got.route else None,
@@ -116,7 +126,7 @@ def consumer(scope: str, nbytes: int, rounds: int, cpu: int, pipe: Any, out: Any
     out.send(rows)
 
 
-def run(nbytes: int, rounds: int) -> list[dict[str, Any]]:
+def run(nbytes: int, rounds: int, warm_up: bool = True) -> list[dict[str, Any]]:
     context = multiprocessing.get_context("spawn")
     cpus = sorted(os.sched_getaffinity(0))
     scope = f"dtype{uuid.uuid4().hex[:8]}"
@@ -128,7 +138,8 @@ def run(nbytes: int, rounds: int) -> list[dict[str, Any]]:
     if to_producer.recv() != "ready":
         raise RuntimeError("producer failed")
     c = context.Process(
-        target=consumer, args=(scope, nbytes, rounds, cpus[-1], consumer_end, results_end)
+        target=consumer,
+        args=(scope, nbytes, rounds, cpus[-1], consumer_end, results_end, warm_up),
     )
     c.start()
     # Relay: the consumer asks for the next message, the producer stamps and puts it.
@@ -149,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--cold", action="store_true", help="time round 0 too (no warm-up)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
-    rows = run(args.mib * MIB, args.rounds)
+    rows = run(args.mib * MIB, args.rounds + (0 if args.cold else 1), warm_up=not args.cold)
     print(f"load {load:.2f}; {args.mib} MiB tensors, {args.rounds} rounds")
     print(
         "| round | dtype | first | MB/s | ms | put ms | huge pages | fallbacks | compact stalls |"
@@ -160,19 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
-            f"| {row['round']} | {row['dtype']} | {'yes' if row['first_in_round'] else ''} "
+            f"| {row['round']}{' (warm-up)' if row['warm_up'] else ''} | {row['dtype']} "
+            f"| {'yes' if row['first_in_round'] else ''} "
             f"| {row['mb_s']:.0f} | {row['ms']:.1f} | {row['put_ms']:.1f} "
             f"| {row.get('thp_fault_alloc', '-')} "
             f"| {row.get('thp_fault_fallback', '-')} | {row.get('compact_stall', '-')} |"
         )
     for dtype in DTYPES:
-        rates = [row["mb_s"] for row in rows if row["dtype"] == dtype]
+        rates = [row["mb_s"] for row in rows if row["dtype"] == dtype and not row["warm_up"]]
         print(
             f"{dtype}: median {statistics.median(rates):.0f} MB/s, {min(rates):.0f}..{max(rates):.0f}"
         )
     if args.json_path:
         with open(args.json_path, "w") as stream:
-            json.dump({"load": load, "mib": args.mib, "rows": rows}, stream, indent=2)
+            json.dump(
+                {"load": load, "load_after": os.getloadavg()[0], "mib": args.mib, "rows": rows},
+                stream,
+                indent=2,
+            )
     return 0
 
 
