@@ -658,8 +658,9 @@ class RingRoute:
                 self.release(edge, producer)
 
     def release(self, edge: Edge, producer: ConnectorIdentity) -> None:
-        """Drop our mapping of a producer that closed or exited."""
-        self._edge_readers.clear()
+        """Drop our mapping of a producer that closed or exited (on `edge`; its reader is in
+        no other edge's candidates, which stay kept)."""
+        self._edge_readers.pop(edge, None)
         reader = self.readers.pop((edge, producer), None)
         if reader is not None:
             reader.close()
