@@ -28,15 +28,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...spec.layout import (
+    CODEC_FRAMED_MARKER,
+    COHORT_ENVELOPE_LENGTH,
+    COHORT_ENVELOPE_VERSION,
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
+    FRAME_STATE_RETIRED,
     RING_HEADER_LENGTH,
     RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
 )
 from ..directory import Directory, as_directory, check_private_file
 from ..errors import CorruptFrameError
-from ..frame_io import compute_checksum
+from ..frame_io import compute_checksum, read_frame_header
 from ..names import (
     Edge,
     fallback_segment_path,
@@ -141,8 +145,14 @@ def claim_segment(
     generation: int | None = None,
     mappings: SegmentMappings | None = None,
     borrow: Callable[[BorrowedPayload], Any] | None = None,
+    member: Callable[[tuple[int, ...], memoryview], Any] | None = None,
 ) -> Claim:
     """Claim the key's segment on `edge`, exactly once among all readers.
+
+    `member(owner, payload)` decodes a publication cohort's member (a
+    payload behind a cohort envelope, `spec.layout`) in place of `decode` /
+    `borrow`; while its cohort is not committed it raises, and the segment
+    is left exactly as it was (the connector's `cohort.CohortPending`).
 
     `borrow` (a connector's borrowed get) replaces `decode`: it gets the
     payload in place as a `BorrowedPayload` over the segment's mapping. If
@@ -170,7 +180,18 @@ def claim_segment(
         return _BUSY_CLAIM
     try:
         return _claim_locked(
-            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings, borrow
+            where,
+            path,
+            held,
+            key,
+            os_facade,
+            is_alive,
+            decode,
+            owner,
+            generation,
+            mappings,
+            borrow,
+            member,
         )
     finally:
         if mappings is not None:
@@ -192,6 +213,7 @@ def _claim_locked(
     generation: int | None,
     mappings: SegmentMappings | None,
     borrow: Callable[[BorrowedPayload], Any] | None = None,
+    member: Callable[[tuple[int, ...], memoryview], Any] | None = None,
 ) -> Claim:
     info = os_facade.fstat(fd)
     untrusted = check_private_file(path, info)
@@ -217,6 +239,12 @@ def _claim_locked(
         decode = lender  # lends the payload in place instead of decoding a copy
     try:
         with memoryview(mapping) as buf:
+            if read_frame_header(buf, RING_HEADER_LENGTH).state == FRAME_STATE_RETIRED:
+                # Its producer retired it without the lock (held past its bound) or
+                # could not unlink it: gone for every get; removed here, under our lock.
+                with contextlib.suppress(OSError):
+                    where.unlink(path)
+                return _NOT_FOUND
             key_bytes = key.encode("utf-8")
             problem, producer, frame_generation, payload_length, checksum, state = _check_segment(
                 buf, size, key_bytes
@@ -242,7 +270,10 @@ def _claim_locked(
                         f"removed; path={path!r}"
                     )
                 try:
-                    value = decode(payload)
+                    if member is not None and _is_member(payload):
+                        value = member(producer, payload)  # owned: nothing of the mapping is lent
+                    else:
+                        value = decode(payload)
                 except CorruptFrameError:
                     where.unlink(path)
                     raise
@@ -259,6 +290,15 @@ def _claim_locked(
             with contextlib.suppress(BufferError):
                 mapping.close()
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+def _is_member(payload: memoryview) -> bool:
+    """Whether a segment's payload starts with a publication cohort's envelope."""
+    return (
+        len(payload) >= COHORT_ENVELOPE_LENGTH
+        and payload[0] == CODEC_FRAMED_MARKER
+        and payload[1] == COHORT_ENVELOPE_VERSION
+    )
 
 
 class _Lender:
