@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .cohort import CohortMember, get_payload
 from .connector import ConnectorState, PoolRef, compute_fallback_charge
 from .discovery import DeploymentState, DirectoryState, get_candidates
 from .layout import (
@@ -208,7 +209,8 @@ def check_connector_pool(conn: ConnectorState) -> None:
         if frame is not None and is_deliverable(frame):
             slot = pool.slots[index]
             _require(
-                slot.carrier_pending and frame.payload == PoolRef(index, slot.generation),
+                slot.carrier_pending
+                and get_payload(frame.payload) == PoolRef(index, slot.generation),
                 f"deliverable carrier at position={position} names slot={index} "
                 f"generation={slot.generation} state={slot.state}",
             )
@@ -216,6 +218,34 @@ def check_connector_pool(conn: ConnectorState) -> None:
                 slot.state is SlotState.PUBLISHED,
                 f"deliverable carrier of slot={index} in state={slot.state}",
             )
+
+
+def check_connector_cohorts(conn: ConnectorState) -> None:
+    """An open cohort is numbered past the committed ones; no member names a later cohort."""
+    for edge, gate in conn.cohorts.gates.items():
+        _require(
+            (gate.depth == 0) == (gate.open_number == 0),
+            f"cohort of {edge}: depth={gate.depth} open_number={gate.open_number}",
+        )
+        _require(
+            gate.open_number == 0 or gate.open_number == gate.committed + 1,
+            f"cohort of {edge}: open_number={gate.open_number} committed={gate.committed}",
+        )
+    stored: list[tuple[tuple[str, str], object]] = [
+        (edge, frame.payload) for edge, ring in conn.rings.items() for frame in ring.frames
+    ]
+    stored += [(segment.edge, segment.payload) for segment in conn.fallback.values()]
+    for edge, payload in stored:
+        if isinstance(payload, CohortMember):
+            gate = conn.cohorts.gates.get(edge)
+            last = 0 if gate is None else max(gate.committed, gate.open_number)
+            _require(
+                payload.number <= last,
+                f"member of cohort {payload.number} on {edge} past the gate's last={last}",
+            )
+        if conn.closed and isinstance(payload, CohortMember):
+            gate = conn.cohorts.gates.get(edge)
+            _require(gate is not None and gate.depth == 0, f"closed with a cohort open on {edge}")
 
 
 def check_connector(conn: ConnectorState) -> None:
@@ -226,6 +256,7 @@ def check_connector(conn: ConnectorState) -> None:
     check_connector_budget(conn)
     check_connector_health(conn)
     check_connector_closed(conn)
+    check_connector_cohorts(conn)
 
 
 # -- pool --------------------------------------------------------------------
