@@ -56,7 +56,6 @@ import hashlib
 import logging
 import os
 import re
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -118,8 +117,6 @@ PASSIVE_CONFIG_KEYS: Final = frozenset({"role", "device", "name"})
 MAX_FOREIGN_SCOPES: Final = 4
 # One wait on a stage bell sleeps at most this long before it looks again.
 _MAX_BELL_WAIT_SECONDS: Final = 1.0
-_warned_keys: set[str] = set()
-_warned_lock: Final = threading.Lock()
 
 
 def _config_value(config: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -163,13 +160,7 @@ def _check_config(config: Mapping[str, Any]) -> None:
         for key in where:
             if key in KNOWN_CONFIG_KEYS or key in PASSIVE_CONFIG_KEYS:
                 continue
-            with _warned_lock:
-                first = key not in _warned_keys
-                _warned_keys.add(str(key))
-            if first:
-                logger.warning(
-                    "shmring: SharedMemoryConnector ignores the unknown config key %r", key
-                )
+            logger.warning("shmring: SharedMemoryConnector ignores the unknown config key %r", key)
     stage_id = _config_value(config, "stage_id", -1)
     if not (
         stage_id is None
@@ -412,7 +403,9 @@ class SharedMemoryConnector:
             return None
         try:
             got = receiver.get(from_stage, to_stage, get_key, descriptor=descriptor)
-        except (CorruptFrameError, UnsupportedPayloadError) as error:
+        except InvalidKeyError:
+            raise
+        except (ShmringError, OSError) as error:
             return self._failed_get(get_key, error)
         return self._answer(got, get_key)
 
@@ -447,7 +440,9 @@ class SharedMemoryConnector:
                 deadline=deadline,
                 wait_for_locks=False,
             )
-        except (CorruptFrameError, UnsupportedPayloadError) as error:
+        except InvalidKeyError:
+            raise
+        except (ShmringError, OSError) as error:
             return self._failed_get(get_key, error)
         return self._answer(got, get_key)
 
@@ -460,7 +455,12 @@ class SharedMemoryConnector:
             return self._failed_get(get_key, error)
 
     def _failed_get(self, get_key: str, error: BaseException) -> None:
-        """A payload that did not decode: it is gone (its files removed), logged, answered None."""
+        """A get that failed (vllm-omni's answer: None, logged, counted in health).
+
+        A payload that does not decode is gone (retired, its file removed);
+        any other failure (a damaged ring, a claim whose commit failed) left
+        the payload where it was, for a later get.
+        """
         self._failed_gets += 1
         logger.error("shmring: get failed for key=%r: %s", get_key, error)
         return None

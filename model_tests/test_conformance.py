@@ -315,7 +315,9 @@ def test_strided_and_negative_stride_arrays_arrive_equal_and_writeable(
     for name, view in views.items():
         assert got[name].dtype == view.dtype and np.array_equal(got[name], view), name
         assert got[name].flags.writeable
-        got[name][...] = 0  # writing the receiver's copy touches neither the sender's nor the others
+        got[name][...] = (
+            0  # writing the receiver's copy touches neither the sender's nor the others
+        )
         assert np.array_equal(view, views[name]) and not got[name].any()
 
 

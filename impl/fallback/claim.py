@@ -39,7 +39,7 @@ from ...spec.layout import (
     RING_STATE_SPARE_WANTED,
 )
 from ..directory import Directory, as_directory, check_private_file
-from ..errors import CorruptFrameError
+from ..errors import CorruptFrameError, UnsupportedPayloadError
 from ..frame_io import compute_checksum, read_frame_header
 from ..names import (
     Edge,
@@ -274,7 +274,9 @@ def _claim_locked(
                         value = member(producer, payload)  # owned: nothing of the mapping is lent
                     else:
                         value = decode(payload)
-                except CorruptFrameError:
+                except (CorruptFrameError, UnsupportedPayloadError):
+                    # It never decodes: consumed, file and all (vllm-omni removes it too);
+                    # the error reaches the caller.
                     where.unlink(path)
                     raise
             if lender is not None and lender.lent:

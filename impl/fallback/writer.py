@@ -593,7 +593,7 @@ class FallbackWriter:
             self._os.close(fd)
         self._forget_spare(record.generation)
         self._deferred[record.path] = _Deferred(
-            record.path, record.inode, record.length, next_try=time.monotonic()
+            record.path, record.inode, record.length, next_try=time.monotonic() + _REAP_FIRST_DELAY
         )
         self._deferred_total += 1
         return 1
@@ -607,6 +607,17 @@ class FallbackWriter:
         removed = 0
         now = time.monotonic()
         for path, deferred in sorted(self._deferred.items()):
+            try:
+                info = self._dir.stat(path)
+                gone = (info.st_dev, info.st_ino) != deferred.inode
+            except FileNotFoundError:
+                gone = True
+            except OSError:
+                gone = False
+            if gone:  # a reader removed it, or the name is another segment's: forgotten
+                del self._deferred[path]
+                removed += 1
+                continue
             if not force and now < deferred.next_try:
                 continue
             held = open_locked(self._dir, path, self._os, wait=False)
