@@ -224,6 +224,46 @@ def test_metadata_keyed_by_request_id(connector: SharedMemoryConnector) -> None:
     }
 
 
+def test_a_descriptor_names_its_file_whatever_the_receivers_scope(scope: str) -> None:
+    """Issue 27, defect 5: the metadata's ``name`` finds the file from any scope of this uid."""
+    with facade(scope, 0, host_ring_bytes=0) as sender, facade(f"{scope}b", 1) as elsewhere:
+        ok, size, metadata = sender.put("s0", "s1", "named", {"found": True})
+        assert ok and elsewhere.scope != sender.scope
+        assert elsewhere.get("s0", "s1", "named") is None  # by key: its own scope only
+        assert elsewhere.get("s0", "s1", "named", metadata) == ({"found": True}, size)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory of another uid")
+def test_a_descriptor_naming_another_owners_deployment_is_refused(
+    scope: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27, defect 5: still under this uid's shm root; another owner's directory is refused."""
+    foreign = os.path.join(SHM_ROOT, f"shmring-{os.getuid()}-{scope}x")
+    os.mkdir(foreign, 0o700)
+    os.chown(foreign, 12345, 12345)
+    try:
+        with facade(scope, 1) as receiver:
+            forged = {
+                "shm": {
+                    "producer": [os.getpid(), 0, 0],
+                    "source": "s0",
+                    "destination": "s1",
+                    "key": "k",
+                    "size": 1,
+                    "generation": 1,
+                    "name": f"{os.path.basename(foreign)}/fb.s0.s1.0",
+                },
+                "size": 1,
+            }
+            assert receiver.get("s0", "s1", "k", forged) is None
+            outside = {**forged, "shm": {**forged["shm"], "name": "../etc/passwd"}}
+            assert receiver.get("s0", "s1", "k", outside) is None
+        assert os.listdir(foreign) == []  # nothing made in it
+        assert any("refusing the descriptor" in record.getMessage() for record in caplog.records)
+    finally:
+        os.rmdir(foreign)
+
+
 # -- heterogeneous tensor parallelism ----------------------------------------------------------
 
 

@@ -231,11 +231,18 @@ def check_connector_cohorts(conn: ConnectorState) -> None:
             gate.open_number == 0 or gate.open_number == gate.committed + 1,
             f"cohort of {edge}: open_number={gate.open_number} committed={gate.committed}",
         )
-    stored: list[tuple[tuple[str, str], object]] = [
-        (edge, frame.payload) for edge, ring in conn.rings.items() for frame in ring.frames
+    if conn.closed:
+        open_edges = sorted(edge for edge, gate in conn.cohorts.gates.items() if gate.depth)
+        _require(not open_edges, f"closed with cohorts open on {open_edges}")
+        return
+    deliverable: list[tuple[tuple[str, str], object]] = [
+        (edge, frame.payload)
+        for edge, ring in conn.rings.items()
+        for frame in ring.frames
+        if is_deliverable(frame)
     ]
-    stored += [(segment.edge, segment.payload) for segment in conn.fallback.values()]
-    for edge, payload in stored:
+    deliverable += [(segment.edge, segment.payload) for segment in conn.fallback.values()]
+    for edge, payload in deliverable:
         if isinstance(payload, CohortMember):
             gate = conn.cohorts.gates.get(edge)
             last = 0 if gate is None else max(gate.committed, gate.open_number)
@@ -243,9 +250,6 @@ def check_connector_cohorts(conn: ConnectorState) -> None:
                 payload.number <= last,
                 f"member of cohort {payload.number} on {edge} past the gate's last={last}",
             )
-        if conn.closed and isinstance(payload, CohortMember):
-            gate = conn.cohorts.gates.get(edge)
-            _require(gate is not None and gate.depth == 0, f"closed with a cohort open on {edge}")
 
 
 def check_connector(conn: ConnectorState) -> None:

@@ -616,8 +616,7 @@ class Connector(BlockingGets):
                 with contextlib.suppress(OSError):
                     deployment.release_live_file()
             cohorts = self._cohorts
-            if cohorts is not None:
-                failures.extend(cohorts.close())
+            gate_failures = cohorts.close() if cohorts is not None else []
             gates = self._ring_route.cohorts
             if gates is not None:
                 gates.close()
@@ -630,13 +629,11 @@ class Connector(BlockingGets):
             # What another process's lock or a failed unlink left (issue 27) stays
             # for a later close or reap_consumed(); it is counted, never raised.
             pending = deployment is not None and (
-                deployment.writer.statistics().deferred > 0 or self._ring_route.reap_abandoned()
+                deployment.writer.statistics().deferred > 0
+                or self._ring_route.reap_abandoned() > 0
+                or bool(gate_failures)
             )
-            unlinks = [error for error in failures if _is_unlink_failure(error)]
-            failures = [error for error in failures if not _is_unlink_failure(error)]
-            if unlinks:
-                self._close_unlink_failures += len(unlinks)
-                pending = True
+            self._close_unlink_failures += len(gate_failures)
             if failures:
                 raise failures[0]
             if deployment is not None and not pending:
@@ -723,8 +720,3 @@ class Connector(BlockingGets):
                 unlink_retries=fallback.unlink_retries if fallback else 0,
                 cohorts_committed=self._cohorts.committed if self._cohorts is not None else 0,
             )
-
-
-def _is_unlink_failure(error: BaseException) -> bool:
-    """An OSError of a file removal: kept and retried, never raised by close (issue 27)."""
-    return isinstance(error, OSError) and not isinstance(error, ShmringError)
