@@ -13,9 +13,19 @@ an MP4 with PyAV (libx264, ultrafast, CRF 18, 24 fps). Variants, cumulative:
   D  + borrowed PyAV frames (VideoFrame.from_numpy_buffer, rgb24)
   E  D + the registered arena (payloads it admits skip allocate+register)
 
-All variants run side by side in one run: every repeat runs every shape and
-every variant (variant order rotated per repeat), after one untimed warm-up
-each; the table shows medians. `total` is producer send start to consumer
+All variants run side by side in one run, in two passes over the shapes,
+smallest payload first and the largest last (issue 21: a budget that cannot
+hold every repeat of the largest shape still measures every shape):
+
+  pass 1  every shape: one untimed warm-up of A and of E, then one timed A/E
+          pair, so each shape has its E/A before any shape gets more;
+  pass 2  every shape again: warm-ups of B, C, D, then rounds of every
+          variant (order rotated per round) up to --repeats samples each, as
+          far as --budget-s goes: a warm-up or round whose cost, estimated
+          from the shape's pass-1 sends, does not fit what is left of the
+          budget is not started, and the run says where it stopped.
+
+The table shows medians ("-" for a variant a shape did not reach). `total` is producer send start to consumer
 reply (encode included); `transfer` is the host transfer work alone: the
 producer's send (D2H included) plus the consumer's receive and release,
 each timed inside its process (no pipe or scheduling latency). Ratios are
@@ -27,12 +37,14 @@ and the driver's copy counters (copies started, of them into page-locked
 memory: only those are asynchronous). The run checks B-E took the
 registered path with page-locked destinations, E's small payloads the arena,
 and A the copying path; a violation is reported and the exit status is 1.
-With --json the file is rewritten after every shape (`"complete": false`
-until the end), so a run cut short still leaves its finished shapes.
+With --json the file is rewritten after every shape of each pass
+(`"complete": false` until the end), and --progress FILE gets a line per
+shape as it completes, so a run cut short still leaves its finished shapes.
 
 Before anything runs, /dev/shm must hold the largest payload plus the arena
-(a clear message and exit status 3 otherwise); `--fit-shm` instead leaves
-out the shapes that do not fit and says so.
+(a clear message and exit status 3 otherwise); `--fit-shm` instead shrinks a
+shape that does not fit to the frame count that does (1344x768x362 ->
+1344x768x100, say), or leaves it out if one frame does not fit, and says so.
 
     .venv/bin/python benchmarks/bench_video.py --repeats 5 --json results.json
 """
@@ -146,20 +158,39 @@ def shm_available(root: str = SHM_ROOT) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
+def order_shapes(shapes: list[str]) -> list[str]:
+    """Smallest payload first, the largest last (ties keep their order)."""
+    return sorted(shapes, key=payload_bytes)
+
+
 def fit_shapes(
     shapes: list[str], arena_bytes: int, available: int
-) -> tuple[list[str], dict[str, str]]:
-    """The shapes /dev/shm can hold, and why each other one is left out."""
-    kept, left_out = [], {}
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """What /dev/shm can hold: (shapes to run, left out -> why, shrunk key -> what it was).
+
+    A shape that does not fit runs with the most frames that do; one whose
+    single frame does not fit is left out.
+    """
+    kept: list[str] = []
+    left_out: dict[str, str] = {}
+    shrunk: dict[str, str] = {}
     for shape in shapes:
         need = shm_needed(shape, arena_bytes)
         if need <= available:
             kept.append(shape)
+            continue
+        width, height, frames = parse_shape(shape)
+        why = f"needs {need / 2**20:.0f} MiB of {SHM_ROOT}, {available / 2**20:.0f} MiB free"
+        fitting = (available - arena_bytes - SHM_MARGIN_BYTES) // (width * height * 3)
+        smaller = f"{width}x{height}x{min(frames, fitting)}"
+        if fitting < 1:
+            left_out[shape] = why
+        elif smaller not in kept and smaller not in shapes:
+            kept.append(smaller)
+            shrunk[smaller] = f"shrunk from {shape} ({why})"
         else:
-            left_out[shape] = (
-                f"needs {need / 2**20:.0f} MiB of {SHM_ROOT}, {available / 2**20:.0f} MiB free"
-            )
-    return kept, left_out
+            left_out[shape] = why + f"; {smaller} runs anyway"
+    return kept, left_out, shrunk
 
 
 # -- consumer process ----------------------------------------------------------------
@@ -290,8 +321,22 @@ def route_problems(variant: Variant, small: bool, route: dict[str, Any]) -> list
     return problems
 
 
+def shape_frames(key: str, device: str) -> torch.Tensor:
+    """The shape's frames, the same in both passes (seeded by the shape)."""
+    width, height, count = parse_shape(key)
+    generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+    frames = torch.randint(
+        0, 256, (count, height, width, 3), dtype=torch.uint8, generator=generator
+    )
+    # Smooth content so the encoder does realistic work, not noise.
+    return (frames // 64 * 64).to(device)
+
+
 def run(
-    args: argparse.Namespace, shape_keys: list[str], left_out: dict[str, str]
+    args: argparse.Namespace,
+    shape_keys: list[str],
+    left_out: dict[str, str],
+    shrunk: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     device = args.device
     if device == "auto":
@@ -302,7 +347,7 @@ def run(
     consumer = context.Process(target=consume, args=(child, scope), daemon=True)
     consumer.start()
     producer = Producer(scope, device, args.arena_mib * 1024 * 1024)
-    shapes = [parse_shape(s) for s in shape_keys]
+    shape_keys = order_shapes(shape_keys)
     names = [v for v in VARIANTS if v in args.variants]
     samples: dict[str, dict[str, list[tuple[float, float]]]] = {
         s: {v: [] for v in names} for s in shape_keys
@@ -311,6 +356,10 @@ def run(
     # shape -> variant -> route summary over every send (warm-up included)
     routes: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in samples}
     done: list[str] = []
+    # How far each shape got: "pair" (pass 1) or "ablation, N rounds" (pass 2).
+    reached: dict[str, str] = {}
+    stopped: list[str] = []  # where the budget stopped pass 2, if it did
+    clock = time.perf_counter()
 
     def one(shape_key: str, frames: torch.Tensor, name: str) -> tuple[float, float]:
         variant = producer.variants[name]
@@ -354,31 +403,88 @@ def run(
         return total, (sent - started) + receive_s + release_s
 
     def result(complete: bool) -> dict[str, Any]:
-        return summarize(
+        data = summarize(
             args, device, producer.driver_kind(), samples, digests, routes, done, left_out, complete
         )
+        return dict(
+            data,
+            shape_order=list(shape_keys),
+            shapes_shrunk=dict(shrunk or {}),
+            reached=dict(reached),
+            budget_s=args.budget_s,
+            budget_stop=stopped[0] if stopped else None,
+            elapsed_s=time.perf_counter() - clock,
+        )
 
+    def finished(key: str, what: str) -> None:
+        reached[key] = what
+        data = result(complete=False)
+        ratio = data["e_over_a"].get(key)
+        problems = [p for where, p in data["route_problems"].items() if where.startswith(key + " ")]
+        line = (
+            f"bench: {key} {what}: E/A={ratio:.2f}" if ratio else f"bench: {key} {what}: E/A=-"
+        ) + f", routes {'ok' if not problems else 'FAILED ' + str(problems)}"
+        print(line, file=sys.stderr, flush=True)
+        if args.progress:
+            with open(args.progress, "a") as out:
+                print(f"{line} (at {data['elapsed_s']:.0f} s)", file=out)
+        if args.json:  # as it goes: a run cut short keeps its finished shapes
+            write_json(args.json, data)
+
+    def left_s() -> float:
+        return args.budget_s - (time.perf_counter() - clock) if args.budget_s else float("inf")
+
+    pair = [n for n in ("A", "E") if n in names]
+    rest = [n for n in names if n not in pair]
     try:
-        generator = torch.Generator().manual_seed(0)
-        for key, (width, height, count) in zip(samples, shapes, strict=True):
-            frames = torch.randint(
-                0, 256, (count, height, width, 3), dtype=torch.uint8, generator=generator
-            )
-            # Smooth content so the encoder does realistic work, not noise.
-            frames = (frames // 64 * 64).to(device)
-            for name in names:
+        # Pass 1: one A/E pair per shape, smallest first, the largest last.
+        for key in shape_keys:
+            frames = shape_frames(key, device)
+            for name in pair:
                 one(key, frames, name)  # warm-up: arena set-up, first mappings, codec init
-            small = count * height * width * 3 <= SMALL_PAYLOAD_BYTES
-            repeats = args.small_repeats if small and args.small_repeats else args.repeats
-            for repeat in range(repeats):
-                order = names[repeat % len(names) :] + names[: repeat % len(names)]
-                for name in order:
-                    samples[key][name].append(one(key, frames, name))
+            for name in pair:
+                samples[key][name].append(one(key, frames, name))
             del frames
             done.append(key)
-            print(f"  {key}: done", file=sys.stderr, flush=True)
-            if args.json:  # as it goes: a run cut short keeps its finished shapes
-                write_json(args.json, result(complete=False))
+            finished(key, "pass 1 (A/E pair)")
+        # Pass 2: the whole ablation, as far as the budget goes.
+        for key in shape_keys:
+            small = payload_bytes(key) <= SMALL_PAYLOAD_BYTES
+            repeats = args.small_repeats if small and args.small_repeats else args.repeats
+            # The first round completes pass 1's A/E pair with the others.
+            units = [("warm-up", rest), ("round 1", rest)] + [
+                (f"round {r + 1}", names[r % len(names) :] + names[: r % len(names)])
+                for r in range(1, repeats)
+            ]
+            per_send = max((t for n in pair for t, _ in samples[key][n]), default=0.0)
+            frames = None
+            rounds = 0
+            for label, order in units:
+                if not order:
+                    continue
+                cost = per_send * len(order)
+                if cost > left_s():
+                    stopped.append(
+                        f"pass 2 stopped before {key} {label}: needs about {cost:.2f} s, "
+                        f"{max(left_s(), 0):.1f} s of the {args.budget_s:g} s budget left"
+                    )
+                    break
+                if frames is None:
+                    frames = shape_frames(key, device)
+                for name in order:
+                    sample = one(key, frames, name)
+                    if label != "warm-up":
+                        samples[key][name].append(sample)
+                rounds += label != "warm-up"
+            del frames
+            if rounds:
+                finished(key, f"pass 2 (ablation, {rounds} of {repeats} rounds)")
+            if stopped:
+                print(f"bench: {stopped[0]}", file=sys.stderr, flush=True)
+                if args.progress:
+                    with open(args.progress, "a") as out:
+                        print(f"bench: {stopped[0]}", file=out)
+                break
     finally:
         conn.send(None)
         if conn.poll(TIMEOUT_S):
@@ -465,41 +571,30 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def table(result: dict[str, Any]) -> str:
     medians = result["medians"]
-    names = list(next(iter(medians.values())))
+    names = [v for v in VARIANTS if any(v in by for by in medians.values())]
     if "A" not in names:
         return "(no A baseline: no ratios)"
+    others = [n for n in names if n != "A"]
+
+    def ratio(by: dict[str, Any], top: str, bottom: str, key: str) -> str:
+        return f"{by[top][key] / by[bottom][key]:.2f}" if top in by and bottom in by else "-"
+
     lines = [
         f"device={result['device']} ({result['device_name']}), cpus={result['cpu_count']}, "
         f"repeats={result['repeats']} (small payloads: {result['small_repeats']}), medians; "
-        "ratio = variant/A (E/D last)",
+        "ratio = variant/A (E/D last); - = not reached in the budget",
         "",
-        "| W x H x T | A total ms | " + " | ".join(f"{n}/A" for n in names if n != "A") + " | E/D "
-        "| A transfer ms | "
-        + " | ".join(f"{n}/A xfer" for n in names if n != "A")
-        + " | E/D xfer |",
-        "|---" * (2 + 2 * (len(names) - 1) + 3) + "|",
+        "| W x H x T | A total ms | " + " | ".join(f"{n}/A" for n in others) + " | E/D "
+        "| A transfer ms | " + " | ".join(f"{n}/A xfer" for n in others) + " | E/D xfer |",
+        "|---" * (2 + 2 * len(others) + 3) + "|",
     ]
-    for shape, by_variant in medians.items():
-        a_total = by_variant["A"]["total_ms"]
-        a_transfer = by_variant["A"]["transfer_ms"]
-        ratios = [by_variant[n]["total_ms"] / a_total for n in names if n != "A"]
-        e_d = (
-            by_variant["E"]["total_ms"] / by_variant["D"]["total_ms"]
-            if {"D", "E"} <= set(by_variant)
-            else float("nan")
-        )
-        transfer = [by_variant[n]["transfer_ms"] / a_transfer for n in names if n != "A"]
-        e_d_transfer = (
-            by_variant["E"]["transfer_ms"] / by_variant["D"]["transfer_ms"]
-            if {"D", "E"} <= set(by_variant)
-            else float("nan")
-        )
+    for shape, by in medians.items():
         lines.append(
-            f"| {shape} | {a_total:.1f} | "
-            + " | ".join(f"{r:.2f}" for r in ratios)
-            + f" | {e_d:.2f} | {a_transfer:.1f} | "
-            + " | ".join(f"{r:.2f}" for r in transfer)
-            + f" | {e_d_transfer:.2f} |"
+            f"| {shape} | {by['A']['total_ms']:.1f} | "
+            + " | ".join(ratio(by, n, "A", "total_ms") for n in others)
+            + f" | {ratio(by, 'E', 'D', 'total_ms')} | {by['A']['transfer_ms']:.1f} | "
+            + " | ".join(ratio(by, n, "A", "transfer_ms") for n in others)
+            + f" | {ratio(by, 'E', 'D', 'transfer_ms')} |"
         )
     return "\n".join(lines)
 
@@ -523,32 +618,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arena-mib", type=int, default=ARENA_MIB, help="registered arena size for E"
     )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="seconds for the whole run: pass 2 starts no warm-up or round that would pass it "
+        "(pass 1, one A/E pair per shape, always runs); 0: no budget",
+    )
     parser.add_argument("--json", help="write all samples and medians here (after every shape)")
+    parser.add_argument("--progress", help="append a line per finished shape to this file")
     parser.add_argument(
         "--fit-shm",
         action="store_true",
-        help=f"leave out the shapes {SHM_ROOT} cannot hold instead of refusing to start",
+        help=f"shrink (fewer frames) or leave out the shapes {SHM_ROOT} cannot hold "
+        "instead of refusing to start",
     )
     args = parser.parse_args(argv)
     shapes = args.shapes.split(",")
     arena_bytes = args.arena_mib * 1024 * 1024 if "E" in args.variants else 0
     available = shm_available()
-    kept, left_out = fit_shapes(shapes, arena_bytes, available)
-    if left_out and not args.fit_shm:
-        for shape, why in left_out.items():
+    kept, left_out, shrunk = fit_shapes(shapes, arena_bytes, available)
+    if (left_out or shrunk) and not args.fit_shm:
+        for shape, why in [*left_out.items(), *shrunk.items()]:
             print(f"bench_video: {shape} {why}", file=sys.stderr)
         print(
             f"bench_video: {SHM_ROOT} is too small for these shapes; enlarge it, pass fewer "
-            "--shapes, or --fit-shm to leave them out",
+            "--shapes, or --fit-shm to shrink or leave them out",
             file=sys.stderr,
         )
         return 3
-    for shape, why in left_out.items():
-        print(f"bench_video: leaving out {shape}: {why}", file=sys.stderr)
+    notes = [f"leaving out {shape}: {why}" for shape, why in left_out.items()]
+    notes += [f"running {shape}: {why}" for shape, why in shrunk.items()]
+    for note in notes:
+        print(f"bench_video: {note}", file=sys.stderr)
+        if args.progress:
+            with open(args.progress, "a") as out:
+                print(f"bench: {note}", file=out)
     if not kept:
         print(f"bench_video: no shape fits in {SHM_ROOT}", file=sys.stderr)
         return 3
-    result = run(args, kept, left_out)
+    result = run(args, kept, left_out, shrunk)
     text = table(result)
     print(text)
     for shape, ratio in result["e_over_a"].items():
@@ -557,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         f"small-shape regression gone (E/A <= {E_OVER_A_TARGET} on every small shape): "
         f"{result['small_shape_regression_gone']}"
     )
+    if result["budget_stop"]:
+        print(f"budget: {result['budget_stop']}")
     if args.json:
         write_json(args.json, result)
     status = 0
@@ -568,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
             "route check: A copying path; B-E registered, one asynchronous copy into "
             "page-locked memory per send; E's small payloads in the arena"
         )
-    same = {shape: len({d.get("D"), d.get("E")}) == 1 for shape, d in result["mp4_crc32"].items()}
+    same = {
+        shape: d["D"] == d["E"] for shape, d in result["mp4_crc32"].items() if {"D", "E"} <= set(d)
+    }
     if not all(same.values()):
         print(f"warning: D and E gave different MP4 bytes: {same}", file=sys.stderr)
         status = 1

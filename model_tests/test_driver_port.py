@@ -366,8 +366,25 @@ class FakeSource:
 
 
 class FakeDestination:
+    """One registered byte at ADDRESS (the driver counts it page-locked only if registered)."""
+
+    ADDRESS = 0x1000
+    shape = (1,)
+
     def __init__(self) -> None:
         self.copied_from: list[tuple[Any, bool]] = []
+
+    def data_ptr(self) -> int:
+        return self.ADDRESS
+
+    def stride(self) -> tuple[int, ...]:
+        return (1,)
+
+    def element_size(self) -> int:
+        return 1
+
+    def numel(self) -> int:
+        return 1
 
     def is_pinned(self) -> bool:
         return True
@@ -391,6 +408,7 @@ def test_real_driver_copies_on_the_stream_of_the_source_device() -> None:
     driver._device = "cuda:0"
     driver._streams = TransferStreams(FakeCudaStream)
     driver._copies = driver._copies_pinned = 0
+    driver.registered.add(FakeDestination.ADDRESS, 1)
     dst = FakeDestination()
     driver.copy_to_host(dst, FakeSource("cuda:0"))  # type: ignore[arg-type]
     driver.copy_to_host(dst, FakeSource("cuda:1"))  # type: ignore[arg-type]

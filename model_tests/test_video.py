@@ -11,6 +11,13 @@ pytest.importorskip("av", reason="the video tests need PyAV")
 from shmring.impl.errors import ConfigurationError
 from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registered.registration import Registry
+from shmring.impl.registered.transfer import (
+    CARRIER_ARENA,
+    CARRIER_SEGMENT,
+    TransferOptions,
+    TransferReceiver,
+    TransferSender,
+)
 from shmring.impl.registered.video import (
     FRAME_INPUT_BORROWED,
     FRAME_INPUT_COPY,
@@ -99,6 +106,39 @@ def test_encoding_a_borrowed_segment_releases_it_afterwards(scope: str) -> None:
         del view
         assert lease_statistics().live == before  # the encoder kept no frame of it
         assert data == encode_rgb_to_mp4(frames)
+
+
+@pytest.mark.parametrize(
+    ("arena_capacity", "carrier"), [(0, CARRIER_SEGMENT), (1 << 20, CARRIER_ARENA)]
+)
+def test_frames_reach_the_encoder_through_the_registered_route(
+    scope: str, arena_capacity: int, carrier: str
+) -> None:
+    """Issue 21: the route the benchmark checks for B-E, here through the simulated driver:
+    registered (not the copying fallback), one copy into wholly registered memory, the
+    expected carrier, and a borrowed view the encoder reads without a copy-out."""
+    frames = smooth_frames()
+    driver = SimulatedCudaDriver()
+    options = TransferOptions(
+        enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=arena_capacity
+    )
+    with (
+        TransferSender(scope, options, driver=driver) as sender,
+        TransferReceiver(scope, options) as receiver,
+    ):
+        descriptor = sender.send({"frames": torch.from_numpy(frames)})
+        assert descriptor.registered and descriptor.fields[0].carrier == carrier
+        stats = sender.statistics()
+        assert (stats.transfers_registered, stats.transfers_fell_back) == (1, 0)
+        copies = driver.copy_statistics()
+        assert copies.copies_started == 1 == copies.copies_into_page_locked
+        before = lease_statistics().live
+        view = receiver.receive(descriptor)["frames"]
+        assert lease_statistics().live == before + 1  # borrowed, not copied out
+        assert encode_rgb_to_mp4(view, frame_input=FRAME_INPUT_BORROWED) == encode_rgb_to_mp4(
+            frames
+        )
+        del view
 
 
 def test_settings_are_configurable_and_type_checked() -> None:

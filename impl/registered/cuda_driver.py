@@ -139,14 +139,83 @@ class TransferStreams:
             self._pending.pop(0)
 
 
+class HostRanges:
+    """Host ranges registered now (never overlapping), by base address.
+
+    A copy is into page-locked memory only if EVERY byte it writes lies in a
+    registered range (`covers`): torch's `is_pinned` and a lookup of the base
+    pointer alone say yes for a destination whose tail runs past its range.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []  # sorted base addresses
+        self._lengths: dict[int, int] = {}
+
+    def add(self, address: int, length: int) -> None:
+        bisect.insort(self._starts, address)
+        self._lengths[address] = length
+
+    def remove(self, address: int) -> None:
+        self._starts.remove(address)
+        del self._lengths[address]
+
+    def __contains__(self, address: object) -> bool:
+        """Whether a range is based at `address`."""
+        return address in self._lengths
+
+    def containing(self, address: int) -> int | None:
+        """Base of the range containing `address`, if any."""
+        index = bisect.bisect_right(self._starts, address) - 1
+        if index >= 0:
+            start = self._starts[index]
+            if address < start + self._lengths[start]:
+                return start
+        return None
+
+    def overlaps(self, address: int, length: int) -> bool:
+        index = bisect.bisect_right(self._starts, address) - 1
+        if index >= 0 and self._starts[index] + self._lengths[self._starts[index]] > address:
+            return True
+        following = index + 1
+        return following < len(self._starts) and self._starts[following] < address + length
+
+    def covers(self, address: int, length: int) -> bool:
+        """Whether every byte of [address, address + length) lies in a range (adjacent ones chain)."""
+        end = address + length
+        while address < end:
+            start = self.containing(address)
+            if start is None:
+                return False
+            address = start + self._lengths[start]
+        return True
+
+    def items(self) -> dict[int, int]:
+        return {start: self._lengths[start] for start in self._starts}
+
+
+def written_span(dst: torch.Tensor) -> tuple[int, int]:
+    """(address, length) of the bytes a copy into `dst` writes: its strided span, not its base alone."""
+    if dst.numel() == 0:
+        return dst.data_ptr(), 0
+    last = sum((n - 1) * step for n, step in zip(dst.shape, dst.stride(), strict=True))
+    return dst.data_ptr(), (last + 1) * dst.element_size()
+
+
+def is_registered_destination(ranges: HostRanges, dst: torch.Tensor) -> bool:
+    """Whether the whole span a copy into `dst` writes is registered (empty: nothing is written)."""
+    address, length = written_span(dst)
+    return length > 0 and ranges.covers(address, length)
+
+
 @dataclass(frozen=True)
 class CopyStatistics:
     """What a driver's copies did: the evidence that a transfer took the asynchronous, registered way."""
 
     copies_started: int  # copy_to_host calls that started a copy
-    # Of those, copies whose destination was page-locked (registered) host
-    # memory when the copy started: only these run asynchronously (a
-    # `non_blocking` copy into pageable memory is synchronous) and at full speed.
+    # Of those, copies whose whole destination span was page-locked (registered
+    # through this driver, and still registered) when the copy started: only
+    # these run asynchronously (a `non_blocking` copy into pageable memory is
+    # synchronous) and at full speed.
     copies_into_page_locked: int
     streams: int  # transfer streams made so far (one per source device)
 
@@ -193,6 +262,7 @@ class CudaRuntimeDriver(CudaDriver):
 
     accepts_host_sources = False
     _streams: TransferStreams | None = None
+    _registered: HostRanges | None = None
 
     def __init__(self, device: int | None = None, flags: int | None = None) -> None:
         import torch
@@ -233,6 +303,13 @@ class CudaRuntimeDriver(CudaDriver):
         assert self._streams is not None
         return self._streams
 
+    @property
+    def registered(self) -> HostRanges:
+        """The ranges this driver registered and has not unregistered (read by the copy counters)."""
+        if self._registered is None:
+            self._registered = HostRanges()
+        return self._registered
+
     def _check(self, call: str, result: Any, detail: str) -> None:
         error = result[0] if isinstance(result, tuple) else result
         if error != self._runtime.cudaError_t.cudaSuccess:
@@ -242,8 +319,13 @@ class CudaRuntimeDriver(CudaDriver):
     def host_register(self, address: int, length: int) -> None:
         result = self._runtime.cudaHostRegister(address, length, self._flags)
         self._check(CALL_HOST_REGISTER, result, f"address={address:#x} length={length}")
+        self.registered.add(address, length)
 
     def host_unregister(self, address: int) -> None:
+        # Whatever the answer, the range no longer counts as page-locked (a
+        # failed unregister is retried or retained, never copied into again).
+        if address in self.registered:
+            self.registered.remove(address)
         result = self._runtime.cudaHostUnregister(address)
         self._check(CALL_HOST_UNREGISTER, result, f"address={address:#x}")
 
@@ -253,7 +335,10 @@ class CudaRuntimeDriver(CudaDriver):
             # The stream of the source's device: torch runs the copy there.
             stream = self.streams.stream_for(src.device)
             stream.wait_stream(torch.cuda.current_stream(src.device))
-            pinned = dst.is_pinned()  # registered memory reads as pinned to torch
+            # Page-locked: the whole span written lies in ranges this driver
+            # registered, and torch (the runtime) agrees for its first byte; a
+            # range unregistered out of band reads as not pinned.
+            pinned = is_registered_destination(self.registered, dst) and dst.is_pinned()
             with torch.cuda.stream(stream):
                 dst.copy_(src, non_blocking=True)
             self._copies += 1
@@ -379,8 +464,7 @@ class SimulatedCudaDriver(CudaDriver):
     accepts_host_sources = True
 
     def __init__(self) -> None:
-        self._starts: list[int] = []  # sorted base addresses
-        self._lengths: dict[int, int] = {}
+        self._ranges = HostRanges()
         self._faults: list[PlannedFault] = []
         self._counters = _Counters()
         self.streams = TransferStreams(SimulatedStream)
@@ -428,22 +512,6 @@ class SimulatedCudaDriver(CudaDriver):
 
     # -- ranges --------------------------------------------------------------
 
-    def _containing(self, address: int) -> int | None:
-        """Base of the registered range containing `address`, if any."""
-        index = bisect.bisect_right(self._starts, address) - 1
-        if index >= 0:
-            start = self._starts[index]
-            if address < start + self._lengths[start]:
-                return start
-        return None
-
-    def _overlaps(self, address: int, length: int) -> bool:
-        index = bisect.bisect_right(self._starts, address) - 1
-        if index >= 0 and self._starts[index] + self._lengths[self._starts[index]] > address:
-            return True
-        following = index + 1
-        return following < len(self._starts) and self._starts[following] < address + length
-
     def host_register(self, address: int, length: int) -> None:
         self._enter(CALL_HOST_REGISTER)
         if length <= 0 or address <= 0:
@@ -452,23 +520,21 @@ class SimulatedCudaDriver(CudaDriver):
                 CUDA_ERROR_INVALID_VALUE,
                 f"address={address:#x} length={length}",
             )
-        if self._overlaps(address, length):
+        if self._ranges.overlaps(address, length):
             raise driver_error(
                 CALL_HOST_REGISTER,
                 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
                 f"address={address:#x} length={length}",
             )
-        bisect.insort(self._starts, address)
-        self._lengths[address] = length
+        self._ranges.add(address, length)
 
     def host_unregister(self, address: int) -> None:
         self._enter(CALL_HOST_UNREGISTER)
-        if address not in self._lengths:
+        if address not in self._ranges:
             raise driver_error(
                 CALL_HOST_UNREGISTER, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, f"address={address:#x}"
             )
-        self._starts.remove(address)
-        del self._lengths[address]
+        self._ranges.remove(address)
 
     def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         self._enter(CALL_COPY_TO_HOST)
@@ -478,7 +544,7 @@ class SimulatedCudaDriver(CudaDriver):
                 CUDA_ERROR_INVALID_VALUE,
                 f"dst {tuple(dst.shape)} {dst.dtype} != src {tuple(src.shape)} {src.dtype}",
             )
-        registered = bool(dst.numel()) and self._containing(dst.data_ptr()) is not None
+        registered = is_registered_destination(self._ranges, dst)
         self.streams.stream_for(src.device).queued.append((dst, src, registered))
         self._counters.started += 1
         self._counters.started_registered += int(registered)
@@ -509,11 +575,11 @@ class SimulatedCudaDriver(CudaDriver):
 
     def registered_ranges(self) -> dict[int, int]:
         """Base address -> length of every range registered now."""
-        return {start: self._lengths[start] for start in self._starts}
+        return self._ranges.items()
 
     def is_registered(self, address: int) -> bool:
         """Whether `address` lies inside a registered range."""
-        return self._containing(address) is not None
+        return self._ranges.containing(address) is not None
 
     def calls_of(self, call: str) -> int:
         return self._counters.per_call.get(call, 0)
@@ -521,8 +587,8 @@ class SimulatedCudaDriver(CudaDriver):
     def statistics(self) -> SimulatedDriverStatistics:
         return SimulatedDriverStatistics(
             calls=self._counters.calls,
-            registered_ranges=len(self._starts),
-            registered_bytes=sum(self._lengths.values()),
+            registered_ranges=len(self._ranges.items()),
+            registered_bytes=sum(self._ranges.items().values()),
             copies=self._counters.copies,
             copies_into_registered=self._counters.copies_into_registered,
             copies_pending=sum(
@@ -552,6 +618,7 @@ __all__ = [
     "CopyStatistics",
     "CudaDriver",
     "CudaRuntimeDriver",
+    "HostRanges",
     "PlannedFault",
     "SimulatedCudaDriver",
     "SimulatedDriverStatistics",
@@ -560,7 +627,9 @@ __all__ = [
     "cuda_available",
     "default_driver",
     "driver_error",
+    "is_registered_destination",
     "load_runtime",
     "runtime_error_names",
     "torch_cuda_error_name",
+    "written_span",
 ]
