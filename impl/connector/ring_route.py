@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...spec.connector import Route
-from ...spec.layout import POOL_REF_LENGTH
+from ...spec.layout import CODEC_FRAMED_MARKER, POOL_REF_LENGTH
 from ...spec.ring import ConsumeMode, PutStatus
 from .. import codec
 from ..errors import (
@@ -61,6 +61,7 @@ from .shortage import retry_short_of_descriptors
 logger = logging.getLogger("shmring.connector")
 _RING = Route.RING
 _POOL = Route.POOL
+_FRAMED = CODEC_FRAMED_MARKER  # a cohort member's envelope starts like a framed payload
 
 # A ring payload -> (encoded bytes, value, route): POOL when it was a pool reference.
 Decoder = Callable[[memoryview], tuple[int, Any, Route]]
@@ -96,7 +97,7 @@ def pool_decoder(
         if pool is not None and is_pool_ref(view):
             size, value = pool.decode_owned(producer, view, decode_payload)
             return size, value, _POOL
-        if cohorts is not None and is_member(view):
+        if cohorts is not None and view[0] == _FRAMED and is_member(view):
             return view.nbytes, decode_payload(view), _RING
         return view.nbytes, codec.decode(view), _RING
 
@@ -267,7 +268,9 @@ def live_decoder(
         if pool is not None and is_pool_ref(view):
             size, value = pool.decode_owned(producer, view, decode_payload)
             return size, value, _POOL
-        if cohorts is not None and is_member(view):  # a publication cohort's member
+        if (
+            cohorts is not None and view[0] == _FRAMED and is_member(view)
+        ):  # a publication cohort's member
             return view.nbytes, decode_payload(view), _RING
         return view.nbytes, codec.decode(view), _RING
 
