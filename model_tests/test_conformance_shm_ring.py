@@ -17,8 +17,8 @@ docs/conformance.md lists the two decisions that supersede a seed assertion.
 from __future__ import annotations
 
 import errno
+import json
 import logging
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -504,45 +504,53 @@ def test_deadline_receive_never_waits_for_another_process_ring_lock(
     assert receiver.get("0", "1", "locked", handle)[0].tolist() == [0, 1, 2]
 
 
-def _competing_reader(scope: str, barrier: Any, results: Any) -> None:
-    os.chdir(ROOT)
-    sys.path.insert(0, ROOT)
-    from shmring import SharedMemoryConnector as Facade
-
-    with Facade({"stage_id": 1, "wakeup_scope": scope}) as receiver:
-        barrier.wait(timeout=20)
-        result = receiver.get("0", "1", "shared")
-        results.put(None if result is None else result[0]["codes"].tolist())
+_COMPETING_READER = textwrap.dedent(
+    """
+    import json, sys
+    from shmring import SharedMemoryConnector
+    receiver = SharedMemoryConnector({"stage_id": 1, "wakeup_scope": sys.argv[1]})
+    print("ready", flush=True)
+    sys.stdin.readline()
+    result = receiver.get("0", "1", "shared")
+    print(json.dumps(None if result is None else result[0]["codes"].tolist()), flush=True)
+    receiver.close()
+    """
+)
 
 
 def test_two_reader_processes_claim_exactly_once_and_close_does_not_unlink_owner(
     scope: str,
 ) -> None:
     """test_two_reader_processes_claim_exactly_once_and_close_does_not_unlink_owner."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(3), ctx.Queue()
-    with SharedMemoryConnector({"stage_id": 0, "wakeup_scope": scope}) as sender:
+    with watchdog(120), SharedMemoryConnector({"stage_id": 0, "wakeup_scope": scope}) as sender:
         _, _, metadata = sender.put("0", "1", "shared", {"codes": torch.arange(56)})
         readers = [
-            ctx.Process(target=_competing_reader, args=(scope, barrier, results)) for _ in range(2)
+            subprocess.Popen(
+                [sys.executable, "-c", _COMPETING_READER, scope],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            for _ in range(2)
         ]
-        for reader in readers:
-            reader.start()
         try:
-            barrier.wait(timeout=60)
-            outputs = [results.get(timeout=60) for _ in readers]
-            assert outputs.count(None) == 1
-            assert next(output for output in outputs if output is not None) == list(range(56))
-            assert os.path.exists(file_of(metadata))  # the readers' close left the owner's ring
+            for reader in readers:
+                assert reader.stdout is not None and reader.stdout.readline() == "ready\n"
+            for reader in readers:  # both go at once
+                assert reader.stdin is not None
+                reader.stdin.write("go\n")
+                reader.stdin.flush()
+            outputs = [json.loads(reader.communicate(timeout=60)[0]) for reader in readers]
         finally:
             for reader in readers:
-                reader.join(30)
-                if reader.is_alive():
+                if reader.poll() is None:
                     reader.kill()
-                    reader.join()
-            results.close()
-            results.join_thread()
-        assert all(reader.exitcode == 0 for reader in readers)
+                    reader.communicate()
+        assert all(reader.returncode == 0 for reader in readers)
+        assert outputs.count(None) == 1
+        assert next(output for output in outputs if output is not None) == list(range(56))
+        assert os.path.exists(file_of(metadata))  # the readers' close left the owner's ring
 
 
 def test_ring_setup_failure_keeps_connector_usable(scope: str) -> None:
@@ -605,7 +613,7 @@ def test_dead_producer_payload_cannot_reach_a_reused_key(scope: str) -> None:
             cwd=ROOT,
         )
         assert child.stdout is not None
-        old = __import__("json").loads(child.stdout.readline())
+        old = json.loads(child.stdout.readline())
         assert receiver.get("0", "1", "not-published") is None  # maps the live producer's ring
         ring = file_of(old)
         assert _mapped(ring)

@@ -109,11 +109,15 @@ def test_a_truncated_payload_is_refused() -> None:
         SharedMemoryConnector.deserialize_obj(encoded[:-1])
 
 
-def test_a_payload_that_does_not_decode_leaves_no_file_and_is_reported(scope: str) -> None:
+@pytest.mark.parametrize("ring_bytes", [1 << 16, 0], ids=["ring frame", "segment"])
+def test_a_payload_that_does_not_decode_leaves_no_file_and_is_reported(
+    scope: str, ring_bytes: int
+) -> None:
     """Issue 27: consuming a payload that fails to decode removes every file of it, error reported."""
     image = pytest.importorskip("PIL.Image")
-    with facade(scope, 0, host_ring_bytes=1 << 16) as sender, facade(scope, 1) as receiver:
+    with facade(scope, 0, host_ring_bytes=ring_bytes) as sender, facade(scope, 1) as receiver:
         ok, _, metadata = sender.put("0", "1", "img", {"image": image.new("L", (2, 2))})
+        assert ok and ("host_ring" in metadata) == bool(ring_bytes)
         script = textwrap.dedent(
             f"""
             import sys
@@ -132,8 +136,9 @@ def test_a_payload_that_does_not_decode_leaves_no_file_and_is_reported(scope: st
         assert result.stdout.splitlines() == ["None 1", "None"]  # reported once, then gone
         assert "install pillow" in result.stderr
         assert receiver.get("0", "1", "img") is None  # consumed: not delivered to anyone
+        if not ring_bytes:
+            assert not os.path.exists(file_of(metadata))  # the segment went with it
         assert sender.put("0", "1", "next", 1)[0] and receiver.get("0", "1", "next")[0] == 1
-        del metadata
 
 
 # -- what vllm-omni's serializer carries ------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import functools
 import mmap
 import sys
 from collections.abc import Callable
@@ -269,11 +270,10 @@ def _claim_locked(
                         f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
                         f"removed; path={path!r}"
                     )
+                if member is not None and _is_member(payload):
+                    decode = functools.partial(member, producer)  # owned: nothing of it lent
                 try:
-                    if member is not None and _is_member(payload):
-                        value = member(producer, payload)  # owned: nothing of the mapping is lent
-                    else:
-                        value = decode(payload)
+                    value = decode(payload)
                 except (CorruptFrameError, UnsupportedPayloadError):
                     # It never decodes: consumed, file and all (vllm-omni removes it too);
                     # the error reaches the caller.
