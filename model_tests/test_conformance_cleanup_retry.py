@@ -200,8 +200,14 @@ def test_cleanup_reput_and_close_return_while_another_process_holds_the_lock(
         assert sender.health()["deferred_pending"] == 1
         far = time.monotonic() + 1
         assert receiver.get_with_deadline("0", "1", "busy", deadline=far) is None
-    sender.close()
+    other = _put(sender, "busy too")
+    with watchdog(30), lock_holder(other):
+        sender.close()  # returns while the lock is held; the file is kept, counted
+        assert os.path.exists(other) and sender.health()["deferred_pending"] >= 1
+    # reap_consumed after close too: what close left goes once the lock is free (backed off).
+    assert wait_until(lambda: (sender.reap_consumed(), not os.path.exists(other))[1], 10)
     assert not os.path.exists(path)
+    assert receiver.get("0", "1", "busy too") is None
 
 
 def test_ring_cleanup_reput_and_close_return_while_a_reader_holds_the_ring_lock(

@@ -501,7 +501,14 @@ class Connector(BlockingGets):
         if not self._closed:
             self._ring_route.reap()
         deployment.writer.reap()
-        self._ring_route.reap_abandoned()
+        abandoned = self._ring_route.reap_abandoned()
+        if (
+            self._closed
+            and not deployment.left
+            and not abandoned
+            and not deployment.writer.statistics().deferred
+        ):
+            deployment.leave()  # what close left is gone now: leave as close would have
 
     def file_path(self, descriptor: Descriptor) -> str:
         """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
@@ -592,6 +599,10 @@ class Connector(BlockingGets):
         bump), unclaimed segments removed; the last connector of the
         deployment removes the directory. Idempotent: a second call retries
         whatever failed and answers 0. Answers how many versions it retired.
+        A lock another process holds past `locks.PRODUCER_LOCK_WAIT_SECONDS`,
+        or a failed unlink, never makes it wait or raise: the file is kept
+        (counted in `health()`), and a later `close()` or `reap_consumed()`
+        removes it and leaves the deployment then.
         """
         with self._lock:
             first = not self._closed
