@@ -30,6 +30,7 @@ import contextlib
 import copy
 import mmap
 import os
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,9 +60,7 @@ from ..spec import producers as producers_spec
 from ..spec import ring as ring_spec
 from ..spec.connector import ConnectorPutStatus
 from ..spec.discovery import DeploymentGetStatus, PublishedDescriptor
-from ..spec.layout import (
-    RING_HEADER_LENGTH,
-)
+from ..spec.layout import FRAME_STATE_OFFSET, FRAME_STATE_RETIRED, RING_HEADER_LENGTH, U16_FORMAT
 
 Edge = tuple[str, str]
 # What escapes a connector operation without being a bug: shmring's own
@@ -119,11 +118,19 @@ def _read_ring_keys(path: str) -> dict[str, list[int]]:
 
 
 def _segment_owner(path: str) -> ProducerIdentity | None:
+    """The owner of the segment at `path`; None when there is none, or it is retired.
+
+    A segment its producer retired but could not remove yet (its lock held,
+    its unlink failed: `FallbackWriter.reap` removes it later) is no version.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:
+        state = os.pread(fd, 2, RING_HEADER_LENGTH + FRAME_STATE_OFFSET)
+        if len(state) == 2 and struct.unpack(U16_FORMAT, state)[0] == FRAME_STATE_RETIRED:
+            return None
         return read_segment_owner(fd, DEFAULT_OS)
     finally:
         os.close(fd)

@@ -5,19 +5,29 @@ Design rationale. A pipeline that already talks to vllm-omni's connector
 same constructor (a config dict), same `put` / `get` / `get_with_deadline`
 / `cleanup` / `abandon_get` / `reap_consumed` / `close` / `health`
 signatures and return shapes, the static `serialize_obj` /
-`deserialize_obj`, `supports_raw_data`, close on ``__del__`` and as a
-context manager. Underneath is one `Connector` (one producer: each facade
-publishes on its own rings, so a process may hold several on one edge);
-nothing here decides routing, it only translates:
+`deserialize_obj` (a subclass may override them: `put` and `get` go through
+the overrides), `supports_raw_data`, `publication_cohort`, the wake-up calls
+(`get_wakeup_generation` / `wait_for_change`, `wait_for_data` /
+`event_notifications_enabled`), close on ``__del__`` and as a context
+manager. Underneath is one `Connector` (one producer: each facade publishes
+on its own rings, so a process may hold several on one edge); nothing here
+decides routing, it only translates. vllm-omni's own connector tests are
+this module's spec; where they and the seed's ring design differ the seed
+wins (docs/conformance.md has every behaviour, and why):
 
 * config: ``stage_id``, ``wakeup_scope``, ``host_ring_bytes``,
-  ``fallback_budget_bytes``, ``pool_budget_bytes`` (0: no pool) and
-  ``shm_root``, at the top level or nested
-  under ``extra`` (the top level wins). Without a scope the stage processes
-  of one deployment share their launching parent, so the parent pid names
-  it. A scope that is not a valid directory name is replaced by a digest of
-  it. The constructor joins the deployment at once, so an unusable
-  deployment directory is a ConfigurationError there, not a refused put later.
+  ``fallback_budget_bytes``, ``pool_budget_bytes`` (0: no pool),
+  ``shm_root`` and vllm-omni's ``shm_threshold_bytes``, ``raw_tensor_shm``,
+  ``shm_event_notifications``, ``shm_notification_namespace``, at the top
+  level or nested under ``extra`` (the top level wins); each value is
+  checked (ConfigurationError naming it), an unknown key is logged as a
+  warning naming it. The environment's ``VLLM_OMNI_SHM_WAKEUP`` (``0``:
+  no wake-ups) and ``VLLM_OMNI_SHM_COHORT_NAMESPACE`` are read as
+  vllm-omni reads them. Without a scope the stage processes of one
+  deployment share their launching parent, so the parent pid names it. A
+  scope that is not a valid directory name is replaced by a digest of it.
+  The constructor joins the deployment at once, so an unusable deployment
+  directory is a ConfigurationError there, not a refused put later.
 * put metadata: ``{"host_ring": <descriptor>, "size": n}`` for a ring frame,
   ``{"shm": <descriptor>, "size": n}`` for what the ring does not take (a
   fallback segment, or a pool slot: then ``"pool": True`` and ``name`` is
@@ -25,13 +35,17 @@ nothing here decides routing, it only translates:
   descriptors are plain dicts (msgpack/JSON friendly) whose ``"name"`` is
   the file's path relative to the shm root, as vllm-omni's segment names
   are (``os.path.join("/dev/shm", name)`` is the file). A refused put
-  (back-pressure, no space, an unsupported payload) answers
-  ``(False, 0, None)`` as vllm-omni's does, and is logged; an invalid key
-  or stage id raises InvalidKeyError.
+  (back-pressure, no space, an unsupported payload, a closed connector)
+  answers ``(False, 0, None)`` as vllm-omni's does, and is logged; an
+  invalid key or stage id raises InvalidKeyError.
 * get metadata may be the put's metadata, or a dict keyed by the get key
   holding it; anything else (missing, foreign, malformed) falls back to a
-  lookup by key. A get answers ``(obj, size)`` or None; a frame another
-  process holds locked answers None at once (vllm-omni's non-blocking lock).
+  lookup by key. A descriptor's ``name`` finds its file whatever this
+  receiver's scope (the same uid's deployment under the same shm root; a
+  directory of another owner is refused). A get answers ``(obj, size)`` or
+  None; a frame another process holds locked answers None at once
+  (vllm-omni's non-blocking lock); a payload that does not decode is
+  removed, logged and answered None.
 * deadlines are `time.monotonic()` values.
 """
 
@@ -43,7 +57,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from ..spec.connector import Route
@@ -57,13 +72,15 @@ from .connector import (
     descriptor_from_dict,
 )
 from .connector.config import DEFAULT_POOL_BUDGET_BYTES
+from .discovery.stamp import StageBell
 from .errors import (
     ConfigurationError,
     CorruptFrameError,
     InvalidKeyError,
     ShmringError,
+    UnsupportedPayloadError,
 )
-from .names import DEFAULT_SHM_ROOT
+from .names import DEFAULT_SHM_ROOT, DIRECTORY_PREFIX, deployment_directory
 from .os_seam import OsFacade
 
 logger = logging.getLogger("shmring.compat")
@@ -72,6 +89,34 @@ RING_METADATA_KEY: Final = "host_ring"
 SEGMENT_METADATA_KEY: Final = "shm"
 _SCOPE_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _SCOPE_DIGEST_LENGTH: Final = 24
+# vllm-omni's defaults and environment variables.
+DEFAULT_THRESHOLD_BYTES: Final = 65536
+WAKEUP_ENVIRONMENT: Final = "VLLM_OMNI_SHM_WAKEUP"
+COHORT_NAMESPACE_ENVIRONMENT: Final = "VLLM_OMNI_SHM_COHORT_NAMESPACE"
+_COHORT_NAMESPACE_PATTERN: Final = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_STAGE_ID_PATTERN: Final = re.compile(r"-?[0-9]+")
+# The config keys this facade reads, and those vllm-omni's stage plans add to
+# every connector's config that mean nothing to a shared-memory connector.
+KNOWN_CONFIG_KEYS: Final = frozenset(
+    {
+        "stage_id",
+        "wakeup_scope",
+        "host_ring_bytes",
+        "fallback_budget_bytes",
+        "pool_budget_bytes",
+        "shm_root",
+        "extra",
+        "shm_threshold_bytes",
+        "raw_tensor_shm",
+        "shm_event_notifications",
+        "shm_notification_namespace",
+    }
+)
+PASSIVE_CONFIG_KEYS: Final = frozenset({"role", "device", "name"})
+# Receivers of other scopes a facade keeps open, for descriptors naming them.
+MAX_FOREIGN_SCOPES: Final = 4
+# One wait on a stage bell sleeps at most this long before it looks again.
+_MAX_BELL_WAIT_SECONDS: Final = 1.0
 
 
 def _config_value(config: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -84,19 +129,134 @@ def _config_value(config: Mapping[str, Any], name: str, default: Any) -> Any:
     return default
 
 
-def scope_from_config(config: Mapping[str, Any]) -> str:
-    """The deployment scope for a config: ``wakeup_scope`` if usable, its digest otherwise."""
-    scope = _config_value(config, "wakeup_scope", None)
-    if scope is None:
-        return f"ppid{os.getppid()}"
+def _digest_scope(scope: object) -> str:
     text = str(scope)
     if _SCOPE_PATTERN.fullmatch(text) and ".." not in text:
         return text
     return "h" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:_SCOPE_DIGEST_LENGTH]
 
 
+def scope_from_config(config: Mapping[str, Any]) -> str:
+    """The deployment scope for a config: ``wakeup_scope`` if usable, its digest otherwise.
+
+    Without a ``wakeup_scope``, vllm-omni's ``shm_notification_namespace``
+    names it (its notifications and its data are one deployment here); with
+    neither, the launching parent's pid.
+    """
+    scope = _config_value(config, "wakeup_scope", None)
+    namespace = _config_value(config, "shm_notification_namespace", None)
+    if scope is None and namespace is not None:
+        scope = namespace
+    if scope is None:
+        return f"ppid{os.getppid()}"
+    return _digest_scope(scope)
+
+
+def _check_config(config: Mapping[str, Any]) -> None:
+    """ConfigurationError for a bad value of a key vllm-omni accepts; a warning for unknown keys."""
+    for where in (config, config.get("extra")):
+        if not isinstance(where, Mapping):
+            continue
+        for key in where:
+            if key in KNOWN_CONFIG_KEYS or key in PASSIVE_CONFIG_KEYS:
+                continue
+            logger.warning("shmring: SharedMemoryConnector ignores the unknown config key %r", key)
+    stage_id = _config_value(config, "stage_id", -1)
+    if not (
+        stage_id is None
+        or (isinstance(stage_id, int) and not isinstance(stage_id, bool))
+        or (isinstance(stage_id, str) and _STAGE_ID_PATTERN.fullmatch(stage_id))
+    ):
+        raise ConfigurationError(
+            f"stage_id must be an int, a decimal string or None: stage_id={stage_id!r}"
+        )
+    threshold = _config_value(config, "shm_threshold_bytes", DEFAULT_THRESHOLD_BYTES)
+    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+        raise ConfigurationError(
+            f"shm_threshold_bytes must be an int >= 0: shm_threshold_bytes={threshold!r}"
+        )
+    for name in ("raw_tensor_shm", "shm_event_notifications"):
+        value = _config_value(config, name, False)
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{name} must be a bool: {name}={value!r}")
+    scope = _config_value(config, "wakeup_scope", None)
+    namespace = _config_value(config, "shm_notification_namespace", None)
+    if namespace is not None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError(
+                f"shm_notification_namespace must be a non-empty str: "
+                f"shm_notification_namespace={namespace!r}"
+            )
+        if scope is not None and _digest_scope(scope) != _digest_scope(namespace):
+            raise ConfigurationError(
+                "shm_notification_namespace names the deployment whose puts wake this "
+                f"connector, so it must be its wakeup_scope: wakeup_scope={scope!r} "
+                f"shm_notification_namespace={namespace!r}"
+            )
+    wakeup = os.environ.get(WAKEUP_ENVIRONMENT, "1")
+    if wakeup not in ("0", "1"):
+        raise ConfigurationError(
+            f"{WAKEUP_ENVIRONMENT} must be 0 or 1: {WAKEUP_ENVIRONMENT}={wakeup!r}"
+        )
+    cohort_namespace = os.environ.get(COHORT_NAMESPACE_ENVIRONMENT, "")
+    if cohort_namespace and not _COHORT_NAMESPACE_PATTERN.fullmatch(cohort_namespace):
+        raise ConfigurationError(
+            f"{COHORT_NAMESPACE_ENVIRONMENT} must be 1-64 letters, digits, '-' or '_': "
+            f"{COHORT_NAMESPACE_ENVIRONMENT}={cohort_namespace!r}"
+        )
+
+
+def _wakeups_enabled() -> bool:
+    """vllm-omni's switch: ``VLLM_OMNI_SHM_WAKEUP=0`` turns wake-ups off (read at every call)."""
+    return os.environ.get(WAKEUP_ENVIRONMENT, "1") == "1"
+
+
+def _receiving_stage(stage_id: Any) -> str | None:
+    """The stage whose puts wake this connector: a stage id >= 0, as its decimal string."""
+    try:
+        number = int(stage_id)
+    except (TypeError, ValueError):
+        return None  # non-numeric stage names keep the timed poll, as in vllm-omni
+    if isinstance(stage_id, bool) or number < 0:
+        return None
+    return str(number)
+
+
+class SerializedPayload:
+    """What a put sends when a subclass overrides `serialize_obj`: the bytes it made.
+
+    The receiving facade hands them to its own `deserialize_obj` (a plain
+    `Connector` receives this object).
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"SerializedPayload({len(self.data)} bytes)"
+
+
+def _decode_serialized(state: Any) -> SerializedPayload:
+    if not isinstance(state, bytes):
+        raise TypeError(f"serialized payload state must be bytes: {type(state).__name__}")
+    return SerializedPayload(state)
+
+
+extensions.register_type(
+    SerializedPayload, lambda payload: payload.data, _decode_serialized, name="shmring.serialized"
+)
 # vLLM's RequestOutput / CompletionOutput travel as themselves when vllm is installed.
 extensions.register_vllm_types()
+
+
+def _base_serialize(obj: Any) -> bytes:
+    return codec.encode(obj)
+
+
+def _base_deserialize(data: bytes | memoryview) -> Any:
+    return extensions.restore_vllm_outputs(codec.decode(data))
 
 
 class SharedMemoryConnector:
@@ -105,17 +265,24 @@ class SharedMemoryConnector:
     # As vllm-omni's shared-memory connector: payloads go through `serialize_obj`'s codec.
     supports_raw_data: bool = False
     _connector: Connector | None = None  # set once construction succeeded (see __del__)
+    _closed: bool = False
+    _stage_bell: StageBell | None = None  # this receiver's stage bell, once registered
 
     def __init__(self, config: Mapping[str, Any], *, os_facade: OsFacade | None = None) -> None:
         if not isinstance(config, Mapping):
             raise ConfigurationError(f"config must be a dict: config={config!r}")
+        _check_config(config)
         self.config = config
         self.stage_id = _config_value(config, "stage_id", -1)
         ring_bytes = _config_value(config, "host_ring_bytes", DEFAULT_RING_CAPACITY)
         budget = _config_value(config, "fallback_budget_bytes", DEFAULT_FALLBACK_BUDGET)
         shm_root = _config_value(config, "shm_root", DEFAULT_SHM_ROOT)
         pool_budget = _config_value(config, "pool_budget_bytes", DEFAULT_POOL_BUDGET_BYTES)
+        self._threshold = _config_value(config, "shm_threshold_bytes", DEFAULT_THRESHOLD_BYTES)
+        self.raw_tensor_shm = _config_value(config, "raw_tensor_shm", False)
+        notifications = _config_value(config, "shm_event_notifications", False)
         self.scope = scope_from_config(config)
+        self._os_facade = os_facade
         connector = Connector(
             self.scope,
             ring_capacity=ring_bytes,
@@ -133,6 +300,17 @@ class SharedMemoryConnector:
         self.shm_root = shm_root
         self._connector = connector
         self._failed_puts = 0
+        self._failed_gets = 0
+        self._foreign: OrderedDict[str, Connector] = OrderedDict()  # scope -> its receiver
+        cls = type(self)
+        self._own_serialize = cls.serialize_obj is not SharedMemoryConnector.serialize_obj
+        self._own_deserialize = cls.deserialize_obj is not SharedMemoryConnector.deserialize_obj
+        self._data_seen: int | None = None  # `wait_for_data`'s last look at the stage bell
+        if notifications:
+            bell = (
+                self._bell()
+            )  # vllm-omni binds its socket at construction: puts from now on count
+            self._data_seen = bell.value() if bell is not None else None
 
     @property
     def connector(self) -> Connector:
@@ -140,17 +318,52 @@ class SharedMemoryConnector:
         assert self._connector is not None
         return self._connector
 
+    @property
+    def threshold(self) -> int:
+        """vllm-omni's ``shm_threshold_bytes`` (default 64 KiB), read-only.
+
+        It decided inline-or-SHM in vllm-omni's first connector and nothing
+        in its current one; here the seed's ring decides (what it admits,
+        ``host_ring_bytes`` / 4, rides the ring): kept for code that reads it.
+        """
+        return self._threshold  # type: ignore[no-any-return]
+
     # -- the wire codec ---------------------------------------------------------------------
 
     @staticmethod
     def serialize_obj(obj: Any) -> bytes:
         """The payload's wire encoding (shmring's codec; UnsupportedPayloadError if it does not travel)."""
-        return codec.encode(obj)
+        return _base_serialize(obj)
 
     @staticmethod
     def deserialize_obj(data: bytes | memoryview) -> Any:
-        """The object `serialize_obj` encoded (CorruptFrameError for anything else)."""
-        return codec.decode(data)
+        """The object `serialize_obj` encoded (CorruptFrameError for anything else).
+
+        As vllm-omni's serializer: dicts shaped like vLLM's ``RequestOutput``
+        / ``CompletionOutput`` come back as those classes when ``vllm.outputs``
+        imports (`extensions.restore_vllm_outputs`).
+        """
+        return _base_deserialize(data)
+
+    def _outgoing(self, data: Any) -> Any:
+        """What a put publishes: `data`, or the bytes of an overridden `serialize_obj`."""
+        if not self._own_serialize:
+            return data
+        blob = self.serialize_obj(data)
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise UnsupportedPayloadError(
+                f"serialize_obj must answer bytes: got {type(blob).__name__}"
+            )
+        return SerializedPayload(bytes(blob))
+
+    def _incoming(self, value: Any) -> Any:
+        """What a get answers for a received value: through `deserialize_obj` (overridden or not)."""
+        if type(value) is SerializedPayload:
+            return self.deserialize_obj(value.data)
+        if self._own_deserialize:
+            # An override reads bytes: the encoding the sender's serialize_obj made.
+            return self.deserialize_obj(codec.encode(value))
+        return extensions.restore_vllm_outputs(value)
 
     # -- put / get ----------------------------------------------------------------------
 
@@ -160,11 +373,14 @@ class SharedMemoryConnector:
         """Publish `data`; answers (ok, payload bytes, metadata for the receiver).
 
         InvalidKeyError for a key or stage id that cannot name anything; every
-        other refusal answers ``(False, 0, None)`` and is logged.
+        other refusal answers ``(False, 0, None)`` and is logged (after
+        `close`, quietly: vllm-omni's answer).
         """
+        if self._closed:
+            return False, 0, None
         connector = self.connector
         try:
-            descriptor = connector.put(from_stage, to_stage, put_key, data)
+            descriptor = connector.put(from_stage, to_stage, put_key, self._outgoing(data))
         except InvalidKeyError:
             raise
         except ShmringError as error:
@@ -180,9 +396,18 @@ class SharedMemoryConnector:
         self, from_stage: Any, to_stage: Any, get_key: str, metadata: Any = None
     ) -> tuple[Any, int] | None:
         """Claim the key's payload; answers (obj, payload bytes) or None (also when locked)."""
-        descriptor = self._descriptor(get_key, metadata)
-        got = self.connector.get(from_stage, to_stage, get_key, descriptor=descriptor)
-        return _answer(got)
+        if self._closed:
+            return None
+        receiver, descriptor = self._receiver(get_key, metadata)
+        if receiver is None:
+            return None
+        try:
+            got = receiver.get(from_stage, to_stage, get_key, descriptor=descriptor)
+        except InvalidKeyError:
+            raise
+        except (ShmringError, OSError) as error:
+            return self._failed_get(get_key, error)
+        return self._answer(got, get_key)
 
     def get_with_deadline(
         self,
@@ -201,20 +426,57 @@ class SharedMemoryConnector:
         already past (vllm-omni's semantics: a receive loop polls many keys
         and must never stall on one).
         """
-        if time.monotonic() >= deadline:
+        if self._closed or time.monotonic() >= deadline:
             return None
-        descriptor = self._descriptor(get_key, metadata)
-        got = self.connector.get_with_deadline(
-            from_stage,
-            to_stage,
-            get_key,
-            descriptor=descriptor,
-            deadline=deadline,
-            wait_for_locks=False,
-        )
-        return _answer(got)
+        receiver, descriptor = self._receiver(get_key, metadata)
+        if receiver is None:
+            return None
+        try:
+            got = receiver.get_with_deadline(
+                from_stage,
+                to_stage,
+                get_key,
+                descriptor=descriptor,
+                deadline=deadline,
+                wait_for_locks=False,
+            )
+        except InvalidKeyError:
+            raise
+        except (ShmringError, OSError) as error:
+            return self._failed_get(get_key, error)
+        return self._answer(got, get_key)
 
-    def _descriptor(self, get_key: str, metadata: Any) -> Descriptor | None:
+    def _answer(self, got: Delivery, get_key: str) -> tuple[Any, int] | None:
+        if not got.delivered:
+            return None
+        try:
+            return self._incoming(got.value), got.size
+        except Exception as error:  # noqa: BLE001 - an override's failure: vllm-omni logs it
+            return self._failed_get(get_key, error)
+
+    def _failed_get(self, get_key: str, error: BaseException) -> None:
+        """A get that failed (vllm-omni's answer: None, logged, counted in health).
+
+        A payload that does not decode is gone (retired, its file removed);
+        any other failure (a damaged ring, a claim whose commit failed) left
+        the payload where it was, for a later get.
+        """
+        self._failed_gets += 1
+        logger.error("shmring: get failed for key=%r: %s", get_key, error)
+        return None
+
+    def _receiver(self, get_key: str, metadata: Any) -> tuple[Connector | None, Descriptor | None]:
+        """The connector to get through and the descriptor the metadata names (None: by key)."""
+        handle = self._handle(get_key, metadata)
+        if handle is None:
+            return self.connector, None
+        descriptor, name = handle
+        directory = name.split("/", 1)[0] if isinstance(name, str) else None
+        if directory is None or directory == os.path.basename(self.connector.directory):
+            return self.connector, descriptor
+        return self._foreign_receiver(directory, get_key), descriptor
+
+    def _handle(self, get_key: str, metadata: Any) -> tuple[Descriptor, Any] | None:
         if isinstance(metadata, Mapping) and get_key in metadata:
             metadata = metadata[get_key]
         if not isinstance(metadata, Mapping):
@@ -236,37 +498,197 @@ class SharedMemoryConnector:
                     return None
                 if descriptor.key != get_key:
                     return None  # metadata of another key: look up by key
-                return descriptor
+                return descriptor, data.get("name")
         return None  # vllm-omni's own shm metadata, or anything else: look up by key
+
+    def _foreign_receiver(self, directory: str, get_key: str) -> Connector | None:
+        """A receiver in the deployment a descriptor names (another scope, same uid and shm root).
+
+        None (the get answers None) for a name that is not one of this uid's
+        deployments, a deployment that is gone, or one whose directory is
+        not ours to trust (another owner, open to others: refused).
+        """
+        prefix = f"{DIRECTORY_PREFIX}{os.getuid()}-"
+        scope = directory[len(prefix) :] if directory.startswith(prefix) else ""
+        path = os.path.join(self.shm_root, directory)
+        try:
+            if not scope or deployment_directory(scope, self.shm_root) != path:
+                raise ConfigurationError(f"not a deployment of this uid: name={directory!r}")
+            receiver = self._foreign.get(scope)
+            if receiver is not None:
+                self._foreign.move_to_end(scope)
+                return receiver
+            if not os.path.isdir(path):
+                return None  # its producers are gone: nothing to find
+            receiver = Connector(
+                scope,
+                ring_capacity=0,
+                pool_budget_bytes=0,
+                os_facade=self._os_facade,
+                shm_root=self.shm_root,
+            )
+            try:
+                receiver.join()
+            except BaseException:
+                with contextlib.suppress(OSError, ShmringError):
+                    receiver.close()
+                raise
+        except ConfigurationError as error:
+            logger.warning("shmring: refusing the descriptor of key=%r: %s", get_key, error)
+            return None
+        self._foreign[scope] = receiver
+        while len(self._foreign) > MAX_FOREIGN_SCOPES:
+            _, oldest = self._foreign.popitem(last=False)
+            with contextlib.suppress(OSError, ShmringError):
+                oldest.close()
+        return receiver
+
+    # -- publication cohorts ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def publication_cohort(self, from_stage: Any, to_stage: Any) -> Iterator[None]:
+        """Keep the edge's puts inside the block invisible until all of them are made.
+
+        On leaving the block every put made inside it becomes visible to
+        every receiver at once, on every route; a producer killed inside the
+        block publishes none of them (`spec.cohort`). A closed connector's
+        block does nothing.
+        """
+        if self._closed:
+            yield
+            return
+        with self.connector.publication_cohort(from_stage, to_stage):
+            yield
 
     # -- cancellation and shutdown ----------------------------------------------------------
 
     def cleanup(self, request_id: str) -> bool:
-        """Retire the exact key `request_id` (never a prefix); answer whether anything was retired."""
+        """Retire the exact key `request_id` (never a prefix); answer whether anything was retired.
+
+        Returns within `locks.PRODUCER_LOCK_WAIT_SECONDS` per lock another
+        process holds; what that lock kept it from doing is finished later
+        (`reap_consumed`, the next put, close), counted in `health()`.
+        """
+        if self._closed:
+            return False
         return self.connector.cleanup(request_id) > 0
 
     def cleanup_prefix(self, prefix: str) -> int:
         """Retire every `prefix` + digits key; answer how many versions."""
+        if self._closed:
+            return 0
         return self.connector.cleanup_prefix(prefix)
 
+    # -- wake-ups -----------------------------------------------------------------------
+
+    def _bell(self) -> StageBell | None:
+        """This receiver's stage bell, registered once (None: no stage, no futexes, or closed)."""
+        bell = self._stage_bell
+        if bell is not None and bell.value() is not None:
+            return bell
+        if self._closed:
+            return None
+        stage = _receiving_stage(self.stage_id)
+        if stage is None:
+            return None
+        bell = self.connector.stage_bell(stage)
+        if bell is not None:
+            bell.register()  # before any snapshot: puts to the stage ring it from here on
+            self._stage_bell = bell
+        return bell
+
     def get_wakeup_generation(self) -> int | None:
-        """Snapshot before polling; a later put changes it (see `wait_for_change`). None: no doorbell."""
-        return self.connector.wakeup_generation()
+        """Snapshot before polling; a put to this connector's stage changes it (`wait_for_change`).
+
+        None when there is nothing to wait on: ``stage_id`` None, negative or
+        not a number, ``VLLM_OMNI_SHM_WAKEUP=0``, or this connector closed
+        (the caller keeps its timed poll), as in vllm-omni.
+        """
+        if self._closed or not _wakeups_enabled():
+            return None
+        bell = self._bell()
+        return bell.value() if bell is not None else None
 
     def wait_for_change(self, generation: int | None, *, timeout: float) -> bool:
-        """Block until something was published since `generation`, or `timeout`; answer which."""
-        return self.connector.wait_for_change(generation, timeout)
+        """Block until a put to this connector's stage since `generation`, or `timeout`; answer which.
+
+        Puts to other stages do not wake it. False at once without a bell
+        (see `get_wakeup_generation`) or once closed.
+        """
+        if generation is None or self._closed or not _wakeups_enabled():
+            return False
+        bell = self._bell()
+        if bell is None:
+            return False
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            current = bell.value()
+            if current is None or self._closed:
+                return False
+            if current != generation:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            bell.wait(generation, min(left, _MAX_BELL_WAIT_SECONDS))
+
+    @property
+    def event_notifications_enabled(self) -> bool:
+        """Whether `wait_for_data` can wait (``shm_event_notifications`` on, a stage id >= 0)."""
+        return self._data_seen is not None and not self._closed
+
+    def wait_for_data(self, timeout: float) -> bool:
+        """vllm-omni's event notification: True once a put to this stage arrived since the last call.
+
+        A put made since the previous call (or since construction) answers
+        True at once; otherwise it waits up to `timeout`. False when event
+        notifications are off (``shm_event_notifications``).
+        """
+        seen = self._data_seen
+        if seen is None or self._closed:
+            return False
+        bell = self._bell()
+        if bell is None:
+            return False
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            current = bell.value()
+            if current is None:
+                return False
+            if current != seen:
+                self._data_seen = current
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            bell.wait(seen, min(left, _MAX_BELL_WAIT_SECONDS))
 
     def abandon_get(self, get_key: str) -> None:
         """Stop looking for `get_key`: forget the receive state kept for it (retires nothing)."""
-        self.connector.abandon_get(get_key)
+        if not self._closed:
+            self.connector.abandon_get(get_key)
 
     def reap_consumed(self) -> None:
-        """Drop the bookkeeping of payloads other processes consumed (their budget frees)."""
-        self.connector.reap_consumed()
+        """Drop the bookkeeping of payloads other processes consumed (their budget frees).
+
+        Also finishes what a lock another process held, or a failed unlink,
+        left for later (never waits, never raises for it); also after close.
+        """
+        connector = self._connector
+        if connector is not None:
+            connector.reap_consumed()
 
     def close(self) -> None:
-        """Remove everything this connector published. Idempotent."""
+        """Remove everything this connector published. Idempotent; a later call retries what failed."""
+        self._closed = True
+        bell, self._stage_bell = self._stage_bell, None
+        if bell is not None:
+            with contextlib.suppress(OSError, ValueError):
+                bell.unregister()
+        foreign, self._foreign = self._foreign, OrderedDict()
+        for receiver in foreign.values():
+            with contextlib.suppress(OSError, ShmringError):
+                receiver.close()
         connector = self._connector
         if connector is not None:
             connector.close()
@@ -283,6 +705,7 @@ class SharedMemoryConnector:
             "puts": h.puts,
             "gets": h.gets,
             "bytes_transferred": h.bytes_transferred,
+            "threshold": self._threshold,
             "host_ring_puts": h.ring_puts,
             "host_ring_gets": h.ring_gets,
             "host_ring_fallbacks": h.fallbacks,
@@ -290,8 +713,14 @@ class SharedMemoryConnector:
             "pool_gets": h.pool_gets,
             "refusals": h.refusals,
             "failed_puts": self._failed_puts,
+            "failed_gets": self._failed_gets,
             "fallback_bytes": h.fallback_bytes,
             "failed_edges": h.failed_edges,
+            "deferred_retires": h.deferred_retires,
+            "deferred_pending": h.deferred_pending,
+            "unlink_failures": h.unlink_failures,
+            "unlink_retries": h.unlink_retries,
+            "cohorts_committed": h.cohorts_committed,
         }
 
     @staticmethod
@@ -306,13 +735,12 @@ class SharedMemoryConnector:
         self.close()
 
 
-def _answer(got: Delivery) -> tuple[Any, int] | None:
-    return (got.value, got.size) if got.delivered else None
-
-
 __all__ = [
+    "KNOWN_CONFIG_KEYS",
+    "PASSIVE_CONFIG_KEYS",
     "RING_METADATA_KEY",
     "SEGMENT_METADATA_KEY",
+    "SerializedPayload",
     "SharedMemoryConnector",
     "scope_from_config",
 ]

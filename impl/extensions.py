@@ -17,10 +17,24 @@ imported only when an image is put or received, and a receiver without it
 gets `UnsupportedPayloadError` saying so). `register_vllm_types` adds vLLM's
 ``RequestOutput`` and ``CompletionOutput`` when ``vllm`` is importable; the
 compat facade calls it.
+
+A registered class wins over everything else the codec would make of its
+instances (issue 27): a registered dataclass, enum, attrs class, msgspec
+Struct or dict subclass travels through its own functions and comes back
+as itself (`shmring.impl.codec.scan`).
+
+vllm-omni's serializer also rebuilds *dicts* shaped like vLLM's outputs
+(the keys of a ``RequestOutput`` or a ``CompletionOutput``, as
+``dataclasses.asdict`` makes them) into those classes on receipt; the
+compat facade does the same (`restore_vllm_outputs`), with vllm present or
+absent alike: the classes are those of ``vllm.outputs`` when it imports,
+and the dict stays a dict when there is no ``vllm.outputs`` to build from.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import sys
 import threading
 from collections.abc import Callable
@@ -270,7 +284,123 @@ def register_vllm_types() -> list[str]:
     return names
 
 
+# -- vllm-omni's output reconstruction --------------------------------------------
+
+# The keys whose presence makes a dict a RequestOutput / CompletionOutput on
+# vllm-omni's wire (its serializer's rule, bottom-up).
+REQUEST_OUTPUT_KEYS: Final = frozenset(
+    {"request_id", "prompt", "prompt_token_ids", "outputs", "finished"}
+)
+COMPLETION_OUTPUT_KEYS: Final = frozenset({"index", "text", "token_ids", "finish_reason"})
+_MAX_RESTORE_DEPTH: Final = 512
+
+
+class _VllmOutputs:
+    """``vllm.outputs`` once it was looked for (None: not importable here)."""
+
+    missing = False  # an import was tried and failed (a stand-in in sys.modules still counts)
+
+
+def vllm_output_classes() -> tuple[type, type] | None:
+    """(RequestOutput, CompletionOutput) of ``vllm.outputs``, or None when it does not import."""
+    module = sys.modules.get("vllm.outputs")
+    if module is None:
+        if _VllmOutputs.missing:
+            return None
+        try:
+            from vllm import outputs as module  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            _VllmOutputs.missing = True
+            return None
+    request, completion = (getattr(module, name, None) for name in VLLM_OUTPUT_TYPES)
+    if not isinstance(request, type) or not isinstance(completion, type):
+        return None
+    return request, completion
+
+
+def restore_vllm_outputs(tree: Any) -> Any:
+    """`tree` with every dict shaped like a vLLM output rebuilt as one (vllm-omni's receive rule).
+
+    Bottom-up: a dict holding `REQUEST_OUTPUT_KEYS` becomes a
+    ``RequestOutput``, one holding `COMPLETION_OUTPUT_KEYS` a
+    ``CompletionOutput``; keys the class does not take (``multimodal_output``)
+    become attributes. Without ``vllm.outputs`` the tree is returned as is.
+    """
+    classes = vllm_output_classes()
+    if classes is None or type(tree) not in (dict, list):
+        return tree
+    return _restore(tree, classes, 0)
+
+
+def _restore(obj: Any, classes: tuple[type, type], depth: int) -> Any:
+    if depth > _MAX_RESTORE_DEPTH:
+        return obj
+    cls = type(obj)
+    if cls is list:
+        for index, value in enumerate(obj):
+            if type(value) is dict or type(value) is list:
+                obj[index] = _restore(value, classes, depth + 1)
+        return obj
+    if cls is not dict:
+        return obj
+    for key, value in obj.items():
+        if type(value) is dict or type(value) is list:
+            obj[key] = _restore(value, classes, depth + 1)
+    if not all(type(key) is str for key in obj):
+        return obj
+    keys = obj.keys()
+    if keys >= REQUEST_OUTPUT_KEYS:
+        return _build(classes[0], obj)
+    if keys >= COMPLETION_OUTPUT_KEYS:
+        return _build(classes[1], obj)
+    return obj
+
+
+_parameters: dict[type, frozenset[str]] = {}
+
+
+def _init_names(cls: type) -> frozenset[str]:
+    """The keyword arguments `cls` takes (its dataclass init fields, or its signature's names)."""
+    names = _parameters.get(cls)
+    if names is None:
+        if dataclasses.is_dataclass(cls):
+            names = frozenset(field.name for field in dataclasses.fields(cls) if field.init)
+        else:
+            try:
+                parameters = inspect.signature(cls).parameters.values()
+            except (TypeError, ValueError):
+                parameters = ()  # type: ignore[assignment]
+            names = frozenset(
+                p.name
+                for p in parameters
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            )
+        _parameters[cls] = names
+    return names
+
+
+def _build(cls: type, state: dict[str, Any]) -> Any:
+    """An instance of `cls` from a dict of its attributes (vllm-omni's reconstruction)."""
+    names = _init_names(cls)
+    arguments = {key: value for key, value in state.items() if key in names}
+    try:
+        obj = cls(**arguments)
+    except Exception:  # noqa: BLE001 - a shape the class does not take: attributes alone
+        obj = cls.__new__(cls)
+        obj.__dict__.update(state)
+        return obj
+    for key, value in state.items():
+        if key not in names:
+            setattr(obj, key, value)
+    return obj
+
+
 __all__ = [
+    "COMPLETION_OUTPUT_KEYS",
+    "REQUEST_OUTPUT_KEYS",
+    "restore_vllm_outputs",
+    "vllm_output_classes",
     "PIL_IMAGE_NAME",
     "VLLM_OUTPUT_TYPES",
     "TypeCodec",

@@ -122,6 +122,23 @@ class FutexWord:
         if _syscall is not None:
             _syscall(_SYS_FUTEX, self._pointer, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
 
+    def add(self, delta: int) -> None:
+        """Add `delta` (-2048..2047) to the word atomically, waking nobody (a shared counter)."""
+        # Verify the delta fits FUTEX_WAKE_OP's 12-bit signed operand
+        assert -2048 <= delta <= 2047
+        word = self._word
+        if word is None:
+            return
+        if _syscall is not None and _Wake.atomic:
+            pointer = self._pointer
+            operation = (1 << 28) | ((delta & 0xFFF) << 12)  # FUTEX_OP_ADD, oparg = delta
+            # futex(word, FUTEX_WAKE_OP, wake none, wake none on word 2, word 2 = word, add delta)
+            if _syscall(_SYS_FUTEX, pointer, _FUTEX_WAKE_OP, 0, 0, pointer, operation) >= 0:
+                return
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL):
+                _Wake.atomic = False
+        word.value = (word.value + delta) & 0xFFFFFFFF
+
     def wait(self, expected: int, timeout: float) -> None:
         """Sleep while the word still holds `expected`, at most `timeout` seconds.
 

@@ -23,6 +23,7 @@ The names, ``<p>`` being ``<pid>.<start time>`` of the owning process::
     seg.<p>[.<counter>].<token>             a registered-transfer segment
     arena.<p>[.<counter>].<token>           a registered arena
     pool.<p>.<instance>.<index>             a slot of that producer's pool (`impl.pool`)
+    cohort.<src>.<dst>.<p>.<instance>       that producer's publication cohort gate of an edge
 
 A producer is one connector instance; its identity (`ConnectorIdentity`) is
 (pid, start time, instance). The process part (`ProducerIdentity`, (pid,
@@ -72,6 +73,7 @@ FALLBACK_SPARE_FILE_PREFIX: Final = "fbspare"
 REGISTERED_SEGMENT_FILE_PREFIX: Final = "seg"
 ARENA_FILE_PREFIX: Final = "arena"
 POOL_SLOT_FILE_PREFIX: Final = "pool"
+COHORT_GATE_FILE_PREFIX: Final = "cohort"
 
 MAX_SCOPE_LENGTH: Final = 64
 MAX_STAGE_NAME_LENGTH: Final = 64
@@ -109,6 +111,9 @@ _FALLBACK_SPARE_PATTERN: Final = re.compile(rf"fbspare\.{_OWNER}\.[0-9]+")
 _REGISTERED_SEGMENT_PATTERN: Final = re.compile(rf"seg\.{_OWNER}(?:\.[0-9]+)?\.[0-9a-f]{{8}}")
 _ARENA_PATTERN: Final = re.compile(rf"arena\.{_OWNER}(?:\.[0-9]+)?\.[0-9a-f]{{8}}")
 _POOL_SLOT_PATTERN: Final = re.compile(rf"pool\.{_OWNER}\.(?P<instance>[0-9]+)\.(?P<index>[0-9]+)")
+_COHORT_GATE_PATTERN: Final = re.compile(
+    rf"cohort\.(?P<source>{_STAGE})\.(?P<destination>{_STAGE})\.{_OWNER}\.(?P<instance>[0-9]+)"
+)
 
 
 class FileKind(enum.Enum):
@@ -125,6 +130,7 @@ class FileKind(enum.Enum):
     REGISTERED_SEGMENT = "registered segment"
     ARENA = "arena"
     POOL_SLOT = "pool slot"
+    COHORT_GATE = "cohort gate"
 
 
 _FILE_NAMES: Final[tuple[tuple[FileKind, re.Pattern[str]], ...]] = (
@@ -139,6 +145,7 @@ _FILE_NAMES: Final[tuple[tuple[FileKind, re.Pattern[str]], ...]] = (
     (FileKind.REGISTERED_SEGMENT, _REGISTERED_SEGMENT_PATTERN),
     (FileKind.ARENA, _ARENA_PATTERN),
     (FileKind.POOL_SLOT, _POOL_SLOT_PATTERN),
+    (FileKind.COHORT_GATE, _COHORT_GATE_PATTERN),
 )
 
 
@@ -323,6 +330,13 @@ def parse_marker_file_name(name: str) -> tuple[Edge, ConnectorIdentity] | None:
     if match is None:
         return None
     return (match["source"], match["destination"]), _parse_identity(match)
+
+
+def cohort_gate_file_name(edge: Edge, producer: ConnectorIdentity) -> str:
+    """``cohort.<src>.<dst>.<pid>.<start time>.<instance>``: a producer's cohort gate of an edge."""
+    return NAME_SEPARATOR.join(
+        (COHORT_GATE_FILE_PREFIX, *_validate_edge(edge), *map(str, producer))
+    )
 
 
 def live_file_name(producer: tuple[int, ...]) -> str:
@@ -522,6 +536,8 @@ def current_producer_identity(os_facade: OsFacade = DEFAULT_OS) -> ProducerIdent
 
 
 __all__ = [
+    "COHORT_GATE_FILE_PREFIX",
+    "cohort_gate_file_name",
     "ARENA_FILE_PREFIX",
     "DEFAULT_SHM_ROOT",
     "FALLBACK_SEGMENT_FILE_PREFIX",

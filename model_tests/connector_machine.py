@@ -28,6 +28,13 @@ both (the model counts a get at the producer, the implementation at the
 receiver). Closing the sibling leaves the main connector working, and the
 main connector's next scan unmaps the sibling's rings.
 
+Publication cohorts (issue 27, `spec.cohort`): a rule opens a cohort on an
+edge (the real connector's ``publication_cohort`` entered, the model's
+`process_cohort_open`), another leaves it (exited: the outermost leave
+commits); puts in between are members on whichever route takes them, and
+every get compares the model's NOT_FOUND for a pending member with the
+implementation's, by key and by descriptor.
+
 Capacities are small (4096 or 8192 bytes, or 0: rings disabled) and payloads up to 3000 bytes, so
 "not admitted", "full", wraparound and the budget are reached in a few steps.
 
@@ -67,6 +74,7 @@ from ..fault_injection.kit.seams import FaultyOs
 from ..impl import codec
 from ..impl.connector import Connector, FallbackDescriptor, GetStatus, RingDescriptor
 from ..impl.errors import BackPressureError, ClosedError, NoSpaceError
+from ..spec import cohort as cohort_spec
 from ..spec import connector as connector_spec
 from ..spec import invariants
 from ..spec import ring as ring_spec
@@ -130,6 +138,8 @@ EVENT_LABELS = (
     "pool slot reused",
     "pool fallback",
     "delivered from a pool slot",
+    "cohort committed",
+    "pending cohort member not delivered",
 )
 TALLY = Tally()  # labels reached and rules run in this process
 
@@ -169,6 +179,8 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         self.pool_budget = 0  # drawn at setup
         self.sibling: Connector | None = None  # a second connector in this process
         self.sibling_model: connector_spec.ConnectorState | None = None
+        # Publication cohorts entered on the main connector, per edge (innermost last).
+        self.cohorts: dict[tuple[str, str], list[Any]] = {}
 
     # -- setup ------------------------------------------------------------------------
 
@@ -216,6 +228,10 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if self.sibling is not None:
             self.sibling.close()
         connector.close()
+        for entered in self.cohorts.values():
+            for cohort in reversed(entered):
+                cohort.__exit__(None, None, None)  # after close: commits nothing, raises nothing
+        self.cohorts.clear()
         connector.close()  # idempotent
         assert not os.path.exists(connector.directory), (
             f"close left the deployment directory: {sorted(os.listdir(connector.directory))}"
@@ -290,6 +306,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             f"put({edge}, {key!r}, tag={tag}, payload_length={payload_length}, fault={fault if planned else None})"
         )
         previous_route = connector_spec.get_route_of(model, edge, key)
+        stored_length = cohort_spec.compute_stored_length(model.cohorts, edge, payload_length)
         expected = connector_spec.process_put(
             model, edge, key, payload_length, tag, ring_setup_ok=not planned
         )
@@ -325,7 +342,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         assert got.route is expected.route, (
             f"model route {expected.route}, implementation {got.route}"
         )
-        assert got.size == payload_length
+        assert got.size == stored_length  # a cohort member carries its envelope
         after = connector.health()
         if after.pool_fallbacks > before.pool_fallbacks:
             TALLY.label("pool fallback")
@@ -413,6 +430,7 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         expected = connector_spec.process_get(model, edge, key)
         note(f"get({edge}, {key!r}) -> model {expected.status.value}")
         self._compare_get(expected, lambda: connector.get(edge, key))
+        self._label_pending(edge, key, expected)
 
     @rule(pair=descriptors)
     def get_with_descriptor(self, pair: tuple[Any, Any]) -> None:
@@ -447,6 +465,18 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         )
         if expected.status is ConnectorGetStatus.STALE:
             TALLY.label("stale descriptor")
+
+    def _label_pending(
+        self, edge: tuple[str, str], key: str, expected: connector_spec.ConnectorGetResult
+    ) -> None:
+        """Label a get the model answered NOT_FOUND for a member of an uncommitted cohort."""
+        model = self.model
+        if (
+            model is not None
+            and expected.status is ConnectorGetStatus.NOT_FOUND
+            and connector_spec.get_route_of(model, edge, key) is not None
+        ):
+            TALLY.label("pending cohort member not delivered")
 
     def _compare_get(self, expected: connector_spec.ConnectorGetResult, call: Any) -> None:
         try:
@@ -493,6 +523,42 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         )
         if got:
             TALLY.label("prefix cleanup")
+
+    # -- publication cohorts ---------------------------------------------------------------
+
+    @precondition(lambda self: self._main_open())
+    @rule(edge=st.sampled_from(EDGES))
+    def open_cohort(self, edge: tuple[str, str]) -> None:
+        """Enter ``publication_cohort(edge)`` (a second one on the edge joins the first)."""
+        TALLY.step("open_cohort")
+        connector, model = self._conn()
+        expected = connector_spec.process_cohort_open(model, edge)
+        cohort = connector.publication_cohort(edge)
+        number = cohort.__enter__()
+        self.cohorts.setdefault(edge, []).append(cohort)
+        note(f"open_cohort({edge}) -> {number}, model {expected}")
+        assert number == expected, f"cohort number: model {expected}, implementation {number}"
+
+    @precondition(lambda self: any(self.cohorts.values()))
+    @rule(data=st.data())
+    def commit_cohort(self, data: st.DataObject) -> None:
+        """Leave the innermost cohort of an edge; the outermost leave commits it."""
+        TALLY.step("commit_cohort")
+        connector, model = self._conn()
+        edge = data.draw(
+            st.sampled_from(sorted(edge for edge, open_ in self.cohorts.items() if open_))
+        )
+        cohort = self.cohorts[edge].pop()
+        committed = connector_spec.process_cohort_commit(model, edge)
+        before = connector.health().cohorts_committed
+        cohort.__exit__(None, None, None)
+        note(f"commit_cohort({edge}) -> model committed={committed}")
+        assert connector.health().cohorts_committed == before + committed, (
+            f"cohort commit: model {committed}, implementation "
+            f"{connector.health().cohorts_committed - before}"
+        )
+        if committed:
+            TALLY.label("cohort committed")
 
     # -- the second connector in the same process ------------------------------------------
 

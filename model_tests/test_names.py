@@ -49,6 +49,7 @@ def _built() -> list[tuple[str, FileKind, tuple[int, int] | None]]:
         (names.registered_segment_file_name(), FileKind.REGISTERED_SEGMENT, me),
         (names.arena_file_name(), FileKind.ARENA, me),
         (names.pool_slot_file_name(PRODUCER, 12), FileKind.POOL_SLOT, OWNER),
+        (names.cohort_gate_file_name(EDGE, PRODUCER), FileKind.COHORT_GATE, OWNER),
     ]
 
 

@@ -516,6 +516,14 @@ def _connector() -> connector_spec.ConnectorState:
     return conn
 
 
+def _cohort_connector() -> connector_spec.ConnectorState:
+    """A connector with a publication cohort open on EDGE and one member put inside it."""
+    conn = connector_spec.initialize_connector(CAPACITY, BUDGET)
+    connector_spec.process_cohort_open(conn, EDGE)
+    connector_spec.process_put(conn, EDGE, "m", 100, "member")
+    return conn
+
+
 def _pooled_connector() -> connector_spec.ConnectorState:
     """A connector with a pool: one payload claimed (slot DONE), one published."""
     conn = connector_spec.initialize_connector(
@@ -776,6 +784,12 @@ VIOLATIONS: dict[
         lambda pair: _set(pair[1].slots[1], generation=99, payload="rewritten"),
         lambda pair: invariants.check_pool_step(*pair),
         "rewritten while it may be read",
+    ),
+    "check_connector_cohorts": (
+        _cohort_connector,
+        lambda c: _set(c.cohorts.gates[EDGE], open_number=0),
+        invariants.check_connector_cohorts,
+        "depth=1 open_number=0",
     ),
     "check_connector_pool": (
         _pooled_connector,

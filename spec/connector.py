@@ -33,8 +33,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from . import cohort as cohort_spec
 from . import pool as pool_spec
 from . import ring as ring_spec
+from .cohort import CohortTable
 from .layout import (
     FRAME_STATE_CLAIMED,
     FRAME_STATE_PUBLISHED,
@@ -143,6 +145,9 @@ class ConnectorState:
     carriers: dict[int, tuple[Edge, int]] = field(default_factory=dict)
     health: ConnectorHealth = field(default_factory=ConnectorHealth)
     closed: bool = False  # set by close; nothing deliverable, nothing accepted afterwards
+    # Publication cohorts per edge; a stored payload that is a member of one not
+    # yet committed is not deliverable (`spec.cohort`).
+    cohorts: CohortTable = field(default_factory=CohortTable)
 
 
 class Route(enum.Enum):
@@ -227,10 +232,14 @@ def get_route_of(conn: ConnectorState, edge: Edge, key: str) -> Route | None:
     if ring is not None:
         frame = get_deliverable_frame(ring, key)
         if frame is not None:
-            return Route.POOL if isinstance(frame.payload, PoolRef) else Route.RING
+            return Route.POOL if _carries_pool_ref(frame.payload) else Route.RING
     if (edge, key) in conn.fallback:
         return Route.FALLBACK
     return None
+
+
+def _carries_pool_ref(payload: object) -> bool:
+    return isinstance(cohort_spec.get_payload(payload), PoolRef)
 
 
 def get_deliverable(conn: ConnectorState) -> list[tuple[Edge, str, Route]]:
@@ -239,7 +248,7 @@ def get_deliverable(conn: ConnectorState) -> list[tuple[Edge, str, Route]]:
     for edge in sorted(conn.rings):
         for frame in conn.rings[edge].frames:
             if is_deliverable(frame):
-                route = Route.POOL if isinstance(frame.payload, PoolRef) else Route.RING
+                route = Route.POOL if _carries_pool_ref(frame.payload) else Route.RING
                 found.append((edge, frame.key, route))
     for edge, key in sorted(conn.fallback):
         found.append((edge, key, Route.FALLBACK))
@@ -319,7 +328,10 @@ def _put_pool(
         conn.carriers.pop(index, None)
     generation = pool_spec.process_pool_publish(pool, acquired.index, payload_length, payload)
     ref = PoolRef(acquired.index, generation)
-    put = ring_spec.process_put(ring, key, POOL_REF_LENGTH, ref)
+    # A member's envelope is in the slot (`payload_length` counts it); the
+    # reference frame names the cohort, so the key's rules stay the ring's.
+    stored_ref = cohort_spec.compute_stored_payload(conn.cohorts, edge, ref)
+    put = ring_spec.process_put(ring, key, POOL_REF_LENGTH, stored_ref)
     if put.status is not PutStatus.PUBLISHED:
         pool_spec.process_pool_abandon(pool, acquired.index)
         conn.health.pool_fallbacks += 1
@@ -377,6 +389,10 @@ def process_put(
     assert payload_length >= 0
     if conn.closed:
         return ConnectorPutResult(ConnectorPutStatus.CLOSED)
+    # Inside a cohort of the edge: the payload is stored as its member.
+    payload_length = cohort_spec.compute_stored_length(conn.cohorts, edge, payload_length)
+    pool_payload = payload  # a pool slot holds the payload; its reference frame names the cohort
+    payload = cohort_spec.compute_stored_payload(conn.cohorts, edge, payload)
     ring_status: PutStatus | None = None
     if process_ring_setup(conn, edge, ring_setup_ok):
         ring = conn.rings[edge]
@@ -396,7 +412,7 @@ def process_put(
                 put.frame_length,
             )
         if is_pool_candidate(conn, key, put):
-            pooled = _put_pool(conn, edge, key, payload_length, payload)
+            pooled = _put_pool(conn, edge, key, payload_length, pool_payload)
             if pooled is not None:
                 return pooled
     length = compute_fallback_charge(key, payload_length)
@@ -430,6 +446,7 @@ def process_put(
 def _deliver(
     conn: ConnectorState, route: Route, payload: object, payload_length: int
 ) -> ConnectorGetResult:
+    payload = cohort_spec.get_payload(payload)
     if route is Route.RING and isinstance(payload, PoolRef):
         return _deliver_pool(conn, payload)
     conn.health.gets += 1
@@ -460,6 +477,8 @@ def _get_fallback(
     segment = conn.fallback.get((edge, key))
     if segment is None or (generation is not None and segment.generation != generation):
         return None
+    if cohort_spec.is_pending(conn.cohorts, edge, segment.payload):
+        return _NOT_FOUND  # a member of a cohort not yet committed
     _retire_fallback(conn, edge, key)
     return _deliver(conn, Route.FALLBACK, segment.payload, segment.payload_length)
 
@@ -480,6 +499,8 @@ def process_get(
     if isinstance(descriptor, RingDescriptor):
         if ring is None:
             return ConnectorGetResult(ConnectorGetStatus.STALE)
+        if _is_pending_frame(conn, edge, ring, key, descriptor.position):
+            return _NOT_FOUND
         got = ring_spec.process_get(ring, key, descriptor.position, mode)
         if got.status is not GetStatus.DELIVERED:
             return ConnectorGetResult(ConnectorGetStatus.STALE)
@@ -489,6 +510,8 @@ def process_get(
         result = _get_fallback(conn, edge, key, descriptor.generation)
         return result if result is not None else ConnectorGetResult(ConnectorGetStatus.STALE)
     if ring is not None:
+        if _is_pending_frame(conn, edge, ring, key, None):
+            return _NOT_FOUND  # the key's one deliverable version is a pending member
         got = ring_spec.process_get(ring, key, None, mode)
         if got.status is GetStatus.DELIVERED:
             return _deliver(
@@ -496,6 +519,19 @@ def process_get(
             )
     result = _get_fallback(conn, edge, key, None)
     return result if result is not None else ConnectorGetResult(ConnectorGetStatus.NOT_FOUND)
+
+
+_NOT_FOUND = ConnectorGetResult(ConnectorGetStatus.NOT_FOUND)
+
+
+def _is_pending_frame(
+    conn: ConnectorState, edge: Edge, ring: RingState, key: str, position: int | None
+) -> bool:
+    """Whether the key's deliverable frame (the one at `position`, if given) is a pending member."""
+    frame = get_deliverable_frame(ring, key)
+    if frame is None or (position is not None and frame.position != position):
+        return False
+    return cohort_spec.is_pending(conn.cohorts, edge, frame.payload)
 
 
 def _claimed_payload_length(ring: RingState, position: int | None) -> int:
@@ -537,8 +573,23 @@ def process_close(conn: ConnectorState) -> int:
     if conn.pool is not None:
         pool_spec.process_pool_close(conn.pool)
         conn.carriers.clear()
+    cohort_spec.process_cohort_close(conn.cohorts)
     conn.closed = True
     return retired
+
+
+def process_cohort_open(conn: ConnectorState, edge: Edge) -> int | None:
+    """Open a publication cohort on `edge` (or join the open one); its number, None once closed."""
+    if conn.closed:
+        return None
+    return cohort_spec.process_cohort_open(conn.cohorts, edge)
+
+
+def process_cohort_commit(conn: ConnectorState, edge: Edge) -> bool:
+    """Leave the edge's open cohort; the outermost leave commits it (nothing once closed)."""
+    if conn.closed or not cohort_spec.is_open(conn.cohorts, edge):
+        return False
+    return cohort_spec.process_cohort_commit(conn.cohorts, edge)
 
 
 def process_release(conn: ConnectorState, edge: Edge, position: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .cohort import CohortMember, get_payload
 from .connector import ConnectorState, PoolRef, compute_fallback_charge
 from .discovery import DeploymentState, DirectoryState, get_candidates
 from .index import ReaderIndex, get_index_answer
@@ -265,13 +266,46 @@ def check_connector_pool(conn: ConnectorState) -> None:
         if frame is not None and is_deliverable(frame):
             slot = pool.slots[index]
             _require(
-                slot.carrier_pending and frame.payload == PoolRef(index, slot.generation),
+                slot.carrier_pending
+                and get_payload(frame.payload) == PoolRef(index, slot.generation),
                 f"deliverable carrier at position={position} names slot={index} "
                 f"generation={slot.generation} state={slot.state}",
             )
             _require(
                 slot.state is SlotState.PUBLISHED,
                 f"deliverable carrier of slot={index} in state={slot.state}",
+            )
+
+
+def check_connector_cohorts(conn: ConnectorState) -> None:
+    """An open cohort is numbered past the committed ones; no member names a later cohort."""
+    for edge, gate in conn.cohorts.gates.items():
+        _require(
+            (gate.depth == 0) == (gate.open_number == 0),
+            f"cohort of {edge}: depth={gate.depth} open_number={gate.open_number}",
+        )
+        _require(
+            gate.open_number == 0 or gate.open_number == gate.committed + 1,
+            f"cohort of {edge}: open_number={gate.open_number} committed={gate.committed}",
+        )
+    if conn.closed:
+        open_edges = sorted(edge for edge, gate in conn.cohorts.gates.items() if gate.depth)
+        _require(not open_edges, f"closed with cohorts open on {open_edges}")
+        return
+    deliverable: list[tuple[tuple[str, str], object]] = [
+        (edge, frame.payload)
+        for edge, ring in conn.rings.items()
+        for frame in ring.frames
+        if is_deliverable(frame)
+    ]
+    deliverable += [(segment.edge, segment.payload) for segment in conn.fallback.values()]
+    for edge, payload in deliverable:
+        if isinstance(payload, CohortMember):
+            member_gate = conn.cohorts.gates.get(edge)
+            last = 0 if member_gate is None else max(member_gate.committed, member_gate.open_number)
+            _require(
+                payload.number <= last,
+                f"member of cohort {payload.number} on {edge} past the gate's last={last}",
             )
 
 
@@ -283,6 +317,7 @@ def check_connector(conn: ConnectorState) -> None:
     check_connector_budget(conn)
     check_connector_health(conn)
     check_connector_closed(conn)
+    check_connector_cohorts(conn)
 
 
 # -- pool --------------------------------------------------------------------

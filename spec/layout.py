@@ -423,6 +423,33 @@ def codec_dimensions_format(ndim: int) -> str:
     return CODEC_DESCRIPTOR_FORMAT[0] + CODEC_DIMENSION_FORMAT * ndim
 
 
+# -- publication cohorts (`spec.cohort`, `shmring.impl.connector.cohort`) ----------
+#
+# A payload put inside a publication cohort is stored behind an envelope that
+# names its cohort; the payload proper (plain or framed) follows it. The
+# first byte is CODEC_FRAMED_MARKER and the second COHORT_ENVELOPE_VERSION,
+# a value no codec format version has, so an envelope is never mistaken for
+# a payload::
+#
+#     0      1         2            4            8                        16
+#     +------+---------+------------+------------+------------------------+
+#     | 0xC1 | 0xCE    | zero u16   | zero u32   | cohort number u64      |
+#     +------+---------+------------+------------+------------------------+
+#     16: the payload's own encoding
+#
+# A producer's *cohort gate* of an edge is the file
+# ``cohort.<src>.<dst>.<pid>.<start time>.<instance>`` (`shmring.impl.names`):
+# one cache line whose first u64 is the highest committed cohort number of
+# that edge. A member is deliverable once the gate has reached its number:
+# the producer's one store of the gate is the commit.
+
+COHORT_ENVELOPE_VERSION: Final = 0xCE
+COHORT_ENVELOPE_FORMAT: Final = "<BBHIQ"  # marker, version, zero, zero, cohort number
+COHORT_ENVELOPE_LENGTH: Final = 16
+COHORT_NUMBER_OFFSET: Final = 8
+COHORT_GATE_COMMITTED_OFFSET: Final = 0
+COHORT_GATE_FILE_LENGTH: Final = 64
+
 # -- integer words -------------------------------------------------------------
 #
 # Every integer in these files is little-endian. The struct format of one word
@@ -435,24 +462,59 @@ U64_FORMAT: Final = LITTLE_ENDIAN + U64_CHAR
 
 # -- discovery stamp file ---------------------------------------------------
 #
-# The deployment's ``stamp`` file (shmring.impl.discovery.stamp), one cache
-# line long, every field little-endian::
+# The deployment's ``stamp`` file (shmring.impl.discovery.stamp), one page
+# long, every field little-endian::
 #
 #     0               8               12                              64
 #     +---------------+---------------+------------ zero fill ---------+
 #     | stamp u64     | doorbell u32  |                                |
 #     +---------------+---------------+--------------------------------+
+#     64: STAGE_BELL_SLOTS stage bells, STAGE_BELL_LENGTH bytes each:
+#     +---------------+---------------+
+#     | bell u32      | interest u32  |   slot i at STAGE_BELLS_OFFSET + i * 8
+#     +---------------+---------------+
 #
 # `stamp` is `spec.discovery`'s DirectoryState.stamp: it strictly increases
 # with every change of the marker set, under the file's exclusive flock. The
 # doorbell is a futex word every connector bumps after it publishes.
+#
+# A stage bell (issue 27) is the futex word of one destination stage: a put
+# to that stage bumps it, so a receiver of the stage sleeps until traffic to
+# its own stage. `interest` counts the receivers that wait on the slot
+# (atomic adds); a put rings the bell only when it is not zero. A stage whose
+# name is a decimal number below STAGE_BELL_DIRECT_SLOTS has the slot of that
+# number (vllm-omni's stage ids: never shared); any other name hashes into
+# the remaining slots (`compute_stage_bell_slot`), where two stages may share
+# a slot (a spurious wake-up, never a missed one).
 
 STAMP_FIELD: Final = Section("stamp", 0, 8, U64_CHAR)
 DOORBELL_FIELD: Final = compute_section_after(STAMP_FIELD, "doorbell", 4, U32_CHAR)
 STAMP_FILE_FIELDS: Final = (STAMP_FIELD, DOORBELL_FIELD)
 STAMP_OFFSET: Final = STAMP_FIELD.offset
 DOORBELL_OFFSET: Final = DOORBELL_FIELD.offset
-STAMP_FILE_LENGTH: Final = CACHE_LINE_LENGTH
+STAGE_BELLS_OFFSET: Final = CACHE_LINE_LENGTH
+STAGE_BELL_WORD_FIELD: Final = Section("bell", 0, 4, U32_CHAR)  # within a slot: the futex word
+STAGE_BELL_INTEREST_FIELD: Final = compute_section_after(
+    STAGE_BELL_WORD_FIELD, "interest", 4, U32_CHAR
+)
+STAGE_BELL_FIELDS: Final = (STAGE_BELL_WORD_FIELD, STAGE_BELL_INTEREST_FIELD)
+STAGE_BELL_LENGTH: Final = STAGE_BELL_INTEREST_FIELD.end
+STAGE_BELL_WORD_OFFSET: Final = STAGE_BELL_WORD_FIELD.offset
+STAGE_BELL_INTEREST_OFFSET: Final = STAGE_BELL_INTEREST_FIELD.offset  # waiting receivers
+STAGE_BELL_SLOTS: Final = 256
+STAGE_BELL_DIRECT_SLOTS: Final = 128
+STAMP_FILE_LENGTH: Final = STAGE_BELLS_OFFSET + STAGE_BELL_SLOTS * STAGE_BELL_LENGTH
+
+
+def compute_stage_bell_slot(stage: str) -> int:
+    """The stage bell slot of a destination stage (see the stamp file above)."""
+    if stage.isdecimal() and stage.isascii() and int(stage) < STAGE_BELL_DIRECT_SLOTS:
+        return int(stage)
+    digest = 0
+    for byte in stage.encode("utf-8"):  # FNV-1a, 32 bits: the same in every process
+        digest = ((digest ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return STAGE_BELL_DIRECT_SLOTS + digest % (STAGE_BELL_SLOTS - STAGE_BELL_DIRECT_SLOTS)
+
 
 # -- registered arena frames (`shmring.impl.registered.arena`) --------------------------
 #

@@ -43,7 +43,8 @@ What travels, and how it comes back:
   strides, conj/neg views, requires_grad) -> contiguous torch tensors of the
   same dtype and shape, without grad.
 * numpy ``ndarray`` (exact type; same dtypes minus bfloat16; any byte order)
-  -> read-only native-order C-contiguous ndarray.
+  -> native-order C-contiguous ndarray, writeable (the receiver owns it;
+  a borrowed get's views of the payload are read-only).
 * dict (keys str/int/float/bool/None/bytes), list, tuple -> dict, list, list.
 * str, int (-2**63 .. 2**64-1), float, bool, None -> the same.
 * bytes, bytearray, contiguous memoryview -> bytes.
@@ -51,15 +52,20 @@ What travels, and how it comes back:
   ``array_like``), or the Struct itself when `decode` is given ``type=``.
 * ``msgspec.msgpack.Ext`` (code != -1, the msgpack timestamp) -> an equal Ext.
 * ``slice`` -> ``[start, stop, step]`` (a list, as on vllm-omni's wire).
+* What msgspec (and so vllm-omni's serializer) encodes natively: a
+  dataclass or attrs instance -> a dict of its fields, an ``Enum`` -> its
+  value, a ``set`` / ``frozenset`` -> a list of its items; tensors and
+  arrays inside stay leaves (`scan.substitute`).
 * ``PIL.Image.Image`` and every class registered with
   `shmring.impl.extensions.register_type` -> an object of that class, built
   by its registered decode function (see that module; a tagged two-item
-  array on the wire, never pickle).
+  array on the wire, never pickle). A registered class wins over every
+  rule above (a registered dataclass, enum or Struct comes back as itself).
 
 Everything else (GPU, meta, sparse, quantized or nested tensors; numpy
-scalars, object or string arrays; sets, datetimes, dataclasses, enums,
-subclasses of the scalar types, custom classes) raises
-`UnsupportedPayloadError` naming the type. Nothing is ever pickled.
+scalars, object or string arrays; datetimes, subclasses of the scalar
+types, custom classes) raises `UnsupportedPayloadError` naming the type.
+Nothing is ever pickled.
 
 torch and numpy are imported only when a payload holds one of their objects:
 a process that only moves bytes and trees never imports either.

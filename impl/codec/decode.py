@@ -10,8 +10,8 @@ Ownership on decode. Nothing returned is a view of the input buffer: the
 ring frame is reused as soon as the get returns. The shared area is copied
 once into one ``bytearray`` and every small leaf is a view of it; a leaf in
 the own area gets its own allocation, so a small leaf the receiver keeps
-cannot pin a large tensor. Torch tensors come back writable, numpy arrays
-read-only.
+cannot pin a large tensor. What the receiver owns is writable: torch tensors
+and numpy arrays alike (issue 27); only a borrowed view is read-only.
 
 Borrowed decode (`decode_borrowed`, a connector's `get(..., borrow=True)`).
 The input is a `ring.borrow.BorrowedPayload`: the claimed payload, in place.
@@ -237,7 +237,8 @@ class _LeafReader:
             else:
                 array = numpy.empty(shape, storage_dtype)
             if is_numpy:
-                array.flags.writeable = False
+                # Writeable when it is the receiver's own copy; a borrowed view of
+                # the claimed payload is read-only (its buffer is).
                 return array
             torch = _torch or _torch_module()
             tensor = torch.from_numpy(array)

@@ -33,10 +33,9 @@ from ...spec.layout import (
     CODEC_OWN_AREA,
     CODEC_PREFIX_LENGTH,
     CODEC_SHARED_AREA,
-    CODEC_TYPE_TAG,
 )
 from ..errors import UnsupportedPayloadError
-from .scan import _choose_leaf_code, _Rescan, _scan
+from .scan import _choose_leaf_code, _Rescan, _scan, has_registered, substitute
 from .wire import (
     _ALIGN_MASK,
     _BFLOAT16_CODE,
@@ -65,7 +64,6 @@ from .wire import (
 )
 
 _NO_LEAVES: Final[list[Any]] = []  # never appended to: set while no message is being built
-_NOTHING_CONVERTED: Final[dict[int, Any]] = {}  # likewise, never written
 
 # numpy and torch once a payload held one of their objects (`wire.load_*`).
 _np: Any = None
@@ -98,11 +96,10 @@ class _HeaderBuilder:
     messages instead of rebuilding them on every put.
     """
 
-    __slots__ = ("busy", "code", "converted", "encoder", "leaves", "own_cursor", "shared_cursor")
+    __slots__ = ("busy", "code", "encoder", "leaves", "own_cursor", "shared_cursor")
 
     def __init__(self) -> None:
         self.encoder = Encoder(enc_hook=self._leaf_descriptor)
-        self.converted: dict[int, Any] = _NOTHING_CONVERTED
         self.busy = False
         self.code = DEFAULT_LEAF_EXT_CODE
         self.leaves: list[tuple[int, int, int, int, Any, Any]] = _NO_LEAVES
@@ -121,14 +118,8 @@ class _HeaderBuilder:
         return CODEC_OWN_AREA, cursor
 
     def _leaf_descriptor(self, obj: Any) -> Any:
-        if self.converted:
-            entry = self.converted.get(id(obj))
-            if entry is not None and entry[0] is obj:
-                replacement = entry[1]
-                if type(replacement) is list:  # a slice
-                    return replacement
-                name, state = replacement
-                return [Ext(self.code, bytes((CODEC_TYPE_TAG,)) + name.encode()), state]
+        # Converted objects (slices, registered ones, ...) were substituted before
+        # encoding (`scan.substitute`): only leaves reach this hook.
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor_descriptor(obj)
@@ -381,16 +372,26 @@ def prepare(obj: Any) -> EncodePlan:
             raise _unsupported(obj, "memoryview is not C-contiguous")
         return _prepare_bytes(obj)
     exts: set[int] = set()
-    converted: dict[int, Any] = _NOTHING_CONVERTED
+    tree = obj
+    code = DEFAULT_LEAF_EXT_CODE
+    tagged = False
     try:
         leaf_count = _scan(obj, 0, exts, None)
     except _Rescan:
+        # Slices, dataclasses, enums, sets, registered objects: the tree msgspec
+        # encodes has each replaced by what it travels as.
         exts.clear()
-        converted = {}
+        converted: dict[int, Any] = {}
         leaf_count = _scan(obj, 0, exts, converted)
-    if leaf_count == 0 and not converted:
+        code = _choose_leaf_code(exts)
+        tagged = has_registered(converted)
+        tree = substitute(obj, converted, code)
+    else:
+        if leaf_count:
+            code = _choose_leaf_code(exts)
+    if leaf_count == 0 and not tagged:
         try:
-            head = _plain_encoder.encode(obj)
+            head = _plain_encoder.encode(tree)
         except (OverflowError, UnicodeEncodeError) as error:
             raise UnsupportedPayloadError(f"cannot encode the payload: {error}") from error
         return EncodePlan(head, len(head))
@@ -400,19 +401,17 @@ def prepare(obj: Any) -> EncodePlan:
         if getattr(_local, "builder", None) is None:
             _local.builder = builder
     builder.busy = True
-    builder.code = _choose_leaf_code(exts)
-    builder.converted = converted
+    builder.code = code
     leaves: list[tuple[int, int, int, int, Any, Any]] = []
     builder.leaves = leaves
     builder.shared_cursor = builder.own_cursor = 0
     try:
-        header = builder.encoder.encode(obj)
+        header = builder.encoder.encode(tree)
     except (OverflowError, UnicodeEncodeError) as error:
         raise UnsupportedPayloadError(f"cannot encode the payload: {error}") from error
     finally:
         builder.busy = False
         builder.leaves = _NO_LEAVES  # the plan owns the list; the builder pins no tensor
-        builder.converted = _NOTHING_CONVERTED
     header_length = len(header)
     shared_length = builder.shared_cursor
     if header_length > _U32_MAX:

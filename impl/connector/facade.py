@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from ...spec.connector import Route
@@ -36,6 +37,7 @@ from ..names import (
 )
 from ..os_seam import DEFAULT_OS, OsFacade
 from ..ring.producer import PublishHook, RingChannel
+from .cohort import CohortGates, CohortWriter, MemberPlan
 from .config import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_MAX_SLEEP_SECONDS,
@@ -169,6 +171,10 @@ class Connector(BlockingGets):
         self._pool_route = PoolRoute(config, self.identity, self._os)
         self._bell = Doorbell()
         self._misses = FallbackMisses()
+        # Publication cohorts (`cohort`): the writer once joined, and the numbers a put reads.
+        self._cohorts: CohortWriter | None = None
+        self._cohort_numbers: dict[Edge, int] = {}
+        self._close_unlink_failures = 0  # gate-file unlinks close could not do (kept, retried)
         self._puts = self._gets = self._bytes = 0
         self._ring_puts = self._ring_gets = self._fallbacks = self._refusals = self._busy = 0
         self._pool_gets = 0
@@ -205,6 +211,10 @@ class Connector(BlockingGets):
         self._fallback_route.joined(deployment)
         self._pool_route.joined(deployment)
         self._ring_route.pool = self._pool_route.reader
+        self._cohorts = CohortWriter(deployment.directory, self.identity, self._os)
+        self._cohort_numbers = self._cohorts.numbers
+        gates = CohortGates(deployment.directory, self._os)
+        self._ring_route.cohorts = self._fallback_route.cohorts = gates
         self._deployment = deployment
         return deployment
 
@@ -249,6 +259,9 @@ class Connector(BlockingGets):
             if type(key) is not str or not key.isascii():
                 validate_key(key)
             plan = codec.prepare(obj)
+            numbers = self._cohort_numbers
+            if numbers and edge in numbers:  # inside a publication cohort of the edge
+                plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
             deployment = self._deployment
             if deployment is None:
                 deployment = self._join()
@@ -271,6 +284,7 @@ class Connector(BlockingGets):
                     wake = self._bell.wake
                     if wake is not None:
                         wake()  # what `Doorbell.ring` does, one call shorter
+                    self._bell.ring_stage(edge[1])
                     return RingDescriptor(self.identity, edge, key, position, size)
                 # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
                 pool = self._pool_route
@@ -280,6 +294,7 @@ class Connector(BlockingGets):
                         self._puts += 1
                         self._bytes += size
                         self._bell.ring()
+                        self._bell.ring_stage(edge[1])
                         return PoolDescriptor(self.identity, edge, key, position, size)
             # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
             # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
@@ -294,6 +309,7 @@ class Connector(BlockingGets):
             self._fallbacks += 1
             self._bytes += size
             self._bell.ring()
+            self._bell.ring_stage(edge[1])
             return FallbackDescriptor(self.identity, edge, key, generation, size)
 
     # -- get -------------------------------------------------------------------------------
@@ -463,10 +479,36 @@ class Connector(BlockingGets):
         return released
 
     def reap_consumed(self) -> int:
-        """Drop this producer's records of segments readers claimed; answer the bytes freed."""
+        """Drop this producer's records of segments readers claimed; answer the bytes freed.
+
+        Also finishes what a producer call left for later (issue 27): ring
+        frames whose retire met another process's lock, retired segments
+        whose file is still there (a busy lock, a failed unlink) and ring
+        files whose unlink failed; never waits, never raises for them.
+        """
         with self._lock:
             deployment = self._deployment
-            return deployment.writer.refresh() if deployment is not None and not self._closed else 0
+            if deployment is None:
+                return 0
+            self._reap_deferred()
+            return deployment.writer.refresh() if not self._closed else 0
+
+    def _reap_deferred(self) -> None:
+        """Retry deferred retires and removals (no waiting; failures stay, counted)."""
+        deployment = self._deployment
+        if deployment is None:
+            return
+        if not self._closed:
+            self._ring_route.reap()
+        deployment.writer.reap()
+        abandoned = self._ring_route.reap_abandoned()
+        if (
+            self._closed
+            and not deployment.left
+            and not abandoned
+            and not deployment.writer.statistics().deferred
+        ):
+            deployment.leave()  # what close left is gone now: leave as close would have
 
     def file_path(self, descriptor: Descriptor) -> str:
         """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
@@ -479,10 +521,16 @@ class Connector(BlockingGets):
     # -- cancellation ----------------------------------------------------------------------
 
     def cleanup(self, key: str) -> int:
-        """`spec.connector.process_cleanup`: retire the key's unclaimed version on every edge."""
+        """`spec.connector.process_cleanup`: retire the key's unclaimed version on every edge.
+
+        Waits for another process's lock at most `locks.PRODUCER_LOCK_WAIT_SECONDS`
+        per ring or segment; what it could not do then is left for later
+        (`reap_consumed`) and counted in `health().deferred_retires`.
+        """
         with self._lock:
             self._require_open()
             validate_key(key)
+            self._reap_deferred()
             retired = self._ring_route.retire_key(key) + self._fallback_route.retire_key(key)
             if retired:
                 self._bell.ring()
@@ -499,6 +547,49 @@ class Connector(BlockingGets):
                 self._bell.ring()
             return retired
 
+    # -- publication cohorts -----------------------------------------------------------------
+
+    @overload
+    def publication_cohort(
+        self, source: Stage, destination: Stage, /
+    ) -> contextlib.AbstractContextManager[int]: ...
+
+    @overload
+    def publication_cohort(
+        self, edge: tuple[Stage, Stage], /
+    ) -> contextlib.AbstractContextManager[int]: ...
+
+    def publication_cohort(self, *edge_args: Any) -> contextlib.AbstractContextManager[int]:
+        """``with connector.publication_cohort(src, dst):`` the puts inside show together.
+
+        `spec.cohort`: every put to the edge inside the block (from any
+        thread of this connector) is invisible to every receiver until the
+        block ends; then all of them become deliverable at once, whatever
+        their routes. A producer killed inside the block publishes none of
+        them. A block inside another on the same edge joins it (only the
+        outermost end commits). The block's value is the cohort's number.
+        """
+        edge, () = split_edge(edge_args, 0, "publication_cohort")
+        return self._cohort(edge)
+
+    @contextlib.contextmanager
+    def _cohort(self, edge: Edge) -> Iterator[int]:
+        with self._lock:
+            self._require_open()
+            self._join()
+            assert self._cohorts is not None  # joined
+            number = self._cohorts.open(edge)
+        try:
+            yield number
+        finally:
+            with self._lock:
+                writer = self._cohorts
+                if not self._closed and writer is not None and writer.commit(edge):
+                    self._bell.ring()  # receivers waiting for a key of the cohort look again
+                    bell = self._bell.stage(edge[1])
+                    if bell is not None:
+                        bell.wake()
+
     # -- close -------------------------------------------------------------------------------
 
     def close(self) -> int:
@@ -508,6 +599,10 @@ class Connector(BlockingGets):
         bump), unclaimed segments removed; the last connector of the
         deployment removes the directory. Idempotent: a second call retries
         whatever failed and answers 0. Answers how many versions it retired.
+        A lock another process holds past `locks.PRODUCER_LOCK_WAIT_SECONDS`,
+        or a failed unlink, never makes it wait or raise: the file is kept
+        (counted in `health()`), and a later `close()` or `reap_consumed()`
+        removes it and leaves the deployment then.
         """
         with self._lock:
             first = not self._closed
@@ -531,15 +626,28 @@ class Connector(BlockingGets):
             if deployment is not None:
                 with contextlib.suppress(OSError):
                     deployment.release_live_file()
+            cohorts = self._cohorts
+            gate_failures = cohorts.close() if cohorts is not None else []
+            gates = self._ring_route.cohorts
+            if gates is not None:
+                gates.close()
             self._ring_route.close_readers()
             self._pool_route.close_reader()
             self._fallback_route.mappings.close()
             if retired:
                 with contextlib.suppress(OSError, ValueError):
                     self._bell.ring()
+            # What another process's lock or a failed unlink left (issue 27) stays
+            # for a later close or reap_consumed(); it is counted, never raised.
+            pending = deployment is not None and (
+                deployment.writer.statistics().deferred > 0
+                or self._ring_route.reap_abandoned() > 0
+                or bool(gate_failures)
+            )
+            self._close_unlink_failures += len(gate_failures)
             if failures:
                 raise failures[0]
-            if deployment is not None:
+            if deployment is not None and not pending:
                 deployment.leave()
             return retired if first else 0
 
@@ -580,6 +688,7 @@ class Connector(BlockingGets):
             pool_route = self._pool_route
             pool = pool_route.statistics()
             borrowed = list(self._borrowed)
+            ring_deferred = ring.deferred_retires()
             return ConnectorHealth(
                 puts=self._puts,
                 gets=self._gets,
@@ -614,4 +723,11 @@ class Connector(BlockingGets):
                 borrowed_gets=self._borrowed_gets,
                 borrowed_live=len(borrowed),
                 borrowed_ring_frames=sum(payload.position is not None for payload in borrowed),
+                deferred_retires=ring_deferred[0] + (fallback.deferred_total if fallback else 0),
+                deferred_pending=ring_deferred[1] + (fallback.deferred if fallback else 0),
+                unlink_failures=ring.unlink_failures()
+                + (fallback.unlink_failures if fallback else 0)
+                + self._close_unlink_failures,
+                unlink_retries=fallback.unlink_retries if fallback else 0,
+                cohorts_committed=self._cohorts.committed if self._cohorts is not None else 0,
             )

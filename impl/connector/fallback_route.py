@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from ...spec.connector import Route
 from .. import codec
@@ -28,6 +29,7 @@ from ..fallback import (
 )
 from ..names import ConnectorIdentity
 from ..os_seam import OsFacade
+from .cohort import NOTHING_HELD, CohortGates, CohortPending
 from .descriptors import FallbackDescriptor
 from .edges import Edge
 from .joining import Deployment
@@ -41,12 +43,17 @@ def _holds_nothing(edge: Edge, key: str) -> bool:
     return False
 
 
+# NOT_FOUND, for a segment that is a publication cohort's member not committed yet.
+_PENDING = Delivery(GetStatus.NOT_FOUND)
+
+
 class FallbackRoute:
     """The fallback route of one connector (see the module docstring). Not thread-safe."""
 
     route = Route.FALLBACK
     _deployment: Deployment | None = None
     _writer: FallbackWriter | None = None
+    cohorts: CohortGates | None = None  # producers' publication cohort gates (set once joined)
 
     def __init__(self, os_facade: OsFacade, shed: Callable[[], int]) -> None:
         self._os = os_facade
@@ -133,22 +140,11 @@ class FallbackRoute:
         deployment = self._deployment
         assert deployment is not None  # joined
         directory = deployment.directory
-        claim = retry_short_of_descriptors(
-            "a fallback segment",
-            lambda: claim_segment(
-                directory,
-                edge,
-                key,
-                os_facade=self._os,
-                is_alive=self._is_alive,
-                decode=codec.decode,
-                owner=descriptor.producer if descriptor else None,
-                generation=descriptor.generation if descriptor else None,
-                mappings=self.mappings,
-                borrow=borrow_sized if borrow else None,
-            ),
-            self._shed,
-        )
+        member = self._member(edge, borrow)
+        try:
+            claim = self._claim(directory, edge, key, descriptor, borrow, member)
+        except CohortPending:
+            return _PENDING  # a cohort member not committed yet: left as it is
         status = claim.status
         if status is ClaimStatus.DELIVERED:
             assert claim.owner is not None
@@ -177,11 +173,54 @@ class FallbackRoute:
             return STALE
         return NOT_FOUND
 
+    def _claim(
+        self,
+        directory: Any,
+        edge: Edge,
+        key: str,
+        descriptor: FallbackDescriptor | None,
+        borrow: bool,
+        member: Callable[[tuple[int, ...], memoryview], Any] | None,
+    ) -> Any:
+        return retry_short_of_descriptors(
+            "a fallback segment",
+            lambda: claim_segment(
+                directory,
+                edge,
+                key,
+                os_facade=self._os,
+                is_alive=self._is_alive,
+                decode=codec.decode,
+                owner=descriptor.producer if descriptor else None,
+                generation=descriptor.generation if descriptor else None,
+                mappings=self.mappings,
+                borrow=borrow_sized if borrow else None,
+                member=member,
+            ),
+            self._shed,
+        )
+
+    def _member(
+        self, edge: Edge, borrow: bool
+    ) -> Callable[[tuple[int, ...], memoryview], Any] | None:
+        """What decodes a publication cohort's member found in a segment (`claim_segment`'s `member`)."""
+        gates = self.cohorts
+        if gates is None:
+            return None
+
+        def member(owner: tuple[int, ...], payload: memoryview) -> Any:
+            value = gates.decoder(edge, owner)(payload)  # type: ignore[arg-type]
+            return (payload.nbytes, value, NOTHING_HELD) if borrow else value
+
+        return member
+
     def claim_descriptor(
         self, edge: Edge, key: str, descriptor: FallbackDescriptor, borrow: bool = False
     ) -> Delivery:
         """The exact segment a fallback descriptor names; PRODUCER_GONE when it is not delivering."""
         got = self.claim(edge, key, descriptor, False, borrow)
+        if got is _PENDING:
+            return NOT_FOUND  # a member of a cohort not committed yet: the descriptor is good later
         if got.status is GetStatus.NOT_FOUND or got.status is GetStatus.STALE:
             return STALE if self._is_delivering(descriptor.producer) else GONE
         return got

@@ -133,3 +133,10 @@ class ConnectorHealth:
     borrowed_gets: int = 0  # gets delivered with borrow=True whose value held the payload
     borrowed_live: int = 0  # of those, still claimed now (their views live)
     borrowed_ring_frames: int = 0  # of the live ones, ring frames: each stops its ring's reclaim
+    # Producer calls that met another process's lock past `locks.PRODUCER_LOCK_WAIT_SECONDS`
+    # or a failed unlink, and left the rest for later (`reap_consumed()`, issue 27):
+    deferred_retires: int = 0  # ring frames and segments whose retire or removal was deferred
+    deferred_pending: int = 0  # of those, still waiting now (ring frames + segment files)
+    unlink_failures: int = 0  # unlinks of our files that failed (each kept and retried)
+    unlink_retries: int = 0  # removals tried again after a deferral
+    cohorts_committed: int = 0  # publication cohorts this producer committed

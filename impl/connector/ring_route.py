@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...spec.connector import Route
-from ...spec.layout import POOL_REF_LENGTH
+from ...spec.layout import CODEC_FRAMED_MARKER, POOL_REF_LENGTH
 from ...spec.ring import ConsumeMode, PutStatus
 from .. import codec
 from ..errors import (
@@ -49,17 +49,19 @@ from ..ring.borrow import BorrowedPayload
 from ..ring.producer import PublishHook, RingChannel
 from ..ring.reader import RingReader
 from ..ring.results import ReceiveStatus
+from .cohort import NOTHING_HELD, CohortGates, CohortPending, is_borrowed_member, is_member
 from .config import MAX_RING_RETRY_SECONDS, ConnectorConfig
 from .descriptors import RingDescriptor
 from .edges import Edge
 from .joining import Deployment
-from .results import BUSY, GONE, STALE, Delivery, GetStatus
+from .results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
 from .routes import Hook, RouteBackend
 from .shortage import retry_short_of_descriptors
 
 logger = logging.getLogger("shmring.connector")
 _RING = Route.RING
 _POOL = Route.POOL
+_FRAMED = CODEC_FRAMED_MARKER  # a cohort member's envelope starts like a framed payload
 
 # A ring payload -> (encoded bytes, value, route): POOL when it was a pool reference.
 Decoder = Callable[[memoryview], tuple[int, Any, Route]]
@@ -76,17 +78,27 @@ def decode_sized(view: memoryview) -> tuple[int, Any]:
     return view.nbytes, codec.decode(view)
 
 
-def pool_decoder(pool: PoolReader | None, producer: ConnectorIdentity) -> Decoder:
+def pool_decoder(
+    pool: PoolReader | None,
+    producer: ConnectorIdentity,
+    cohorts: CohortGates | None = None,
+    edge: Edge | None = None,
+) -> Decoder:
     """`decode_sized` that decodes a pool reference's payload from its slot (route POOL).
 
     `producer` is the ring's: a reference names only a slot of the ring's
-    own producer (`PoolReader.claim` validates the rest).
+    own producer (`PoolReader.claim` validates the rest). With `cohorts`, a
+    publication cohort's member (on the ring or in the slot) is decoded only
+    once its cohort committed (`cohort.CohortPending` otherwise: left as is).
     """
+    decode_payload = codec.decode if cohorts is None else cohorts.decoder(edge, producer)  # type: ignore[arg-type]
 
     def decode(view: memoryview) -> tuple[int, Any, Route]:
         if pool is not None and is_pool_ref(view):
-            size, value = pool.decode_owned(producer, view, codec.decode)
+            size, value = pool.decode_owned(producer, view, decode_payload)
             return size, value, _POOL
+        if cohorts is not None and view[0] == _FRAMED and is_member(view):
+            return view.nbytes, decode_payload(view), _RING
         return view.nbytes, codec.decode(view), _RING
 
     return decode
@@ -129,7 +141,11 @@ def borrow_claimed(
 
 
 def borrow_pool_ref(
-    pool: PoolReader, producer: ConnectorIdentity, data: bytes
+    pool: PoolReader,
+    producer: ConnectorIdentity,
+    data: bytes,
+    cohorts: CohortGates | None = None,
+    edge: Edge | None = None,
 ) -> tuple[int, Any, weakref.ref[BorrowedPayload]]:
     """A borrowed get of a pool reference: the slot's payload decoded in place.
 
@@ -146,6 +162,11 @@ def borrow_pool_ref(
     payload = BorrowedPayload(keep, int(keep.ctypes.data), keep.nbytes, label="pool slot")
     del keep
     try:
+        if cohorts is not None and is_borrowed_member(payload):
+            size, value = cohorts.borrowed(edge, producer, payload)  # type: ignore[arg-type]
+            release = claim.release
+            payload.arm(lambda _keep: release())
+            return size, value, NOTHING_HELD  # an owned copy: the slot is released with `payload`
         value = codec.decode_borrowed(payload)
     except BaseException:
         payload.disown()
@@ -160,25 +181,40 @@ def borrow_pool_ref(
 RouteBorrower = Callable[[BorrowedPayload], tuple[int, Any, "weakref.ref[BorrowedPayload]", Route]]
 
 
-def pool_borrower(pool: PoolReader | None, producer: ConnectorIdentity) -> RouteBorrower:
-    """`borrow_sized` for a ring frame that may be a pool reference (then `borrow_pool_ref`)."""
+def pool_borrower(
+    pool: PoolReader | None,
+    producer: ConnectorIdentity,
+    cohorts: CohortGates | None = None,
+    edge: Edge | None = None,
+) -> RouteBorrower:
+    """`borrow_sized` for a ring frame that may be a pool reference (then `borrow_pool_ref`).
+
+    A publication cohort's member comes back as an owned copy (`CohortGates.borrowed`).
+    """
 
     def borrow(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload], Route]:
         if pool is not None and payload.nbytes == POOL_REF_LENGTH:
             data = ctypes.string_at(payload.address, payload.nbytes)
             if is_pool_ref(data):
-                return (*borrow_pool_ref(pool, producer, data), _POOL)
+                return (*borrow_pool_ref(pool, producer, data, cohorts, edge), _POOL)
+        if cohorts is not None and is_borrowed_member(payload):
+            size, value = cohorts.borrowed(edge, producer, payload)  # type: ignore[arg-type]
+            return size, value, NOTHING_HELD, _RING
         return (*borrow_sized(payload), _RING)
 
     return borrow
 
 
 def live_borrower(
-    liveness: Liveness, producer: ConnectorIdentity, pool: PoolReader | None = None
+    liveness: Liveness,
+    producer: ConnectorIdentity,
+    pool: PoolReader | None = None,
+    cohorts: CohortGates | None = None,
+    edge: Edge | None = None,
 ) -> RouteBorrower:
     """`pool_borrower` that first asks whether `producer` runs (as `live_decoder`)."""
     is_alive = liveness.is_alive
-    borrow_frame = pool_borrower(pool, producer)
+    borrow_frame = pool_borrower(pool, producer, cohorts, edge)
 
     def borrow(payload: BorrowedPayload) -> tuple[int, Any, weakref.ref[BorrowedPayload], Route]:
         try:
@@ -206,7 +242,11 @@ def alive_or_assumed(liveness: Liveness, producer: tuple[int, ...]) -> bool:
 
 
 def live_decoder(
-    liveness: Liveness, producer: ConnectorIdentity, pool: PoolReader | None = None
+    liveness: Liveness,
+    producer: ConnectorIdentity,
+    pool: PoolReader | None = None,
+    cohorts: CohortGates | None = None,
+    edge: Edge | None = None,
 ) -> Decoder:
     """`decode_sized` that first asks whether `producer` runs (`spec.producers.is_delivering`).
 
@@ -216,6 +256,7 @@ def live_decoder(
     same step (under the segment's lock, before decoding).
     """
     is_alive = liveness.is_alive
+    decode_payload = codec.decode if cohorts is None else cohorts.decoder(edge, producer)  # type: ignore[arg-type]
 
     def decode(view: memoryview) -> tuple[int, Any, Route]:
         try:
@@ -225,8 +266,12 @@ def live_decoder(
         if not alive:
             raise ProducerExited(producer)
         if pool is not None and is_pool_ref(view):
-            size, value = pool.decode_owned(producer, view, codec.decode)
+            size, value = pool.decode_owned(producer, view, decode_payload)
             return size, value, _POOL
+        if (
+            cohorts is not None and view[0] == _FRAMED and is_member(view)
+        ):  # a publication cohort's member
+            return view.nbytes, decode_payload(view), _RING
         return view.nbytes, codec.decode(view), _RING
 
     return decode
@@ -274,6 +319,7 @@ class RingRoute:
     route = Route.RING
     _deployment: Deployment | None = None
     _pool: Any = None  # the connector's pool reader, as `ShedOnShortage` (set once joined)
+    cohorts: CohortGates | None = None  # producers' publication cohort gates (set once joined)
 
     @property
     def pool(self) -> PoolReader | None:
@@ -372,6 +418,9 @@ class RingRoute:
             ring.close()
         except (OSError, ShmringError):
             self._abandoned.append(ring)  # close retries the unlink
+            return
+        if ring.unlink_pending:
+            self._abandoned.append(ring)  # close retries the unlink
 
     def _disable(self, edge: Edge, error: BaseException) -> None:
         self.failed[edge] = error
@@ -442,13 +491,41 @@ class RingRoute:
                 del self.channels[edge]
             except (OSError, ShmringError) as error:
                 failures.append(error)
+                continue
+            if ring.unlink_pending:
+                self._abandoned.append(ring)  # its file stays until an unlink succeeds
+        self.reap_abandoned(failures)
+        return retired
+
+    def reap_abandoned(self, failures: list[BaseException] | None = None) -> int:
+        """Retry the teardown of closed rings whose file is still linked; answer how many remain."""
         for ring in list(self._abandoned):
             try:
                 ring.close()
-                self._abandoned.remove(ring)
             except (OSError, ShmringError) as error:
-                failures.append(error)
-        return retired
+                if failures is not None:
+                    failures.append(error)
+                continue
+            if not ring.unlink_pending:
+                self._abandoned.remove(ring)
+        return len(self._abandoned)
+
+    def reap(self) -> int:
+        """Retire what busy locks left on our rings (never waits); answer how many frames."""
+        return sum(ring.reap() for _, ring in sorted(self.channels.items()))
+
+    def unlink_failures(self) -> int:
+        """Failed unlinks of our ring files so far (each kept and retried)."""
+        return sum(ring.unlink_failures for ring in (*self.channels.values(), *self._abandoned))
+
+    def deferred_retires(self) -> tuple[int, int]:
+        """(ring retires deferred for a busy lock so far, frames still waiting)."""
+        done = waiting = 0
+        for ring in self.channels.values():
+            total, now = ring.deferred_retires
+            done += total
+            waiting += now
+        return done, waiting
 
     # -- receiver: claim -------------------------------------------------------------------
 
@@ -505,15 +582,19 @@ class RingRoute:
                     continue
                 if reader is None:
                     continue
-                decode = live_decoder(deployment.liveness, producer, self.pool)
+                decode = live_decoder(deployment.liveness, producer, self.pool, self.cohorts, edge)
                 resolved.append((producer, reader, decode))
             self._claiming = reader
             try:
                 if borrow:
-                    borrower = live_borrower(deployment.liveness, producer, self.pool)
+                    borrower = live_borrower(
+                        deployment.liveness, producer, self.pool, self.cohorts, edge
+                    )
                     got = reader.get(key, mode=_LEASE, decode=borrower)
                 else:
                     got = reader.get(key, decode=decode)
+            except CohortPending:
+                continue  # a member of a cohort not committed yet: not there for now
             except CorruptFrameError as error:
                 if cached and reader.producer_closed:
                     self.release(edge, producer)  # closed: nothing to report, as before the get
@@ -566,13 +647,15 @@ class RingRoute:
         self._claiming = reader
         try:
             if borrow:
-                got = reader.get(
-                    key, descriptor.position, mode=_LEASE, decode=pool_borrower(self.pool, producer)
-                )
+                borrower = pool_borrower(self.pool, producer, self.cohorts, edge)
+                got = reader.get(key, descriptor.position, mode=_LEASE, decode=borrower)
                 if got.status is ReceiveStatus.DELIVERED:
                     return _borrowed(got.payload, producer)
             else:
-                got = reader.get(key, descriptor.position, decode=pool_decoder(self.pool, producer))
+                decode = pool_decoder(self.pool, producer, self.cohorts, edge)
+                got = reader.get(key, descriptor.position, decode=decode)
+        except CohortPending:
+            return NOT_FOUND  # its cohort is not committed: the descriptor is good later
         finally:
             self._claiming = None
         if got.status is ReceiveStatus.DELIVERED:

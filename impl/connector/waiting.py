@@ -12,6 +12,11 @@ arrived. Each sleep is bounded by `MAX_DOORBELL_WAIT_SECONDS`, so what
 rings no bell (a producer dying) is still seen promptly. While another
 process holds a lock (BUSY), or without futexes, it sleeps in short steps
 instead, backing off up to `max_sleep_seconds`.
+
+Each put also rings its destination stage's bell (`discovery.StageBell`,
+issue 27) when a receiver of that stage waits on it: `stage_bell` hands a
+receiver its stage's bell, so it sleeps until a put to its own stage
+(vllm-omni's `get_wakeup_generation` / `wait_for_change`).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, overload
 
 from ..discovery import Stamp
+from ..discovery.stamp import StageBell
 from .config import ConnectorConfig
 from .descriptors import Descriptor
-from .edges import Edge, Stage, split_edge, validate_key
+from .edges import Edge, Stage, edge_of, split_edge, validate_key
 from .results import FINAL_STATUSES, Delivery, GetStatus
 
 if TYPE_CHECKING:
@@ -64,6 +70,19 @@ class Doorbell:
         stamp = self.stamp
         if stamp is not None:
             stamp.ring()
+
+    def stage(self, stage: str) -> StageBell | None:
+        """The bell of destination `stage` (None without a stamp or futexes)."""
+        stamp = self.stamp
+        return stamp.stage_bell(stage) if stamp is not None else None
+
+    def ring_stage(self, stage: str) -> None:
+        """After a publication to `stage`: wake the receivers waiting on its bell, if any."""
+        stamp = self.stamp
+        if stamp is not None:
+            bell = stamp.stage_bell(stage)
+            if bell is not None:
+                bell.ring()
 
     def wait_for_change(self, generation: int | None, timeout: float) -> bool:
         """Sleep until the bell moves past `generation` or `timeout` (at most a second)."""
@@ -277,6 +296,19 @@ class BlockingGets:
         (None) it answers False at once: the caller keeps its timed poll.
         """
         return self._bell.wait_for_change(generation, timeout)
+
+    def stage_bell(self, stage: Stage) -> StageBell | None:
+        """The doorbell of destination `stage`: puts to it ring it (None without futexes).
+
+        A receiver calls `register()` on it once before its first snapshot
+        (so producers ring it), reads `value()` before polling, and sleeps
+        in `wait(seen, timeout)`; `unregister()` when it stops waiting.
+        """
+        name = edge_of(stage, stage)[1]  # validated (InvalidKeyError naming a bad stage)
+        with self._lock:
+            self._require_open()
+            self._join()
+            return self._bell.stage(name)
 
     def _wake_signature(self, edge: Edge) -> tuple[int, ...]:
         """Shared-memory counters that move when something may have arrived on `edge`."""

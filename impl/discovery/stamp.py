@@ -10,6 +10,15 @@ mtime, moves even when the clock does not. Every change of the markers is
 followed by a bump, so a receiver that read stamp s before its scan and sees
 s again afterwards knows the marker set it scanned is still current.
 
+Per-stage doorbells (issue 27). The same file holds a bell per destination
+stage (layout: `spec.layout`, the stamp file's stage bells): a put to stage
+s bumps s's bell after it publishes, when some receiver of s said it waits
+(the slot's interest count), so a receiver sleeps until traffic to its own
+stage and is not woken by every put of the deployment. Every receiver of a
+stage reads the same word, each against its own snapshot, so all of them
+see every wake-up whatever the others do; one that joins later (a
+replacement) shares it too. `StageBell` is one stage's view.
+
 Every system call goes through the `OsFacade` the caller gives.
 """
 
@@ -23,7 +32,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from ...spec.layout import DOORBELL_OFFSET, STAMP_FILE_LENGTH, STAMP_OFFSET
+from ...spec.layout import (
+    DOORBELL_OFFSET,
+    STAGE_BELL_INTEREST_OFFSET,
+    STAGE_BELL_LENGTH,
+    STAGE_BELL_WORD_OFFSET,
+    STAGE_BELLS_OFFSET,
+    STAMP_FILE_LENGTH,
+    STAMP_OFFSET,
+    compute_stage_bell_slot,
+)
 from .. import futex
 from ..directory import Directory, as_directory, check_private_file
 from ..errors import BrokenError, ClosedError
@@ -57,6 +75,7 @@ class Stamp:
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         self.path = path
         self._os = os_facade
+        self._stage_bells: dict[str, StageBell] = {}  # destination stage -> its bell
 
     @classmethod
     def open(cls, directory: str | Directory, os_facade: OsFacade) -> Stamp:
@@ -170,8 +189,22 @@ class Stamp:
         self.ring()
         return value if before == scanned_at else scanned_at
 
+    def stage_bell(self, stage: str) -> StageBell | None:
+        """The bell of destination `stage` (None without futexes, or once closed)."""
+        bell = self._stage_bells.get(stage)
+        if bell is None:
+            mapping = self._mapping
+            if mapping is None or not futex.AVAILABLE:
+                return None
+            bell = StageBell(mapping, compute_stage_bell_slot(stage))
+            self._stage_bells[stage] = bell
+        return bell
+
     def close(self) -> None:
         """Unmap and close. Idempotent; never unlinks (see `Membership.leave`)."""
+        bells, self._stage_bells = self._stage_bells, {}
+        for bell in bells.values():
+            bell.close()
         doorbell, self._doorbell = self._doorbell, None
         if doorbell is not None:
             doorbell.close()
@@ -186,4 +219,70 @@ class Stamp:
             self._os.close(fd)
 
 
-__all__ = ["Stamp"]
+class StageBell:
+    """One destination stage's doorbell in the stamp file: its futex word and interest count.
+
+    A producer calls `ring` after each publication to the stage: it bumps
+    the word (waking its sleepers) only when `interest` is not zero. A
+    receiver calls `register` once (before its first snapshot: a put whose
+    ring saw no interest published before the snapshot, so the poll after
+    it finds the payload), reads `value` before polling and sleeps in
+    `wait`; `unregister` at close. Closed with its stamp.
+    """
+
+    _word: FutexWord | None = None
+    _interest: FutexWord | None = None
+
+    def __init__(self, mapping: mmap.mmap, slot: int) -> None:
+        offset = STAGE_BELLS_OFFSET + slot * STAGE_BELL_LENGTH
+        self.slot = slot
+        self._word = FutexWord(mapping, offset + STAGE_BELL_WORD_OFFSET)
+        self._interest = FutexWord(mapping, offset + STAGE_BELL_INTEREST_OFFSET)
+
+    def value(self) -> int | None:
+        """The bell's value (None once closed); read it *before* looking for work."""
+        word = self._word
+        try:
+            return word.load() if word is not None else None
+        except ValueError:
+            return None
+
+    def ring(self) -> None:
+        """After a publication to the stage: wake its receivers, if any waits."""
+        interest, word = self._interest, self._word
+        if interest is not None and word is not None and interest.load():
+            word.bump_and_wake()
+
+    def wake(self) -> None:
+        """Bump the bell whatever the interest (a cohort's commit, tests)."""
+        word = self._word
+        if word is not None:
+            word.bump_and_wake()
+
+    def register(self) -> None:
+        """Count one more receiver waiting on this stage."""
+        interest = self._interest
+        if interest is not None:
+            interest.add(1)
+
+    def unregister(self) -> None:
+        """Count one receiver less (each `register` undone once)."""
+        interest = self._interest
+        if interest is not None and interest.load():
+            interest.add(-1)
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Sleep until the bell moves past `seen`, or `timeout` seconds."""
+        word = self._word
+        if word is not None:
+            word.wait(seen, timeout)
+
+    def close(self) -> None:
+        """Drop the exports of the stamp's mapping (before it is closed). Idempotent."""
+        for word in (self._word, self._interest):
+            if word is not None:
+                word.close()
+        self._word = self._interest = None
+
+
+__all__ = ["StageBell", "Stamp"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import functools
 import mmap
 import sys
 from collections.abc import Callable
@@ -28,15 +29,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...spec.layout import (
+    CODEC_FRAMED_MARKER,
+    COHORT_ENVELOPE_LENGTH,
+    COHORT_ENVELOPE_VERSION,
     FRAME_HEADER_LENGTH,
     FRAME_KEY_OFFSET,
+    FRAME_STATE_RETIRED,
     RING_HEADER_LENGTH,
     RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
 )
 from ..directory import Directory, as_directory, check_private_file
-from ..errors import CorruptFrameError
-from ..frame_io import compute_checksum
+from ..errors import CorruptFrameError, UnsupportedPayloadError
+from ..frame_io import compute_checksum, read_frame_header
 from ..names import (
     Edge,
     fallback_segment_path,
@@ -141,8 +146,14 @@ def claim_segment(
     generation: int | None = None,
     mappings: SegmentMappings | None = None,
     borrow: Callable[[BorrowedPayload], Any] | None = None,
+    member: Callable[[tuple[int, ...], memoryview], Any] | None = None,
 ) -> Claim:
     """Claim the key's segment on `edge`, exactly once among all readers.
+
+    `member(owner, payload)` decodes a publication cohort's member (a
+    payload behind a cohort envelope, `spec.layout`) in place of `decode` /
+    `borrow`; while its cohort is not committed it raises, and the segment
+    is left exactly as it was (the connector's `cohort.CohortPending`).
 
     `borrow` (a connector's borrowed get) replaces `decode`: it gets the
     payload in place as a `BorrowedPayload` over the segment's mapping. If
@@ -170,7 +181,18 @@ def claim_segment(
         return _BUSY_CLAIM
     try:
         return _claim_locked(
-            where, path, held, key, os_facade, is_alive, decode, owner, generation, mappings, borrow
+            where,
+            path,
+            held,
+            key,
+            os_facade,
+            is_alive,
+            decode,
+            owner,
+            generation,
+            mappings,
+            borrow,
+            member,
         )
     finally:
         if mappings is not None:
@@ -192,6 +214,7 @@ def _claim_locked(
     generation: int | None,
     mappings: SegmentMappings | None,
     borrow: Callable[[BorrowedPayload], Any] | None = None,
+    member: Callable[[tuple[int, ...], memoryview], Any] | None = None,
 ) -> Claim:
     info = os_facade.fstat(fd)
     untrusted = check_private_file(path, info)
@@ -217,6 +240,12 @@ def _claim_locked(
         decode = lender  # lends the payload in place instead of decoding a copy
     try:
         with memoryview(mapping) as buf:
+            if read_frame_header(buf, RING_HEADER_LENGTH).state == FRAME_STATE_RETIRED:
+                # Its producer retired it without the lock (held past its bound) or
+                # could not unlink it: gone for every get; removed here, under our lock.
+                with contextlib.suppress(OSError):
+                    where.unlink(path)
+                return _NOT_FOUND
             key_bytes = key.encode("utf-8")
             problem, producer, frame_generation, payload_length, checksum, state = _check_segment(
                 buf, size, key_bytes
@@ -241,9 +270,13 @@ def _claim_locked(
                         f"fallback segment checksum mismatch: checksum={checksum:#010x}; "
                         f"removed; path={path!r}"
                     )
+                if member is not None and _is_member(payload):
+                    decode = functools.partial(member, producer)  # owned: nothing of it lent
                 try:
                     value = decode(payload)
-                except CorruptFrameError:
+                except (CorruptFrameError, UnsupportedPayloadError):
+                    # It never decodes: consumed, file and all (vllm-omni removes it too);
+                    # the error reaches the caller.
                     where.unlink(path)
                     raise
             if lender is not None and lender.lent:
@@ -259,6 +292,15 @@ def _claim_locked(
             with contextlib.suppress(BufferError):
                 mapping.close()
     return Claim(ClaimStatus.DELIVERED, value, payload_length, producer, frame_generation)
+
+
+def _is_member(payload: memoryview) -> bool:
+    """Whether a segment's payload starts with a publication cohort's envelope."""
+    return (
+        len(payload) >= COHORT_ENVELOPE_LENGTH
+        and payload[0] == CODEC_FRAMED_MARKER
+        and payload[1] == COHORT_ENVELOPE_VERSION
+    )
 
 
 class _Lender:

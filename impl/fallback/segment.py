@@ -12,8 +12,11 @@ why flock and not rename):
     file is still *at the name* (`stat` of the name shows the inode that
     `fstat` of its descriptor shows).
 
-`open_locked` is that rule, once. The reuse limits shared by a writer's
-spares and a reader's kept mappings are here too.
+`open_locked` is that rule, once. A producer's wait for the lock is
+bounded (`impl.locks.PRODUCER_LOCK_WAIT_SECONDS`): past it `open_locked`
+answers BUSY and the producer defers what needs the lock (`writer`). The
+reuse limits shared by a writer's spares and a reader's kept mappings are
+here too.
 
 Every system call goes through the `OsFacade` the caller gives.
 """
@@ -28,7 +31,8 @@ import time
 from typing import Final
 
 from ..directory import Directory
-from ..errors import BrokenError, CorruptFrameError
+from ..errors import CorruptFrameError
+from ..locks import PRODUCER_LOCK_WAIT_SECONDS
 from ..os_seam import OPEN_FLAGS_READONLY, OsFacade
 
 # Segments of at least this many bytes are kept for reuse (below it a fresh
@@ -39,9 +43,8 @@ DEFAULT_SPARE_BYTES: Final = 256 * 1024 * 1024
 MAX_SPARES: Final = 16
 # Bounded retries of an open+lock that found the file replaced under it.
 _MAX_REOPENS: Final = 16
-# The producer waits for a reader's lock (one copy) in short sleeps.
+# The producer waits for a reader's lock (one copy) in short sleeps, up to the bound.
 _LOCK_RETRY_SLEEP: Final = 0.0002
-_LOCK_WAIT_LIMIT: Final = 30.0
 
 
 class Busy:
@@ -56,8 +59,9 @@ def open_locked(
 ) -> int | None | Busy:
     """Open the file at `path` and hold its exclusive lock, checked still linked.
 
-    None: no file at `path`. `BUSY`: locked by someone else and `wait` is
-    False. Otherwise the descriptor; closing it drops the lock.
+    None: no file at `path`. `BUSY`: locked by someone else, and `wait` is
+    False or the lock stayed held for `PRODUCER_LOCK_WAIT_SECONDS` (the
+    producer's bound). Otherwise the descriptor; closing it drops the lock.
     """
     deadline = 0.0
     for _ in range(_MAX_REOPENS):
@@ -85,12 +89,10 @@ def open_locked(
                         return BUSY
                     now = time.monotonic()
                     if not deadline:
-                        deadline = now + _LOCK_WAIT_LIMIT
+                        deadline = now + PRODUCER_LOCK_WAIT_SECONDS
                     elif now > deadline:
-                        raise BrokenError(
-                            f"fallback segment stays locked: path={path!r} "
-                            f"waited={_LOCK_WAIT_LIMIT}s"
-                        ) from None
+                        os_facade.close(fd)
+                        return BUSY  # held past the bound: the caller defers
                     time.sleep(_LOCK_RETRY_SLEEP)
             if is_at(where, path, os_facade.fstat(fd)):
                 return fd

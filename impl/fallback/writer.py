@@ -14,6 +14,16 @@ stays mapped after its publication (a spare): the reader that claims it
 hands it back by renaming it to the spare name, and a later put of the same
 size writes into it again without a fresh page.
 
+Waits are bounded (issue 27, `impl.locks`): a retire whose segment another
+process keeps locked past `PRODUCER_LOCK_WAIT_SECONDS` marks the segment
+retired in its frame state without the lock (a reader that claims it
+afterwards finds it retired and removes it) and leaves the unlink for
+later; so does a retire whose unlink fails (EPERM, EIO, ...). Those files
+are removed by `reap` (the connector's `reap_consumed()`, its next
+producer call, close), retried with a back-off, never raised, counted in
+`statistics()`. A re-put that must replace a segment held locked past the
+bound fails (`BrokenError`) before anything changed.
+
 Every system call goes through the `OsFacade` the caller gives.
 """
 
@@ -24,6 +34,7 @@ import errno
 import itertools
 import mmap
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -36,6 +47,7 @@ from ...spec.connector import (
 from ...spec.layout import (
     FRAME_KEY_OFFSET,
     FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
     RING_HEADER_LENGTH,
     RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
@@ -48,16 +60,18 @@ from ..frame_io import (
     SharedWords,
     compute_checksum,
     store_frame_length_release,
+    store_frame_state_release,
     write_data_frame_fields,
     write_ring_header,
 )
+from ..locks import PRODUCER_LOCK_WAIT_SECONDS
 from ..names import (
     Edge,
     fallback_segment_path,
     fallback_spare_file_name,
     fallback_temp_file_name,
 )
-from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
 from .segment import (
     DEFAULT_SPARE_BYTES,
     MAX_SPARES,
@@ -71,6 +85,21 @@ _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
 # Generations are unique within a process, so a descriptor of one connector
 # can never name another connector's segment of the same process.
 _generations: Final = itertools.count(1)
+
+# A deferred removal is tried again after this long, doubling up to the most.
+_REAP_FIRST_DELAY: Final = 0.1
+_REAP_MAX_DELAY: Final = 5.0
+
+
+@dataclass
+class _Deferred:
+    """A retired segment whose file is still at its name (locked past the bound, or unlink failed)."""
+
+    path: str
+    inode: tuple[int, int]  # (st_dev, st_ino) of our file: never remove another one
+    length: int  # its charged bytes (no longer in the budget: it is retired)
+    attempts: int = 0  # removals tried after the first
+    next_try: float = 0.0  # monotonic time of the next try
 
 
 class PayloadPlan(Protocol):
@@ -132,6 +161,11 @@ class FallbackStatistics:
     spares: int = 0  # files kept for reuse (published, or handed back by a reader)
     spare_bytes: int = 0  # their file bytes; never above the writer's spare budget
     reused: int = 0  # puts that wrote into a handed-back file instead of a new one
+    deferred: int = 0  # retired segments whose file is still there (removed by `reap`)
+    deferred_bytes: int = 0  # their charged bytes (outside the budget: they are retired)
+    deferred_total: int = 0  # retires whose removal was deferred (busy lock, failed unlink)
+    unlink_failures: int = 0  # unlinks that failed (each kept and retried)
+    unlink_retries: int = 0  # removals tried again by `reap`
 
 
 class FallbackWriter:
@@ -170,6 +204,10 @@ class FallbackWriter:
         self._no_space = 0
         self._retired = 0
         self._claimed = 0
+        self._deferred: dict[str, _Deferred] = {}  # path -> retired segment still to remove
+        self._deferred_total = 0
+        self._unlink_failures = 0
+        self._unlink_retries = 0
 
     # -- budget ------------------------------------------------------------------
 
@@ -251,9 +289,7 @@ class FallbackWriter:
             self._remove_temp(temp)
             raise
         try:
-            if before_publish is not None:
-                before_publish()
-            replaced = self._publish(temp, path)
+            replaced = self._publish(temp, path, before_publish)
         except BaseException:
             if keep:
                 self._discard(spare)
@@ -448,25 +484,33 @@ class FallbackWriter:
             finally:
                 words.release()
 
-    def _held(self, path: str) -> int | None:
-        """The locked file at `path` (None: nothing there), waiting for readers."""
-        held = open_locked(self._dir, path, self._os, wait=True)
-        if isinstance(held, Busy):  # replaced under us again and again: not our key alone
-            raise BrokenError(f"fallback segment keeps changing under its producer: path={path!r}")
-        return held
-
-    def _publish(self, temp: str, path: str) -> tuple[int, int] | None:
+    def _publish(
+        self, temp: str, path: str, before_publish: Callable[[], object] | None
+    ) -> tuple[int, int] | None:
         """Rename `temp` onto `path`, under the lock of whatever file is there.
 
-        Answers the (st_dev, st_ino) of the file the rename replaced, if any.
+        `before_publish` runs once the lock is held, just before the rename.
+        Answers the (st_dev, st_ino) of the file the rename replaced, if
+        any. BrokenError, with nothing changed, when another process keeps
+        that file locked past the producer's bound.
         """
-        held = self._held(path)
+        held = open_locked(self._dir, path, self._os, wait=True)
+        if isinstance(held, Busy):
+            raise BrokenError(
+                f"fallback segment locked by another process for more than "
+                f"{PRODUCER_LOCK_WAIT_SECONDS}s; nothing published: path={path!r}"
+            )
         try:
             replaced = None
             if held is not None:
                 info = self._os.fstat(held)
                 replaced = (info.st_dev, info.st_ino)
+            if before_publish is not None:
+                before_publish()
             self._dir.rename(temp, path)
+            deferred = self._deferred.get(path)
+            if deferred is not None and deferred.inode == replaced:
+                del self._deferred[path]  # the rename took its name away
             return replaced
         finally:
             if held is not None:
@@ -483,19 +527,31 @@ class FallbackWriter:
     # -- retire ------------------------------------------------------------------
 
     def _retire(self, slot: tuple[Edge, str]) -> int:
-        """Remove our unclaimed segment of `slot`; 0 when a reader claimed it first."""
+        """Retire our unclaimed segment of `slot`; 0 when a reader claimed it first.
+
+        Never waits past the producer's bound: a segment locked longer, or
+        whose unlink fails, is marked retired and removed later (`reap`).
+        """
         record = self._segments.get(slot)
         if record is None:
             return 0
-        held = self._held(record.path)
+        held = open_locked(self._dir, record.path, self._os, wait=True)
         retired = 0
-        if held is not None:
+        if isinstance(held, Busy):
+            retired = self._mark_retired(record, None)
+        elif held is not None:
             try:
                 info = self._os.fstat(held)
                 if (info.st_dev, info.st_ino) == record.inode:
-                    self._dir.unlink(record.path)  # a failure keeps the record: retried later
                     retired = 1
                     self._forget_spare(record.generation)
+                    try:
+                        self._dir.unlink(record.path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        self._unlink_failures += 1
+                        self._mark_retired(record, held)
             finally:
                 self._os.close(held)
         del self._segments[slot]
@@ -505,6 +561,94 @@ class FallbackWriter:
         else:
             self._claimed += 1
         return retired
+
+    def _mark_retired(self, record: SegmentRecord, held: int | None) -> int:
+        """Store RETIRED in our segment's frame state and defer its removal; answer 1 (0: gone).
+
+        `held`: the locked descriptor (the unlink failed), or None: another
+        process holds the lock, and the store goes without it. A reader
+        claiming it afterwards finds it retired (and removes it); one whose
+        claim was already under way may still complete it (that get began
+        before this retire).
+        """
+        try:
+            fd = self._dir.open(record.path, OPEN_FLAGS_EXISTING)
+        except FileNotFoundError:
+            return 0  # claimed meanwhile
+        try:
+            info = self._os.fstat(fd)
+            if (info.st_dev, info.st_ino) != record.inode:
+                return 0  # claimed, and the name is another segment's now
+            mapping = self._os.mmap(fd, RING_HEADER_LENGTH + FRAME_KEY_OFFSET)
+            try:
+                with memoryview(mapping) as buf:
+                    words = SharedWords(buf)
+                    try:
+                        store_frame_state_release(words, RING_HEADER_LENGTH, FRAME_STATE_RETIRED)
+                    finally:
+                        words.release()
+            finally:
+                mapping.close()
+        finally:
+            self._os.close(fd)
+        self._forget_spare(record.generation)
+        self._deferred[record.path] = _Deferred(
+            record.path, record.inode, record.length, next_try=time.monotonic() + _REAP_FIRST_DELAY
+        )
+        self._deferred_total += 1
+        return 1
+
+    def reap(self, force: bool = False) -> int:
+        """Remove retired segments left for later (never waits); answer how many went.
+
+        Each is tried again after a back-off (`force`: now, as close does);
+        a file no longer ours at its name (a reader removed it) is forgotten.
+        """
+        removed = 0
+        now = time.monotonic()
+        for path, deferred in sorted(self._deferred.items()):
+            try:
+                info = self._dir.stat(path)
+                gone = (info.st_dev, info.st_ino) != deferred.inode
+            except FileNotFoundError:
+                gone = True
+            except OSError:
+                gone = False
+            if gone:  # a reader removed it, or the name is another segment's: forgotten
+                del self._deferred[path]
+                removed += 1
+                continue
+            if not force and now < deferred.next_try:
+                continue
+            held = open_locked(self._dir, path, self._os, wait=False)
+            if held is None:
+                del self._deferred[path]  # gone: a reader removed it under its lock
+                removed += 1
+                continue
+            if not isinstance(held, Busy):
+                try:
+                    info = self._os.fstat(held)
+                    if (info.st_dev, info.st_ino) != deferred.inode:
+                        del self._deferred[path]  # the name is another segment's
+                        removed += 1
+                        continue
+                    self._unlink_retries += 1
+                    try:
+                        self._dir.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError:
+                        self._unlink_failures += 1
+                    else:
+                        del self._deferred[path]
+                        removed += 1
+                        continue
+                finally:
+                    self._os.close(held)
+            deferred.attempts += 1
+            delay = min(_REAP_FIRST_DELAY * 2 ** (deferred.attempts - 1), _REAP_MAX_DELAY)
+            deferred.next_try = now + delay
+        return removed
 
     def retire(self, edge: Edge, key: str) -> int:
         """Retire the key's unclaimed segment on `edge`; answer 0 or 1."""
@@ -533,9 +677,15 @@ class FallbackWriter:
             self._forget_spare(generation)
             self._remove_temp(spare.path)  # handed back: remove it (a failure is retried below)
         for temp in sorted(self._leftovers):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self._dir.unlink(temp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                self._unlink_failures += 1
+                continue  # kept: the next close retries it
             self._leftovers.discard(temp)
+        self.reap(force=True)  # what is still locked or failing stays for the next close
         self._closed = True
         return retired
 
@@ -552,6 +702,11 @@ class FallbackWriter:
             spares=len(self._spares),
             spare_bytes=self._spare_bytes,
             reused=self._reused,
+            deferred=len(self._deferred),
+            deferred_bytes=sum(deferred.length for deferred in self._deferred.values()),
+            deferred_total=self._deferred_total,
+            unlink_failures=self._unlink_failures,
+            unlink_retries=self._unlink_retries,
         )
 
 

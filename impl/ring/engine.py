@@ -59,8 +59,9 @@ from ..frame_io import (
     write_padding_frame_fields,
 )
 from ..liveness import is_holder_alive
+from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..os_seam import OsFacade
-from .mapping import _LOCK, _UNLOCK, _data_offset, _FrameShapes
+from .mapping import _UNLOCK, _data_offset, _FrameShapes
 
 PublishHook = Callable[[str], None]
 # Stages a publish hook is called at (tests stop or kill the producer there).
@@ -108,6 +109,10 @@ class RingProducer:
         self._refused_full = 0
         self._retired = 0
         self._reclaimed_from_dead_holders = 0
+        # Frames a retire could not lock (another process held the ring lock past
+        # `locks.PRODUCER_LOCK_WAIT_SECONDS`): (key, position), retired later (`_retry_deferred`).
+        self._deferred: list[tuple[str, int]] = []
+        self._deferred_retires = 0  # retires deferred so far (health)
 
     # -- inspection ------------------------------------------------------------
 
@@ -158,6 +163,8 @@ class RingProducer:
         frame would go: the arena reserves after its pending reservations.
         """
         every_reclaim = self._FREE_DEAD_HOLDERS_AT_EVERY_RECLAIM
+        if self._deferred:
+            self._retry_deferred()
         if self._frames:
             self._reclaim(every_reclaim)
         capacity = self._capacity
@@ -291,7 +298,7 @@ class RingProducer:
             return 0
         return self._retire_positions([(key, position)])
 
-    def _retire_positions(self, candidates: list[tuple[str, int]]) -> int:
+    def _retire_positions(self, candidates: list[tuple[str, int]], closing: bool = False) -> int:
         """Retire those of `candidates` still PUBLISHED, under the ring lock.
 
         The retire step of `process_cancel`, `process_cancel_prefix` and
@@ -299,6 +306,14 @@ class RingProducer:
         without the lock first and the lock is taken only when something may
         need retiring. The arena never gets here: its keys are unique
         sequence numbers, so no put has an older version to retire.
+
+        The lock is waited for at most `locks.PRODUCER_LOCK_WAIT_SECONDS`
+        (another process holds it). Past that the frames stay PUBLISHED, are
+        not counted, and are retired at a later producer call
+        (`_retry_deferred`); a re-put's older frame is hidden meanwhile by
+        the newer one (readers index a key's newest frame). `closing` (the
+        ring is CLOSED already, which no claim passes): what is still
+        PUBLISHED then counts as retired, unlocked.
         """
         words = self._words
         assert words is not None  # open while the owner is
@@ -310,12 +325,28 @@ class RingProducer:
                 FRAME_STATE_PUBLISHED
             ):
                 live.append((key, position))
-            else:
+            elif published.get(key) == position:
                 del published[key]  # claimed by a reader: nothing to retire
         if not live:
             return 0
         retired = 0
-        self._os.flock(self._fd, _LOCK)
+        if not lock_exclusive_within(self._os, self._fd, PRODUCER_LOCK_WAIT_SECONDS):
+            for key, position in live:
+                if published.get(key) == position:
+                    del published[key]
+            if closing:
+                # CLOSED is stored: no claim starts any more; a claim the holder has
+                # under way may still complete (it began before the close).
+                retired = sum(
+                    load_frame_state_acquire(words, _data_offset(position, capacity))
+                    == FRAME_STATE_PUBLISHED
+                    for _key, position in live
+                )
+                self._retired += retired
+                return retired
+            self._deferred.extend(live)
+            self._deferred_retires += len(live)
+            return 0
         self._locks += 1
         try:
             for key, position in live:
@@ -323,11 +354,55 @@ class RingProducer:
                 if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
                     store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
                     retired += 1
-                del published[key]
+                if published.get(key) == position:
+                    del published[key]
         finally:
             self._os.flock(self._fd, _UNLOCK)
         self._retired += retired
         return retired
+
+    def _retry_deferred(self) -> int:
+        """Retire the frames a busy lock made us leave, if the lock is free now; answer how many.
+
+        Never waits: the lock is tried once (a later call tries again).
+        Frames claimed since (or reclaimed) are dropped from the list.
+        """
+        words = self._words
+        deferred = self._deferred
+        if words is None or not deferred:
+            return 0
+        capacity = self._capacity
+        live = [
+            (key, position)
+            for key, position in deferred
+            if position >= self._tail
+            and load_frame_state_acquire(words, _data_offset(position, capacity))
+            == FRAME_STATE_PUBLISHED
+        ]
+        if not live:
+            deferred.clear()
+            return 0
+        if not lock_exclusive_within(self._os, self._fd, 0.0):
+            deferred[:] = live
+            return 0
+        self._locks += 1
+        retired = 0
+        try:
+            for _key, position in live:
+                offset = _data_offset(position, capacity)
+                if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
+                    store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+                    retired += 1
+        finally:
+            self._os.flock(self._fd, _UNLOCK)
+        deferred.clear()
+        self._retired += retired
+        return retired
+
+    @property
+    def deferred_retires(self) -> tuple[int, int]:
+        """(retires deferred so far, frames waiting to be retired now)."""
+        return self._deferred_retires, len(self._deferred)
 
     # -- inspection --------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 from collections.abc import Callable
 
@@ -75,6 +74,7 @@ class RingChannel(RingProducer, _RingFile):
     """
 
     _unlink_pending: bool = False
+    unlink_failures: int = 0  # unlinks of the ring file that failed (each retried at a later close)
 
     def __init__(
         self,
@@ -268,15 +268,29 @@ class RingChannel(RingProducer, _RingFile):
     # -- retire ----------------------------------------------------------------
 
     def cancel(self, key: str) -> int:
-        """Retire the key's unclaimed frame; answer how many (0 or 1). See `process_cancel`."""
+        """Retire the key's unclaimed frame; answer how many (0 or 1). See `process_cancel`.
+
+        Waits for another process's ring lock at most `locks.PRODUCER_LOCK_WAIT_SECONDS`;
+        a frame it could not lock stays, answers 0, and is retired later (`reap`).
+        """
         if self._closed:
             return 0
+        if self._deferred:
+            self._retry_deferred()
         return self._retire_key(key)
+
+    def reap(self) -> int:
+        """Retire the frames a busy lock left (never waits); answer how many."""
+        if self._closed:
+            return 0
+        return self._retry_deferred()
 
     def cancel_prefix(self, prefix: str) -> int:
         """Retire every unclaimed frame whose key is `prefix` + digits. See `process_cancel_prefix`."""
         if self._closed:
             return 0
+        if self._deferred:
+            self._retry_deferred()
         candidates = [(k, p) for k, p in self._published.items() if is_prefix_match(prefix, k)]
         if not candidates:
             return 0
@@ -291,11 +305,12 @@ class RingChannel(RingProducer, _RingFile):
         `process_close`. The CLOSED mark comes first, so readers stop
         claiming even if retiring fails (a fault in the lock, say); a reader
         already holding the lock finishes its claim first, which orders that
-        claim before the close. Idempotent; a failed unlink is retried by the
-        next close. Readers keep their own mappings and see a CLOSED ring.
+        claim before the close. Idempotent; a failed unlink never escapes:
+        the file is kept (`unlink_pending`) and the next close retries it.
+        Readers keep their own mappings and see a CLOSED ring.
         """
         if self._closed:
-            self._teardown()
+            self._teardown(defer_unlink=True)
             return 0
         self._closed = True
         retired = 0
@@ -305,19 +320,34 @@ class RingChannel(RingProducer, _RingFile):
             if buf is not None:
                 store_ring_state_release(words, RING_STATE_CLOSED)
                 bump_wakeup_sequence_release(words)
-                retired = self._retire_positions(list(self._published.items()))
+                # Frames an earlier retire left (a busy lock) are retired with the rest.
+                pending = [*self._published.items(), *self._deferred]
+                self._deferred.clear()
+                retired = self._retire_positions(pending, closing=True)
         finally:
             self._published.clear()
-            self._teardown()
+            self._teardown(defer_unlink=True)
         return retired
 
-    def _teardown(self) -> None:
+    @property
+    def unlink_pending(self) -> bool:
+        """The ring file is still linked: its unlink failed and the next close retries it."""
+        return self._unlink_pending
+
+    def _teardown(self, defer_unlink: bool = False) -> None:
         try:
             self._release_mapping()
         finally:
             if self._unlink_pending:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     self._dir.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    if not defer_unlink:
+                        raise
+                    self.unlink_failures += 1
+                    return  # kept; the next close retries
                 self._unlink_pending = False
 
     def __enter__(self) -> RingChannel:

@@ -9,7 +9,7 @@ import stat
 import sys
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ...spec.index import ReaderIndex
 from ...spec.layout import (
@@ -33,6 +33,7 @@ from ..errors import (
     ClosedError,
     CorruptFrameError,
     ProducerGoneError,
+    UnsupportedPayloadError,
 )
 from ..frame_io import (
     SharedWords,
@@ -87,6 +88,10 @@ from .results import (
 )
 
 # -- reader --------------------------------------------------------------------
+
+
+# What a decoder raises for a payload that will never decode (issue 27: consumed, not kept).
+_UNDECODABLE: Final = (CorruptFrameError, UnsupportedPayloadError)
 
 
 class RingReader(_RingFile):
@@ -420,7 +425,11 @@ class RingReader(_RingFile):
                     f"frame retired; path={self.path!r}"
                 )
             if mode is ConsumeMode.LEASE and decode is not None:
-                value = self._lend(words, offset, payload_start, payload_end, position, decode)
+                try:
+                    value = self._lend(words, offset, payload_start, payload_end, position, decode)
+                except _UNDECODABLE:
+                    self._retire_undecodable(key_bytes, position, offset)
+                    raise
             elif mode is ConsumeMode.LEASE:
                 # The lease's export covers the whole frame: its release stores
                 # DONE in this header (`borrow.mark_frame_done`).
@@ -439,14 +448,20 @@ class RingReader(_RingFile):
             else:
                 # decode reads in place; a view of ring storage it keeps pins the
                 # frame (CLAIMED, never reclaimed) so the ring never rewrites it.
-                value, kept = call_with_view(
-                    self._mapping,  # type: ignore[arg-type]
-                    payload_start,
-                    payload_end,
-                    decode,
-                    writable=False,
-                    on_kept=lambda: store_frame_state_release(words, offset, FRAME_STATE_CLAIMED),
-                )
+                try:
+                    value, kept = call_with_view(
+                        self._mapping,  # type: ignore[arg-type]
+                        payload_start,
+                        payload_end,
+                        decode,
+                        writable=False,
+                        on_kept=lambda: store_frame_state_release(
+                            words, offset, FRAME_STATE_CLAIMED
+                        ),
+                    )
+                except _UNDECODABLE:
+                    self._retire_undecodable(key_bytes, position, offset)
+                    raise
                 if kept:
                     raise BufferError(
                         f"decode kept a view of ring storage; frame pinned at position={position}"
@@ -458,6 +473,19 @@ class RingReader(_RingFile):
             del self._index[key_bytes]  # the entry named this frame (checked above, under the lock)
         self._gets += 1
         return _new_outcome(Received, (_DELIVERED, position, value))
+
+    def _retire_undecodable(self, key_bytes: bytes, position: int, offset: int) -> None:
+        """Under the lock: a payload that does not decode is consumed (RETIRED), as vllm-omni does.
+
+        Left PUBLISHED it would fail every later get (and pin the ring);
+        its error still reaches the caller. A frame a kept view pinned
+        (CLAIMED) stays so.
+        """
+        words = self._words
+        assert words is not None
+        if load_frame_state_acquire(words, offset) == FRAME_STATE_PUBLISHED:
+            store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+            self._forget(key_bytes, position)
 
     def _lend(
         self,
