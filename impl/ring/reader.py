@@ -257,8 +257,9 @@ class RingReader(_RingFile):
         since its last scan only when the head moved, then claims the
         index's candidate after checking the frame header there (key,
         position, state), so a stale entry costs a miss, never a wrong
-        frame. A get with a descriptor checks the exact frame it names and
-        neither scans nor uses the index. A get on an unchanged channel
+        frame. A get with a descriptor checks the exact frame it names, and
+        answers STALE when the index (caught up like a get by key's) holds
+        a newer frame of the key. A get on an unchanged channel
         whose index has nothing for the key makes no system call and takes
         no lock.
         """
@@ -276,6 +277,14 @@ class RingReader(_RingFile):
             miss = _NOT_FOUND
         else:
             if not self._names_frame(buf, words, key_bytes, position):
+                return _STALE
+            # A newer frame of the key supersedes this one even while its
+            # producer could not retire it (a busy lock defers the retire:
+            # `engine._retire_positions`), so the index catches up first.
+            if load_head_acquire(words) != self._seen_head:
+                self._scan(buf, words)
+            newest = self._index.get(key_bytes)
+            if newest is not None and newest != position:
                 return _STALE
             found = position
             miss = _STALE
