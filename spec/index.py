@@ -31,8 +31,11 @@ The position is the entry's generation: positions only grow, so a slot of
 the data region reused after a wrap holds a frame at another position, and
 an entry can never be mistaken for the newer frame there.
 
-A get with a descriptor does not use the index: it checks the exact frame
-the descriptor names (`spec.ring.process_get` with `position`).
+A get with a descriptor checks the exact frame the descriptor names
+(`spec.ring.process_get` with `position`), and first asks the index whether
+a newer frame of the key exists (`process_descriptor_get`): a producer whose
+ring lock was busy may have published the newer frame before it could retire
+the older one, and the newest frame of a key hides every older one.
 """
 
 from __future__ import annotations
@@ -168,10 +171,39 @@ def process_indexed_get(
     return process_get(ring, key, frame.position, mode)
 
 
+def process_descriptor_get(
+    ring: RingState,
+    index: ReaderIndex,
+    key: str,
+    position: int,
+    mode: ConsumeMode = ConsumeMode.COPY_OUT,
+) -> GetResult:
+    """A get with a descriptor: the exact frame at `position`, unless a newer frame of the key exists.
+
+    A position that holds no data frame of `key` is STALE at once (no scan:
+    the look costs no system call). Otherwise the index catches up if the
+    head moved, and an entry of the key at another position is a newer
+    version (entries only name the newest frame seen): STALE. Else what
+    `spec.ring.process_get` answers for `position`. The index keeps its
+    entries (a claim by descriptor leaves the key's entry to fail its own
+    validation later).
+    """
+    frame = get_frame_at(ring, position)
+    if frame is None or frame.frame_type != DATA_FRAME_TYPE or frame.key != key:
+        return GetResult(GetStatus.STALE)
+    if is_index_behind(ring, index):
+        process_index_scan(ring, index)
+    newest = index.entries.get(key)
+    if newest is not None and newest != position:
+        return GetResult(GetStatus.STALE)
+    return process_get(ring, key, position, mode)
+
+
 __all__ = [
     "ReaderIndex",
     "get_index_answer",
     "is_index_behind",
+    "process_descriptor_get",
     "process_index_forget",
     "process_index_scan",
     "process_indexed_get",
