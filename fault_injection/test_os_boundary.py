@@ -13,7 +13,6 @@ import errno
 import inspect
 import logging
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -51,32 +50,23 @@ def _fill_descriptors() -> list[int]:
     return held
 
 
-@pytest.fixture
-def no_descriptors_left() -> Iterator[list[int]]:
-    held = _fill_descriptors()
-    try:
-        yield held
-    finally:
-        for fd in held:
-            os.close(fd)
-
-
-def test_emfile_while_joining_a_scope_is_resource_exhausted_naming_the_file(
-    scope: str, no_descriptors_left: list[int]
-) -> None:
+def test_emfile_while_joining_a_scope_is_resource_exhausted_naming_the_file(scope: str) -> None:
     """Real EMFILE (every descriptor taken): a typed error naming the path and the remedy."""
     connector = Connector(scope, ring_capacity=4096)
+    held = _fill_descriptors()
     try:
         with pytest.raises(ResourceExhaustedError) as raised:
             connector.join()
         assert raised.value.errno == errno.EMFILE
         message = str(raised.value)
         assert deployment_directory(scope) in message and "remedy" in message
-        for fd in no_descriptors_left[:16]:  # descriptors again: the join succeeds
+        for fd in held[:16]:  # descriptors again: the join succeeds
             os.close(fd)
-        del no_descriptors_left[:16]
+        del held[:16]
         connector.join()
     finally:
+        for fd in held:
+            os.close(fd)
         connector.close()
 
 
@@ -122,21 +112,21 @@ def test_a_refused_open_in_a_pre_created_0700_directory_of_ours_is_typed(
 def test_close_out_of_descriptors_never_raises_and_says_what_it_left(
     scope: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Close with every descriptor taken (its teardown scan needs one): no bare EMFILE.
+    """EMFILE at the teardown's directory scan (the last member out): close does not raise.
 
-    What it could not remove (the empty directory) is logged; the next member
-    to leave, or gc, removes it.
+    Seen in a process that ran out of descriptors: a bare EMFILE from
+    `close()`. What it could not remove (the empty directory) is logged
+    with the remedy; the next member to leave, or gc, removes it.
     """
-    connector = Connector(scope, ring_capacity=4096)
+    faulty = FaultyOs()
+    connector = Connector(scope, ring_capacity=4096, os_facade=faulty)
     connector.put(EDGE, "k", {"v": 1})
-    held = _fill_descriptors()
-    try:
-        with caplog.at_level(logging.WARNING, logger="shmring"):
-            connector.close()
-    finally:
-        for fd in held:
-            os.close(fd)
+    faulty.fail_every("scandir", errno.EMFILE)
+    with caplog.at_level(logging.WARNING, logger="shmring"):
+        connector.close()
+    faulty.disarm()
     assert any("remedy" in record.getMessage() for record in caplog.records), caplog.text
+    assert os.path.isdir(deployment_directory(scope))  # left, and said so
     with Connector(scope, ring_capacity=4096) as other:
         other.join()  # the last one out removes what the first left
     assert not os.path.exists(deployment_directory(scope))

@@ -93,6 +93,19 @@ class ResourceExhaustedError(ShmringError, OSError):
         OSError.__init__(self, errno, message)
 
 
+class FileAccessError(ShmringError, OSError):
+    """The OS refused an operation on a file of ours (EACCES, EPERM, EROFS, EIO, ...).
+
+    Not a shortage (ResourceExhaustedError) nor a full filesystem
+    (NoSpaceError). The message names the file, the errno and the remedy;
+    `errno` and `filename` are the OS error's.
+    """
+
+    def __init__(self, message: str, errno: int, filename: str | None = None) -> None:
+        OSError.__init__(self, errno, message)
+        self.filename = filename
+
+
 #: errno values that mean "out of descriptors or mappings", not "this file is bad".
 EXHAUSTION_ERRNOS = frozenset((_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM))
 
@@ -114,6 +127,47 @@ class RegistryPoisonedError(RegistrationError):
     """An unregister failed for good: no new registration until the process restarts."""
 
 
+_NO_SPACE_ERRNOS = frozenset((_errno.ENOSPC, _errno.EDQUOT))
+
+
+def typed_os_error(error: OSError, what: str, directory: str) -> OSError:
+    """`error` (a bare OSError met while `what`) as the shmring error a caller sees.
+
+    Issue 22, defect 6: no OS error leaves the public API untyped. The
+    answer names the file (`error.filename`, inside `directory` when it is a
+    bare name, else `directory`) and the remedy: ResourceExhaustedError for
+    a lack of descriptors or mappings, NoSpaceError for a full filesystem,
+    FileAccessError for anything else. A shmring error is answered as it is.
+    """
+    if isinstance(error, ShmringError):
+        return error
+    code = error.errno or 0
+    name = error.filename
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if isinstance(name, str) and name and not os.path.isabs(name):
+        name = os.path.join(directory, name)
+    path = name if isinstance(name, str) and name else directory
+    reason = f"{describe_errno(code)} while {what}: path={path!r}"
+    if code in EXHAUSTION_ERRNOS:
+        return ResourceExhaustedError(
+            f"{reason}; remedy: raise the descriptor limit (ulimit -n, RLIMIT_NOFILE) or "
+            f"close other files, then retry",
+            code,
+        )
+    if code in _NO_SPACE_ERRNOS:
+        return NoSpaceError(
+            f"{reason}; remedy: free space under the shm root (or make it larger), then retry",
+            code,
+        )
+    return FileAccessError(
+        f"{reason}; remedy: check that path's owner, mode and filesystem (read-only?), "
+        f"or pick another scope or shm_root",
+        code,
+        path,
+    )
+
+
 def describe_errno(code: int) -> str:
     """`ENOSPC (No space left on device)` for an errno value."""
     name = _errno.errorcode.get(code, str(code))
@@ -128,6 +182,7 @@ __all__ = [
     "CorruptFrameError",
     "DirectoryReplacedError",
     "EXHAUSTION_ERRNOS",
+    "FileAccessError",
     "FrameTooLargeError",
     "InvalidKeyError",
     "NoSpaceError",
@@ -140,4 +195,5 @@ __all__ = [
     "UnsupportedPayloadError",
     "describe_errno",
     "is_exhaustion",
+    "typed_os_error",
 ]

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any, overload
 
 from ...spec.connector import Route
 from .. import codec
-from ..errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
+from ..errors import (
+    BackPressureError,
+    ClosedError,
+    InvalidKeyError,
+    ShmringError,
+    typed_os_error,
+)
 from ..fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
 from ..names import (
     DEFAULT_SHM_ROOT,
@@ -162,7 +168,10 @@ class Connector(BlockingGets):
         self.instance = next_instance()  # which of this process's connectors (0, 1, ...)
         process = seams.identity if seams is not None else None
         if process is None:
-            process = current_producer_identity()
+            try:
+                process = current_producer_identity()
+            except OSError as error:  # /proc/self/stat, out of descriptors (issue 22)
+                raise typed_os_error(error, "reading this process's start time", "/proc") from error
         # This connector's producer identity: (pid, start time, instance).
         self.identity: ConnectorIdentity = (process[0], process[1], self.instance)
         hook: PublishHook | None = seams.publish_hook if seams is not None else None
@@ -205,7 +214,12 @@ class Connector(BlockingGets):
         deployment = self._deployment
         if deployment is not None:
             return deployment
-        deployment = Deployment.join(self.config, self.identity, self._os, self._shed_descriptors)
+        try:
+            deployment = Deployment.join(
+                self.config, self.identity, self._os, self._shed_descriptors
+            )
+        except OSError as error:  # issue 22: typed, naming the file and the remedy
+            raise typed_os_error(error, "joining the deployment", self.directory) from error
         self._bell.attach(deployment.stamp)
         self._ring_route.joined(deployment)
         self._fallback_route.joined(deployment)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +42,8 @@ from .stamp import Stamp
 # which holds its exclusive lock for a handful of system calls.
 _JOIN_RETRY_SLEEP: Final = 0.0005
 _JOIN_TIMEOUT: Final = 10.0
+
+logger = logging.getLogger("shmring.discovery")
 
 
 class Membership:
@@ -177,7 +180,16 @@ class Membership:
             # nothing stays behind once the survivors have closed.
             with contextlib.suppress(OSError, ShmringError):
                 remove_dead_files(self.directory, self._os, None)
-            return teardown_if_empty(self.directory, self._os)
+            try:
+                return teardown_if_empty(self.directory, self._os)
+            except OSError as error:  # issue 22: leaving never raises for the OS
+                logger.warning(
+                    "shmring: could not remove the empty deployment directory %s: %s; "
+                    "remedy: the next member to leave, or `shmring gc`, removes it",
+                    self.directory.path,
+                    error,
+                )
+                return False
         finally:
             self._os.close(fd)
 
