@@ -20,6 +20,10 @@ the ring does not take. The routing rules, in the order a put applies them:
 Whichever route accepts, the key's older version on the *other* route is
 retired, so an (edge, key) has at most one deliverable version in total.
 
+A key is at most `layout.MAX_KEY_LENGTH` UTF-8 bytes: the implementation
+refuses a longer one (InvalidKeyError) before any step here, so the ring's
+"key too long: not admitted" rule is never met through a connector.
+
 A get with a descriptor reads only the route and place the descriptor names
 (a ring descriptor never falls back); a get by key looks at both routes. A
 ring frame that carries a pool reference is claimed like any ring frame;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Final
 
+from ...spec.layout import MAX_KEY_LENGTH
 from ..errors import InvalidKeyError
 from ..names import Edge, validate_stage_name
 
@@ -69,11 +70,21 @@ def split_edge(args: tuple[Any, ...], rest: int, what: str) -> tuple[Edge, tuple
 
 
 def validate_key(key: object) -> None:
-    """InvalidKeyError unless `key` is a str that encodes as UTF-8."""
+    """InvalidKeyError unless `key` is a str of at most MAX_KEY_LENGTH UTF-8 bytes.
+
+    The limit is the ring frame's key length field's (`spec.layout.MAX_KEY_LENGTH`),
+    so every valid key fits a ring frame's header (issue 22: there was none).
+    """
     if not isinstance(key, str):
         raise InvalidKeyError(f"key must be a str: key={key!r}")
-    if not key.isascii():
+    if key.isascii():
+        length = len(key)
+    else:
         try:
-            key.encode("utf-8")
+            length = len(key.encode("utf-8"))
         except UnicodeEncodeError as error:
             raise InvalidKeyError(f"key is not valid UTF-8 text: key={key!r}") from error
+    if length > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            f"key too long: {length} UTF-8 bytes, at most {MAX_KEY_LENGTH}: key={key[:32]!r}..."
+        )

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from ...spec.connector import Route
+from ...spec.layout import MAX_KEY_LENGTH
 from .. import codec
 from ..errors import (
     BackPressureError,
@@ -270,7 +271,7 @@ class Connector(BlockingGets):
         with self._lock:
             if self._closed:
                 self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii():
+            if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
                 validate_key(key)
             plan = codec.prepare(obj)
             numbers = self._cohort_numbers
@@ -416,7 +417,7 @@ class Connector(BlockingGets):
         with self._lock:
             if self._closed:
                 self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii():
+            if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
                 validate_key(key)
             deployment = self._deployment
             if deployment is None:  # not (fully) joined yet: `_join` retries what failed
