@@ -230,8 +230,12 @@ def load_tail_acquire(words: SharedWords) -> int:
 
 
 def bump_wakeup_sequence_release(words: SharedWords) -> int:
-    """Advance the wake-up sequence (single writer: the producer)."""
-    value: int = words.u64[_WAKEUP_WORD] + 1
+    """Advance the wake-up sequence (single writer: the producer), wrapping at 2**64.
+
+    Readers only compare it for change; a scribbled all-ones word wraps to 0
+    instead of failing the store (issue 22: close raised ValueError there).
+    """
+    value: int = (words.u64[_WAKEUP_WORD] + 1) & 0xFFFF_FFFF_FFFF_FFFF
     words.u64[_WAKEUP_WORD] = value
     return value
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import logging
+import struct
 from collections.abc import Callable
 
 from ...spec.layout import (
@@ -22,6 +24,7 @@ from ..directory import Directory
 from ..errors import (
     ConfigurationError,
     NoSpaceError,
+    ShmringError,
 )
 from ..frame_io import (
     SharedWords,
@@ -46,6 +49,7 @@ from .engine import (
     PublishHook,
     RingProducer,
 )
+from .frames import RING_FILE, read_checked_ring_header
 from .mapping import (
     _PAGE_SIZE,
     _ZERO_FILL,
@@ -58,6 +62,8 @@ from .results import (
     PutOutcome,
     RingStatistics,
 )
+
+logger = logging.getLogger("shmring.ring")
 
 # -- producer ------------------------------------------------------------------
 
@@ -75,6 +81,7 @@ class RingChannel(RingProducer, _RingFile):
 
     _unlink_pending: bool = False
     unlink_failures: int = 0  # unlinks of the ring file that failed (each retried at a later close)
+    close_problems: int = 0  # corrupt contents close met (logged; never raised)
 
     def __init__(
         self,
@@ -318,16 +325,41 @@ class RingChannel(RingProducer, _RingFile):
             buf = self._buf
             words = self._words
             if buf is not None:
+                self._report_overwritten_header(buf)
                 store_ring_state_release(words, RING_STATE_CLOSED)
                 bump_wakeup_sequence_release(words)
                 # Frames an earlier retire left (a busy lock) are retired with the rest.
                 pending = [*self._published.items(), *self._deferred]
                 self._deferred.clear()
                 retired = self._retire_positions(pending, closing=True)
+        except (ValueError, OverflowError, IndexError, struct.error, ShmringError) as error:
+            # Issue 22, defect 7: contents a neighbour scribbled never make close
+            # raise; the CLOSED mark (first) and the unlink (below) still happen.
+            self.close_problems += 1
+            logger.warning(
+                "shmring: could not retire the frames of ring %s (its contents are corrupt: "
+                "%s); the file is removed anyway",
+                self.path,
+                error,
+            )
         finally:
             self._published.clear()
             self._teardown(defer_unlink=True)
         return retired
+
+    def _report_overwritten_header(self, buf: memoryview) -> None:
+        """Log (and count) a header that no longer says what `create` wrote (issue 22)."""
+        _, problem = read_checked_ring_header(
+            buf, compute_ring_file_length(self._capacity), RING_FILE
+        )
+        if problem is not None:
+            self.close_problems += 1
+            logger.warning(
+                "shmring: ring %s: its header was overwritten (%s); could not trust it, "
+                "so close retires the frames this producer recorded and removes the file",
+                self.path,
+                problem,
+            )
 
     @property
     def unlink_pending(self) -> bool:
