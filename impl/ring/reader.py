@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 import sys
+import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -527,7 +528,13 @@ class RingReader(_RingFile):
         baseline = sys.getrefcount(payload)
         try:
             value = decode(payload)
-        except BaseException:
+        except BaseException as error:
+            # The finished frames of the traceback still name `payload` as a
+            # local: only a reference from elsewhere is a view that outlives
+            # the failure. Counting those frames pinned (and so consumed) every
+            # key whose pool slot could not be mapped for want of descriptors
+            # (issue 22, defect 2: a failed claim rolls back completely).
+            traceback.clear_frames(error.__traceback__)
             if sys.getrefcount(payload) > baseline:  # a view outlives the failure: pin the frame
                 self._hold(words, offset, payload)
             raise

@@ -1,0 +1,57 @@
+"""Issue 22, defects 2 and 5: descriptor shortage never loses a key; the pool holds no fd per slot."""
+
+from __future__ import annotations
+
+import errno
+import uuid
+
+import pytest
+
+from shmring.fault_injection import fdclaims
+from shmring.fault_injection.kit.seams import FaultyOs
+from shmring.impl.connector import Connector, GetStatus, Route
+from shmring.impl.errors import ResourceExhaustedError
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["owned", "holding_borrowed"])
+@pytest.mark.parametrize("limit", [16, 24])
+def test_a_reader_short_of_descriptors_never_loses_a_pooled_key(hold: bool, limit: int) -> None:
+    """Issue 22: 60 pooled keys, a reader under RLIMIT_NOFILE retrying ResourceExhaustedError.
+
+    Holding its borrowed payloads (so their slot mappings cannot be shed), the
+    reader runs out; before the fix every key that failed was consumed by
+    the failure (its carrier frame pinned, then DONE) and never delivered to
+    anyone (at 24: 46 of 60 lost). Now a failed claim rolls back completely:
+    each key is delivered exactly once, by the limited reader on a retry.
+    """
+    report = fdclaims.reader_probe(f"fc{uuid.uuid4().hex[:8]}", keys=60, limit=limit, hold=hold)
+    assert report["pool_puts"] == 60, report
+    assert report["bare"] == {} and report["wrong"] == 0, report
+    assert report["lost"] == [] and report["twice"] == [], report
+    assert report["delivered"] == 60, report
+    if hold:
+        assert report["typed"].get("ResourceExhaustedError", 0) > 0, report  # it did run out
+
+
+def test_a_borrowed_pool_claim_that_runs_out_of_descriptors_leaves_the_key_deliverable(
+    scope: str,
+) -> None:
+    """Through the seam: EMFILE at every open while a borrowed get maps the key's slot."""
+    faulty = FaultyOs()
+    with (
+        Connector(scope, ring_capacity=4096, **fdclaims.pool_options(2)) as producer,
+        Connector(scope, ring_capacity=4096, pool_budget_bytes=0, os_facade=faulty) as reader,
+    ):
+        payload = fdclaims._payload("k")
+        producer.put(fdclaims.EDGE, "small", {"v": 1})
+        producer.put(fdclaims.EDGE, "k", payload)
+        assert reader.get(fdclaims.EDGE, "small").status is GetStatus.DELIVERED  # ring mapped
+        faulty.fail_every("open", errno.EMFILE)  # the slot file's open, and every retry
+        for _ in range(3):
+            with pytest.raises(ResourceExhaustedError):
+                reader.get(fdclaims.EDGE, "k", borrow=True)
+        faulty.disarm()
+        with reader.get(fdclaims.EDGE, "k", borrow=True) as got:
+            assert got.status is GetStatus.DELIVERED and got.route is Route.POOL, got
+            assert bytes(got.value["fill"]) == payload["fill"]
+        assert reader.get(fdclaims.EDGE, "k").status is GetStatus.NOT_FOUND  # exactly once
