@@ -7,8 +7,10 @@ of those were "not found" on retry, so the claim that failed had taken
 the key with it. `reader_probe` repeats that: the producer is this
 process, the reader a child whose limit is set with `resource.setrlimit`
 before it imports shmring (optionally holding every borrowed payload it
-gets, so its mappings pile up), retrying a typed failure in later passes;
-its last pass runs after it gave every held payload back. Then a reader
+gets), which after its first key takes every descriptor left (so a claim
+gets only what a shed frees) and retries a typed failure in later passes;
+its last pass runs after it gave the descriptors and every held payload
+back. Then a reader
 without a limit gets what the child missed. A key is lost when neither
 delivered it, and delivered twice when both did.
 
@@ -20,6 +22,7 @@ how many took the pool, how many fell back, and the errors by type.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -58,6 +61,16 @@ def _limit(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
+def _take_every_descriptor() -> list[int]:
+    held: list[int] = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError:
+        pass
+    return held
+
+
 def _reader(scope: str, keys: list[str], limit: int, hold: bool) -> dict[str, Any]:
     _limit(limit)
     from ..impl.connector import Connector, GetStatus
@@ -70,9 +83,15 @@ def _reader(scope: str, keys: list[str], limit: int, hold: bool) -> dict[str, An
     failed_once: set[str] = set()
     held: list[Any] = []
     wrong = 0
+    squeezed: list[int] = []
     with Connector(scope, ring_capacity=4096, pool_budget_bytes=0) as reader:
         for attempt in range(_PASSES + 1):
+            if attempt == 1:  # every descriptor taken: only what a shed frees is left
+                squeezed = _take_every_descriptor()
             if attempt == _PASSES:  # the last pass after giving every held payload back
+                for fd in squeezed:
+                    os.close(fd)
+                squeezed.clear()
                 for got in held:
                     got.release()
                 held.clear()
@@ -166,7 +185,7 @@ def _producer(scope: str, puts: int, limit: int) -> dict[str, Any]:
     typed: Counter[str] = Counter()
     bare: Counter[str] = Counter()
     ok = 0
-    with Connector(scope, ring_capacity=1 << 20, **pool_options(puts)) as producer:
+    with Connector(scope, ring_capacity=_RING, **pool_options(puts)) as producer:
         for index in range(puts):
             key = f"big{index}"
             try:
@@ -177,8 +196,6 @@ def _producer(scope: str, puts: int, limit: int) -> dict[str, Any]:
             except OSError as error:
                 bare[str(error.errno)] += 1
         health = producer.health()
-        import os
-
         open_fds = len(os.listdir("/proc/self/fd"))
     return {
         "ok": ok,

@@ -16,11 +16,13 @@ from the call it replaces.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import mmap
 import os
 import select
+import weakref
 from typing import Final
 
 SITE_OPEN: Final = "open"
@@ -126,6 +128,20 @@ class OsFacade:
         self._enter(SITE_MMAP)
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=prot)
+
+    def map_shared(self, fd: int, length: int) -> SharedMapping:
+        """Map `length` bytes of `fd` read-write, shared, *holding no descriptor* (site mmap).
+
+        Python's `mmap.mmap` keeps a dup of the descriptor for as long as the
+        mapping lives: two descriptors per mapped file, which put a limit of
+        26 outstanding pool slots on a producer at ``ulimit -n 64`` (issue 22,
+        defect 5). This maps through libc's mmap(2) instead, so the caller may
+        close `fd` at once; the answer is a ctypes byte array over the
+        mapping (take `memoryview(answer)`), unmapped when the last reference
+        to it (views and arrays made from it included) is gone.
+        """
+        self._enter(SITE_MMAP)
+        return map_shared_without_descriptor(fd, length)
 
     def fstat(self, fd: int) -> os.stat_result:
         self._enter(SITE_STAT)
@@ -240,6 +256,47 @@ class OsFacade:
         return poller
 
 
+# -- mappings that hold no descriptor ------------------------------------------------
+
+_LIBC: Final = ctypes.CDLL(None, use_errno=True)
+_LIBC_MMAP: Final = _LIBC.mmap
+_LIBC_MMAP.restype = ctypes.c_void_p
+_LIBC_MMAP.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,  # off_t on LP64 Linux
+)
+_LIBC_MUNMAP: Final = _LIBC.munmap
+_LIBC_MUNMAP.restype = ctypes.c_int
+_LIBC_MUNMAP.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED: Final = ctypes.c_void_p(-1).value
+
+#: What `OsFacade.map_shared` answers: a ctypes byte array over the mapping.
+SharedMapping = ctypes.Array  # type: ignore[type-arg]
+
+
+def _unmap(address: int, length: int) -> None:
+    _LIBC_MUNMAP(address, length)
+
+
+def map_shared_without_descriptor(fd: int, length: int) -> SharedMapping:
+    """`OsFacade.map_shared` without the seam: mmap(2) through libc, freed with its last reference."""
+    if length <= 0:
+        raise ValueError(f"cannot map an empty range: length={length}")
+    address = _LIBC_MMAP(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    array = (ctypes.c_ubyte * length).from_address(address)
+    # munmap once nothing (our array, a memoryview, a numpy array made from
+    # one) refers to the array: refcounting makes that prompt.
+    weakref.finalize(array, _unmap, address, length).atexit = False
+    return array
+
+
 #: The facade production code uses when none is given.
 DEFAULT_OS: Final = OsFacade()
 
@@ -254,4 +311,6 @@ __all__ = [
     "OPEN_FLAGS_READONLY",
     "SITES",
     "OsFacade",
+    "SharedMapping",
+    "map_shared_without_descriptor",
 ]

@@ -158,7 +158,9 @@ class PoolReader:
                 raise CorruptFrameError(
                     f"pool slot file of {info.st_size} bytes has no header: name={name!r}"
                 )
-            mapping = self._os.mmap(fd, info.st_size)
+            # No dup kept by the mapping: one descriptor per mapped slot (ours,
+            # kept to see the file unlinked), not two (issue 22, defect 5).
+            mapping = self._os.map_shared(fd, info.st_size)
         except BaseException:
             self._os.close(fd)
             raise
@@ -277,8 +279,8 @@ class PoolReader:
         """Out of descriptors: unmap half the mapped slots, least recently used first.
 
         `spec.pool` has unbounded descriptors; this is `connector.shortage`'s
-        business. Each mapped slot holds two descriptors (ours and the dup
-        Python's mmap keeps), so the entry goes, not just our descriptor. A
+        business. Each mapped slot holds one descriptor (ours; the mapping
+        itself holds none, `OsFacade.map_shared`), so the entry goes. A
         borrowed claim of a shed slot keeps its own views, so that mapping
         lives on until they die (`frame_io.release_mapping`) and its release
         still stores DONE; the next claim of the slot maps it again. A shed

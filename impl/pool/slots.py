@@ -41,7 +41,7 @@ from ...spec.layout import (
 from ..directory import Directory
 from ..errors import NoSpaceError
 from ..frame_io import SharedWords, release_mapping
-from ..os_seam import OPEN_FLAGS_CREATE, OsFacade
+from ..os_seam import OPEN_FLAGS_CREATE, OsFacade, SharedMapping
 
 _IDENTITY: Final = struct.Struct(POOL_IDENTITY_FORMAT)
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
@@ -148,19 +148,28 @@ def state_name(state: int) -> str:
 
 
 class SlotMapping:
-    """A slot file mapped read-write: header words and the whole mapping. Close is idempotent."""
+    """A slot file mapped read-write: header words and the whole mapping. Close is idempotent.
+
+    The mapping is `OsFacade.map_shared`'s, which holds no descriptor; `fd`
+    is -1 unless the holder kept one (the consumer does, to see an unlinked
+    file): a producer's slot costs no descriptor (issue 22, defect 5).
+    Closing drops our references; the pages are unmapped at once, or when
+    the last borrowed view made from `buf` dies.
+    """
 
     _fd: int = -1
-    _mapping: mmap.mmap | None = None
+    _mapping: SharedMapping | mmap.mmap | None = None
     _buf: memoryview | None = None
     words: SharedWords | None = None
 
-    def __init__(self, fd: int, mapping: mmap.mmap, file_length: int, os_facade: OsFacade) -> None:
+    def __init__(
+        self, fd: int, mapping: SharedMapping | mmap.mmap, file_length: int, os_facade: OsFacade
+    ) -> None:
         self._os = os_facade
         self._fd = fd
         self._mapping = mapping
         self.file_length = file_length
-        self._buf = memoryview(mapping)  # type: ignore[arg-type]
+        self._buf = memoryview(mapping).cast("B")  # type: ignore[arg-type]
         self.words = SharedWords(self._buf[:POOL_SLOT_HEADER_LENGTH])
 
     @property
@@ -168,7 +177,7 @@ class SlotMapping:
         return self._fd
 
     @property
-    def mapping(self) -> mmap.mmap:
+    def mapping(self) -> SharedMapping | mmap.mmap:
         assert self._mapping is not None  # open
         return self._mapping
 
@@ -181,7 +190,8 @@ class SlotMapping:
         words, self.words = self.words, None
         buf, self._buf = self._buf, None
         mapping, self._mapping = self._mapping, None
-        release_mapping(words, buf, mapping)
+        # A SharedMapping has no close: dropping it (here) unmaps it, or its last view does.
+        release_mapping(words, buf, mapping if isinstance(mapping, mmap.mmap) else None)
         fd, self._fd = self._fd, -1
         if fd >= 0:
             self._os.close(fd)
@@ -217,17 +227,15 @@ def create_slot_file(
         fd = directory.open(name, OPEN_FLAGS_CREATE)
     except OSError as error:
         raise _typed(error, capacity) from error
-    mapping: mmap.mmap | None = None
     try:
-        os_facade.ftruncate(fd, length)
-        os_facade.fallocate(fd, length)
-        mapping = os_facade.mmap(fd, length)
-        slot = SlotMapping(fd, mapping, length, os_facade)
+        try:
+            os_facade.ftruncate(fd, length)
+            os_facade.fallocate(fd, length)
+            # Map, then close: the mapping holds no descriptor (issue 22, defect 5).
+            slot = SlotMapping(-1, os_facade.map_shared(fd, length), length, os_facade)
+        finally:
+            os_facade.close(fd)
     except BaseException as error:
-        if mapping is not None:
-            with contextlib.suppress(BufferError):
-                mapping.close()
-        os_facade.close(fd)
         with contextlib.suppress(OSError):
             directory.unlink(name)
         if isinstance(error, OSError):
