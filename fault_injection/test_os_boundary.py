@@ -130,3 +130,28 @@ def test_close_out_of_descriptors_never_raises_and_says_what_it_left(
     with Connector(scope, ring_capacity=4096) as other:
         other.join()  # the last one out removes what the first left
     assert not os.path.exists(deployment_directory(scope))
+
+
+@pytest.mark.parametrize(
+    ("site", "code", "expected"),
+    [
+        ("unlink", errno.EIO, FileAccessError),
+        ("flock", errno.EMFILE, ResourceExhaustedError),
+    ],
+)
+def test_an_os_error_close_reports_is_typed_and_a_second_close_finishes(
+    scope: str, site: str, code: int, expected: type[ShmringError]
+) -> None:
+    """What close cannot do it reports typed (an OSError still), and the next close retries it."""
+    faulty = FaultyOs()
+    connector = Connector(scope, ring_capacity=4096, os_facade=faulty)
+    connector.put(EDGE, "k", {"v": 1})
+    connector.put(EDGE, "big", {"v": b"x" * 3000})
+    faulty.fail_every(site, code)
+    with pytest.raises(expected) as raised:
+        connector.close()
+    assert isinstance(raised.value, OSError) and raised.value.errno == code
+    assert "remedy" in str(raised.value)
+    faulty.disarm()
+    assert connector.close() == 0
+    assert not os.path.exists(deployment_directory(scope))

@@ -661,7 +661,10 @@ class Connector(BlockingGets):
             )
             self._close_unlink_failures += len(gate_failures)
             if failures:
-                raise failures[0]
+                first = failures[0]
+                if isinstance(first, OSError):  # typed, naming the file (issue 22)
+                    raise typed_os_error(first, "closing", self.directory) from first
+                raise first
             if deployment is not None and not pending:
                 deployment.leave()
             return retired if first else 0
