@@ -72,3 +72,43 @@ def test_300_outstanding_large_puts_take_the_pool_at_ulimit_64(limit: int) -> No
     assert report["ok"] == 300 and report["pool_puts"] == 300, report
     assert report["pool_slots"] == 300 and report["fallbacks"] == 0, report
     assert report["open_fds"] <= 16, report
+
+
+def _mapped(path: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(path in line for line in maps)
+
+
+def test_map_shared_holds_no_descriptor_and_unmaps_with_its_last_view(scope: str) -> None:
+    """`OsFacade.map_shared`: the fd may be closed at once; the pages go with the last reference."""
+    import gc
+    import os
+
+    import numpy as np
+
+    from shmring.impl.os_seam import DEFAULT_OS
+
+    path = f"/dev/shm/shmring-test-{scope}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        before = len(os.listdir("/proc/self/fd"))
+        mapping = DEFAULT_OS.map_shared(fd, 1 << 16)
+        assert len(os.listdir("/proc/self/fd")) == before  # no dup kept
+    finally:
+        os.close(fd)
+    try:
+        view = memoryview(mapping).cast("B")
+        view[10:15] = b"hello"
+        with open(path, "rb") as again:
+            assert again.read(15)[10:] == b"hello"  # shared with the file
+        kept = np.frombuffer(view[8:24], np.uint8)  # a borrowed array outlives the rest
+        del mapping
+        view.release()
+        gc.collect()
+        assert _mapped(path) and bytes(kept[2:7]) == b"hello"
+        del kept
+        gc.collect()
+        assert not _mapped(path)
+    finally:
+        os.unlink(path)

@@ -23,7 +23,7 @@ import mmap
 import os
 import select
 import weakref
-from typing import Final
+from typing import Final, TypeAlias
 
 SITE_OPEN: Final = "open"
 SITE_CLOSE: Final = "close"
@@ -275,7 +275,7 @@ _LIBC_MUNMAP.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED: Final = ctypes.c_void_p(-1).value
 
 #: What `OsFacade.map_shared` answers: a ctypes byte array over the mapping.
-SharedMapping = ctypes.Array  # type: ignore[type-arg]
+SharedMapping: TypeAlias = "ctypes.Array[ctypes.c_ubyte]"
 
 
 def _unmap(address: int, length: int) -> None:

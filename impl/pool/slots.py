@@ -169,7 +169,7 @@ class SlotMapping:
         self._fd = fd
         self._mapping = mapping
         self.file_length = file_length
-        self._buf = memoryview(mapping).cast("B")  # type: ignore[arg-type]
+        self._buf = memoryview(mapping).cast("B")
         self.words = SharedWords(self._buf[:POOL_SLOT_HEADER_LENGTH])
 
     @property
