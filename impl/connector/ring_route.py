@@ -349,6 +349,8 @@ class RingRoute:
         # edge -> (monotonic time of the next setup try, failures so far)
         self.retry_at: dict[Edge, tuple[float, int]] = {}
         self.retries = 0  # setups tried again after a failure and its back-off
+        self.replaced = 0  # rings re-created because a neighbour unlinked or truncated the file
+        self.frames_lost = 0  # unclaimed frames those rings could not hand to their successor
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         # -- receiver side
         self.readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}  # LRU first
@@ -412,6 +414,39 @@ class RingRoute:
         self.channels[edge] = ring
         self.retry_at.pop(edge, None)
         return ring
+
+    def replace(self, edge: Edge, ring: RingChannel, problem: str) -> RingChannel | None:
+        """Re-create and re-announce the edge's ring whose file a neighbour unlinked or truncated.
+
+        Issue 22, defects 3 and 4: `RingChannel.file_problem` said why. The
+        old ring's unclaimed frames move to the new one in order (unlinked:
+        `evacuate`); a truncated file's bytes are gone (`discard_shrunk`)
+        and its frames count as lost. The marker goes and comes back (two
+        stamp bumps), so readers rescan; a reader still holding the old
+        mapping sees it CLOSED (or shrunk) and attaches the new file by
+        path. Counted in `health().rings_replaced` / `ring_frames_lost`.
+        None when the new ring could not be set up: the put falls back.
+        """
+        del self.channels[edge]
+        self.replaced += 1
+        logger.warning("shmring: re-creating the ring of edge %s -> %s: %s", *edge, problem)
+        moved: list[tuple[str, bytes]] = []
+        try:
+            moved, lost = ring.evacuate()
+            self.frames_lost += lost
+        except (OSError, ShmringError) as error:
+            logger.warning("shmring: dropping the old ring of %s -> %s: %s", *edge, error)
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        registrar = deployment.registrar
+        if registrar is not None:
+            with contextlib.suppress(OSError, ShmringError):
+                registrar.unregister([edge])
+        new = self.prepare(edge)
+        for key, payload in moved:
+            if new is None or new.put(key, payload).status is not PutStatus.PUBLISHED:
+                self.frames_lost += 1
+        return new
 
     def _abandon(self, ring: RingChannel) -> None:
         try:
@@ -596,6 +631,14 @@ class RingRoute:
             except CohortPending:
                 continue  # a member of a cohort not committed yet: not there for now
             except CorruptFrameError as error:
+                if reader.shrunk is not None:
+                    # Truncated by a neighbour (issue 22): unmapped, released, reported; a
+                    # ring its producer re-creates is attached afresh at a later get.
+                    self.release(edge, producer)
+                    if not cached:
+                        resolved.pop()
+                    corrupt = corrupt or error
+                    continue
                 if cached and reader.producer_closed:
                     self.release(edge, producer)  # closed: nothing to report, as before the get
                     continue
@@ -656,6 +699,10 @@ class RingRoute:
                 got = reader.get(key, descriptor.position, decode=decode)
         except CohortPending:
             return NOT_FOUND  # its cohort is not committed: the descriptor is good later
+        except CorruptFrameError:
+            if reader.shrunk is not None:
+                self.release(edge, producer)  # truncated by a neighbour: attached afresh later
+            raise
         finally:
             self._claiming = None
         if got.status is ReceiveStatus.DELIVERED:
@@ -777,8 +824,8 @@ class RingRoute:
         values = []
         for (reader_edge, _), reader in self.readers.items():
             if reader_edge == edge:
-                with contextlib.suppress(ClosedError):
-                    values.append(reader.wakeup_sequence)
+                with contextlib.suppress(ClosedError, CorruptFrameError):
+                    values.append(reader.wakeup_sequence)  # a shrunk ring: its get reports it
         return values
 
 
