@@ -634,13 +634,13 @@ class RingRoute:
                 if reader.shrunk is not None:
                     # Truncated by a neighbour (issue 22): unmapped, released, reported; a
                     # ring its producer re-creates is attached afresh at a later get.
-                    self.release(edge, producer)
+                    self._release_closed(edge, producer, reader)
                     if not cached:
                         resolved.pop()
                     corrupt = corrupt or error
                     continue
                 if cached and reader.producer_closed:
-                    self.release(edge, producer)  # closed: nothing to report, as before the get
+                    self._release_closed(edge, producer, reader)  # nothing to report
                     continue
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
@@ -665,7 +665,7 @@ class RingRoute:
             if got.status is ReceiveStatus.BUSY:
                 busy = True
             elif reader.producer_closed:
-                self.release(edge, producer)
+                self._release_closed(edge, producer, reader)
                 if not cached:
                     resolved.pop()
         if not cached:
@@ -701,7 +701,7 @@ class RingRoute:
             return NOT_FOUND  # its cohort is not committed: the descriptor is good later
         except CorruptFrameError:
             if reader.shrunk is not None:
-                self.release(edge, producer)  # truncated by a neighbour: attached afresh later
+                self._release_closed(edge, producer, reader)  # truncated: attached afresh later
             raise
         finally:
             self._claiming = None
@@ -756,9 +756,27 @@ class RingRoute:
                 return None
             self.readers[(edge, producer)] = reader
         elif reader.producer_closed:
-            self.release(edge, producer)
+            if self._release_closed(edge, producer, reader):
+                return self._reader(edge, producer)  # the re-created ring, attached now
             return None
         return reader
+
+    def _release_closed(self, edge: Edge, producer: ConnectorIdentity, reader: RingReader) -> bool:
+        """Drop the reader of a ring that closed or shrank; answer whether its producer re-created it.
+
+        A producer that re-created its ring (issue 22: a neighbour unlinked
+        or truncated the file) keeps its name and identity, so discovery
+        keeps listing it and the slot's pool mappings stay; only this
+        mapping goes, and the next get attaches the new file by path.
+        """
+        if reader.is_replaced():
+            self._edge_readers.pop(edge, None)
+            if self.readers.get((edge, producer)) is reader:
+                del self.readers[(edge, producer)]
+            reader.close()
+            return True
+        self.release(edge, producer)
+        return False
 
     # -- receiver: releasing mapped rings ------------------------------------------------------
 

@@ -63,9 +63,10 @@ MAX_MAPPED_SLOTS: Final = 256
 class _Slot:
     """A slot file of some producer, mapped by this consumer."""
 
-    def __init__(self, mapping: SlotMapping, capacity: int) -> None:
+    def __init__(self, mapping: SlotMapping, capacity: int, identity: tuple[int, int]) -> None:
         self.mapping = mapping
         self.capacity = capacity
+        self.identity = identity  # (st_dev, st_ino) of the file mapped
 
 
 class PoolClaim:
@@ -138,6 +139,10 @@ class PoolReader:
         key = (producer, index)
         slot = self._slots.pop(key, None)
         if slot is not None:
+            shrunk = self._shrink_problem(pool_slot_file_name(producer, index), slot)
+            if shrunk is not None:
+                slot.mapping.close()  # never touched again; the next claim maps it afresh
+                raise CorruptFrameError(shrunk)
             self._slots[key] = slot  # most recently used last
             self.hits += 1
             return slot
@@ -168,12 +173,35 @@ class PoolReader:
         if problem is not None:
             slot_mapping.close()
             raise CorruptFrameError(f"{problem}: name={name!r}")
-        slot = _Slot(slot_mapping, identity.capacity)
+        slot = _Slot(slot_mapping, identity.capacity, (info.st_dev, info.st_ino))
         if len(self._slots) >= MAX_MAPPED_SLOTS:
             oldest = next(iter(self._slots))
             self._slots.pop(oldest).mapping.close()
         self._slots[key] = slot
         return slot
+
+    def _shrink_problem(self, name: str, slot: _Slot) -> str | None:
+        """Why the mapped slot may not be touched: its file shrank (issue 22, defect 3), or None.
+
+        Touching a mapped page past the end of a file a same-uid neighbour
+        truncated is SIGBUS; one stat of the name (through the directory
+        descriptor) before the claim touches the mapping refuses it typed.
+        A file no longer at its name (unlinked: evicted or its producer
+        closed) cannot be truncated by name any more. A truncation between
+        this stat and the copy still faults (docs/threat-model.md, "SIGBUS").
+        """
+        try:
+            info = self._dir.stat(name)
+        except FileNotFoundError:
+            return None
+        if (info.st_dev, info.st_ino) != slot.identity:
+            return None  # replaced: the file mapped here is unlinked
+        if info.st_size < slot.mapping.file_length:
+            return (
+                f"pool slot file shrank under its mapping (a neighbour truncated it): "
+                f"size={info.st_size} mapped={slot.mapping.file_length} name={name!r}"
+            )
+        return None
 
     def _sweep(self, producer: ConnectorIdentity) -> None:
         """Unmap this producer's slots whose files are gone (evicted: no reference names them)."""

@@ -112,11 +112,32 @@ class PoolProducer:
         self._next_generation = 1
         self.created = self.reused = self.evicted = self.exhausted = self.create_failures = 0
         self.last_error: BaseException | None = None  # the last creation failure
+        self.lost = 0  # slot files a neighbour truncated or unlinked (removed, issue 22)
+        self._lost: list[OwnedSlot] = []  # found lost by the acquire under way
+
+    def _file_lost(self, slot: OwnedSlot) -> bool:
+        """Whether a neighbour truncated (touching it is SIGBUS) or unlinked the slot's file.
+
+        One stat of the name through the directory descriptor, before the
+        slot's mapping is touched (issue 22, defect 3).
+        """
+        try:
+            info = self._dir.stat(slot.name)
+        except FileNotFoundError:
+            return True  # unlinked: no reader could open it
+        return info.st_size < slot.mapping.file_length
 
     # -- reuse --------------------------------------------------------------------------
 
     def _is_reusable(self, slot: OwnedSlot) -> bool:
-        """`spec.pool.is_reusable`: the carrier first, then the state (module docstring)."""
+        """`spec.pool.is_reusable`: the carrier first, then the state (module docstring).
+
+        A slot whose file a neighbour truncated or unlinked is never reusable
+        (`_file_lost`); `acquire` removes it.
+        """
+        if self._file_lost(slot):
+            self._lost.append(slot)
+            return False
         carrier = slot.carrier
         if carrier is not None:
             if carrier():
@@ -139,6 +160,15 @@ class PoolProducer:
         size_class = compute_class(self.min_class, self.max_class, nbytes)
         if size_class is None:
             return None
+        try:
+            return self._acquire(size_class)
+        finally:
+            lost, self._lost = self._lost, []
+            for slot in lost:
+                self.lost += 1
+                self._remove(slot)  # never touched again; its carrier's frame names a gone file
+
+    def _acquire(self, size_class: int) -> OwnedSlot | None:
         for slot in self.slots.values():
             if slot.size_class == size_class and self._is_reusable(slot):
                 self._make_free(slot)

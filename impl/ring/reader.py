@@ -121,6 +121,7 @@ class RingReader(_RingFile):
         self._skipped = 0
         # Why this reader dropped its mapping: the file shrank under it (issue 22).
         self.shrunk: str | None = None
+        self.identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file mapped
 
     @classmethod
     def attach(
@@ -160,6 +161,7 @@ class RingReader(_RingFile):
         if size < RING_HEADER_LENGTH:
             raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")
         self._file_length = size
+        self.identity = (info.st_dev, info.st_ino)
         self._mapping = self._os.mmap(self._fd, size)
         buf = self._buf = memoryview(self._mapping)
         header, problem = read_checked_ring_header(buf, size, RING_FILE)
@@ -307,6 +309,14 @@ class RingReader(_RingFile):
                 return miss  # a closed ring delivers nothing; its producer retires the rest
             raise CorruptFrameError(f"bad ring state: state={ring_state} path={self.path!r}")
         return self._claim(buf, key_bytes, found, mode, decode, miss)
+
+    def is_replaced(self) -> bool:
+        """Whether the ring's name now names another file (its producer re-created the ring)."""
+        try:
+            here = self._dir.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (here.st_dev, here.st_ino) != self.identity
 
     def _drop_shrunk(self) -> None:
         """The file shrank (`_shrink_problem`): unmap it and raise CorruptFrameError, now and at every later get."""
