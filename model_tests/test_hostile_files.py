@@ -123,7 +123,7 @@ def test_issue22_ring_truncated_while_mapped_is_typed_not_sigbus(scope: str, siz
 
 
 def test_issue22_ring_truncated_before_the_reader_maps_it_is_refused(scope: str) -> None:
-    seen = _run_victim(scope, "ring", attach_first=False, size=100)
+    seen = _run_victim(scope, "ring", attach_first=False, size=0)
     assert seen["get-shrunk"] == "GetStatus.NOT_FOUND"  # refused at attach, logged
     assert seen["put-after"] == "RingDescriptor"
     assert seen["get-after"] == "GetStatus.DELIVERED" and seen["value-ok"] == "True"
@@ -211,3 +211,14 @@ def test_issue22_reader_drops_a_shrunk_ring_mapping(scope: str) -> None:
             os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
     assert ReceiveStatus.DELIVERED  # the module's statuses import cleanly
+
+
+def test_issue22_threat_table_lists_every_neighbour_action() -> None:
+    from shmring.spec.environment import OUTCOMES, NeighbourAction, is_survivable
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "docs", "threat-model.md"), encoding="utf-8") as handle:
+        table = handle.read()
+    for action in NeighbourAction:
+        assert is_survivable(action) and action in OUTCOMES
+        assert f"| {action.value}" in table, action

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 from ...spec.layout import (
     FRAME_KEY_OFFSET,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
     RING_CAPACITY_DISABLED,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
     RING_STATE_OPEN,
     compute_ring_file_length,
-    FRAME_STATE_PUBLISHED,
-    FRAME_STATE_RETIRED,
 )
 from ...spec.ring import (
     PutStatus,
