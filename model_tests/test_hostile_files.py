@@ -222,3 +222,54 @@ def test_issue22_threat_table_lists_every_neighbour_action() -> None:
     for action in NeighbourAction:
         assert is_survivable(action) and action in OUTCOMES
         assert f"| {action.value}" in table, action
+
+
+def _as_other_uid(script: str, *args: str) -> None:
+    """Run a shell `script` in a child process that dropped to another uid (nobody)."""
+    other = 65534
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(other)
+        os.setuid(other)
+
+    subprocess.run(
+        ["/bin/sh", "-c", script, "sh", *args], check=True, preexec_fn=drop, timeout=60, env={}
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another uid needs root to create")
+def test_issue22_sender_never_writes_into_a_directory_another_uid_recreated(scope: str) -> None:
+    """Defect 1: the sender's files follow its verified descriptor, never the path again."""
+    torch = pytest.importorskip("torch")
+    from shmring.impl.errors import ConfigurationError
+    from shmring.impl.registered.transfer import TransferReceiver, TransferSender
+
+    path = deployment_directory(scope)
+    sender = TransferSender(scope)
+    try:
+        with Connector(scope) as connector, TransferReceiver(scope) as receiver:
+            connector.put(EDGE, "k", b"v")
+            first = sender.send({"x": torch.arange(4, dtype=torch.int32)})
+            assert receiver.receive(first)["x"].tolist() == [0, 1, 2, 3]
+            assert connector.get(EDGE, "k").value == b"v"
+        # The connector closed last among the members: its teardown removed the
+        # (empty) directory while the sender lives. A stranger re-creates it 0777.
+        assert not os.path.exists(path)
+        _as_other_uid('mkdir "$1" && chmod 0777 "$1"', path)
+        assert os.stat(path).st_uid != os.getuid()
+        with pytest.raises(ConfigurationError, match="owned by uid"):
+            sender.send({"x": torch.arange(4, dtype=torch.int32)})
+        assert os.listdir(path) == []  # nothing of ours in the stranger's directory
+        os.rmdir(path)  # the stranger goes; the next send re-creates a private directory
+        again = sender.send({"x": torch.arange(3, dtype=torch.int32)})
+        info = os.stat(path)
+        assert info.st_uid == os.getuid() and info.st_mode & 0o777 == 0o700
+        with TransferReceiver(scope) as receiver:
+            assert receiver.receive(again)["x"].tolist() == [0, 1, 2]
+    finally:
+        sender.close()
+        if os.path.isdir(path) and os.stat(path).st_uid != os.getuid():
+            for name in os.listdir(path):
+                os.unlink(os.path.join(path, name))
+            os.rmdir(path)
