@@ -273,3 +273,43 @@ def test_issue22_sender_never_writes_into_a_directory_another_uid_recreated(scop
             for name in os.listdir(path):
                 os.unlink(os.path.join(path, name))
             os.rmdir(path)
+
+
+def _deleted_slot_blocks() -> int:
+    """512-byte blocks of the deleted pool slot files this process still holds open."""
+    blocks = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if "/pool." in target and target.endswith("(deleted)"):
+                blocks += os.fstat(int(name)).st_blocks
+        except OSError:
+            continue
+    return blocks
+
+
+def test_issue22_idle_reader_pins_no_pages_of_a_closed_producers_slots(scope: str) -> None:
+    """An owned get, then the producer closes: the idle reader's mapping pins no pages."""
+    payload = b"s" * (4 << 20)
+    with Connector(scope) as reader:
+        with Connector(scope, ring_capacity=1 << 16) as producer:
+            descriptor = producer.put(EDGE, "big", payload)
+            assert type(descriptor).__name__ == "PoolDescriptor"
+            assert reader.get(EDGE, "big").value == payload
+        assert _deleted_slot_blocks() == 0  # before: the 4 MiB slot stayed allocated
+
+
+def test_issue22_cached_slot_mappings_are_bounded_in_bytes(
+    scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shmring.impl.pool import consumer
+
+    monkeypatch.setattr(consumer, "MAX_MAPPED_SLOT_BYTES", 6 << 20)
+    payload = b"b" * (2 << 20)  # one 2 MiB-class slot each while all are outstanding
+    with Connector(scope, ring_capacity=1 << 16) as producer, Connector(scope) as reader:
+        for index in range(6):
+            producer.put(EDGE, f"k{index}", payload)
+        for index in range(6):
+            assert reader.get(EDGE, f"k{index}").value == payload
+        pool = reader._ring_route.pool
+        assert pool is not None and 0 < pool.mapped_bytes <= 6 << 20

@@ -58,6 +58,10 @@ from .slots import (
 
 # Slot files a consumer keeps mapped (one descriptor each), least recently used out.
 MAX_MAPPED_SLOTS: Final = 256
+# And the bytes they map: a mapping of a file its producer unlinked pins the
+# file's pages until it goes (issue 22), so the cache is bounded in bytes too
+# (twice the default pool budget of one producer); the newest always stays.
+MAX_MAPPED_SLOT_BYTES: Final = 4 << 30
 
 
 class _Slot:
@@ -177,8 +181,20 @@ class PoolReader:
         if len(self._slots) >= MAX_MAPPED_SLOTS:
             oldest = next(iter(self._slots))
             self._slots.pop(oldest).mapping.close()
+        mapped = slot.mapping.file_length + self.mapped_bytes
+        while self._slots and mapped > MAX_MAPPED_SLOT_BYTES:
+            oldest = next(iter(self._slots))
+            evicted = self._slots.pop(oldest).mapping
+            mapped -= evicted.file_length
+            evicted.close()
         self._slots[key] = slot
         return slot
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The bytes of every slot file this consumer maps now (at most `MAX_MAPPED_SLOT_BYTES`,
+        or the one newest slot's)."""
+        return sum(slot.mapping.file_length for slot in self._slots.values())
 
     def _shrink_problem(self, name: str, slot: _Slot) -> str | None:
         """Why the mapped slot may not be touched: its file shrank (issue 22, defect 3), or None.
@@ -186,16 +202,22 @@ class PoolReader:
         Touching a mapped page past the end of a file a same-uid neighbour
         truncated is SIGBUS; one stat of the name (through the directory
         descriptor) before the claim touches the mapping refuses it typed.
-        A file no longer at its name (unlinked: evicted or its producer
-        closed) cannot be truncated by name any more. A truncation between
-        this stat and the copy still faults (docs/threat-model.md, "SIGBUS").
+        With the slot's own descriptor the fstat is exact (also for a file
+        unlinked after its producer emptied it at close, `PoolProducer.close`);
+        by name, a file no longer at its name cannot be truncated by name
+        any more. A truncation between this check and the copy still faults
+        (docs/threat-model.md, "The window that stays open").
         """
-        try:
-            info = self._dir.stat(name)
-        except FileNotFoundError:
-            return None
-        if (info.st_dev, info.st_ino) != slot.identity:
-            return None  # replaced: the file mapped here is unlinked
+        fd = slot.mapping.fd
+        if fd >= 0:
+            info = self._os.fstat(fd)
+        else:
+            try:
+                info = self._dir.stat(name)
+            except FileNotFoundError:
+                return None
+            if (info.st_dev, info.st_ino) != slot.identity:
+                return None  # replaced: the file mapped here is unlinked
         if info.st_size < slot.mapping.file_length:
             return (
                 f"pool slot file shrank under its mapping (a neighbour truncated it): "
@@ -292,7 +314,18 @@ class PoolReader:
         finally:
             view.release()  # BufferError if decode kept something made from it
         claim.release()
+        self._forget_if_unlinked(producer, claim)
         return claim.nbytes, value
+
+    def _forget_if_unlinked(self, producer: ConnectorIdentity, claim: PoolClaim) -> None:
+        """After an owned get: no mapping of a slot whose file is gone stays (it would pin its pages)."""
+        slot = claim._slot
+        fd = slot.mapping.fd
+        if fd >= 0 and self._os.fstat(fd).st_nlink == 0:
+            for key, kept in list(self._slots.items()):
+                if kept is slot:
+                    del self._slots[key]
+            slot.mapping.close()
 
     # -- forgetting -----------------------------------------------------------------------
 

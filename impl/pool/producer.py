@@ -29,6 +29,7 @@ from ...spec.layout import (
     POOL_FLAG_CHECKSUM,
     POOL_MAX_SLOT_INDEX,
     POOL_SLOT_CLAIMED,
+    POOL_SLOT_DONE,
     POOL_SLOT_FREE,
     POOL_SLOT_HEADER_LENGTH,
     POOL_SLOT_PUBLISHED,
@@ -252,13 +253,30 @@ class PoolProducer:
         slot.mapping.close()
 
     def close(self) -> int:
-        """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent."""
+        """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent.
+
+        A slot no reader holds or may still claim (FREE or DONE) is emptied
+        first (ftruncate to 0), so its pages go now even where an idle
+        reader still maps the file (issue 22: 261 MiB of deleted slots stayed
+        pinned until the reader's next get); readers fstat a slot before
+        touching it (`consumer.PoolReader._shrink_problem`). A CLAIMED slot
+        (a borrowed view may live) or a PUBLISHED one is only unlinked.
+        """
         self._closed = True
         removed = 0
         for slot in list(self.slots.values()):
+            self._empty_if_unheld(slot)
             self._remove(slot)
             removed += 1
         return removed
+
+    def _empty_if_unheld(self, slot: OwnedSlot) -> None:
+        words, fd = slot.mapping.words, slot.mapping.fd
+        if words is None or fd < 0 or self._file_lost(slot):
+            return
+        if load_slot_state_acquire(words) in (POOL_SLOT_FREE, POOL_SLOT_DONE):
+            with contextlib.suppress(OSError):
+                self._os.ftruncate(fd, 0)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(
