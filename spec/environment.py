@@ -1,4 +1,4 @@
-"""What a same-uid neighbour can do to our files, and what the transport answers (issue 22).
+"""What a neighbour can do to our files, and what the transport answers (issue 22).
 
 The environment is part of the model (docs/threat-model.md): a process of our
 own uid may unlink or truncate any file of a deployment. These are the
@@ -29,6 +29,10 @@ class NeighbourAction(enum.Enum):
     TRUNCATE_RING = "truncate a ring file"
     TRUNCATE_POOL_SLOT = "truncate a pool slot file"
     UNLINK_RING = "unlink a live ring file"
+    RECREATE_DIRECTORY = (
+        "remove the scope directory while a sender lives, another uid re-creates it 0777"
+    )
+    CLOSE_UNDER_IDLE_READER = "close a producer while an idle reader maps its pool slots"
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,18 @@ OUTCOMES: Final[dict[NeighbourAction, Outcome]] = {
         producer="notices at its next put (st_nlink == 0), moves the unclaimed frames to a "
         "re-created, re-announced ring (health: rings_replaced)",
         lost="nothing: a frame is moved, or was claimed from the old mapping, exactly once",
+    ),
+    NeighbourAction.RECREATE_DIRECTORY: Outcome(
+        reader="never reads a file from a directory the sender did not verify",
+        producer="the sender's next send is a ConfigurationError; it re-creates a private "
+        "directory once the stranger's is gone",
+        lost="the refused send (typed)",
+    ),
+    NeighbourAction.CLOSE_UNDER_IDLE_READER: Outcome(
+        reader="its cached mapping pins no pages (the slot was emptied); cached mappings are "
+        "bounded in bytes",
+        producer="empties every FREE or DONE slot (ftruncate 0) before unlinking it",
+        lost="nothing",
     ),
 }
 
