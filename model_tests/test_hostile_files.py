@@ -313,3 +313,16 @@ def test_issue22_cached_slot_mappings_are_bounded_in_bytes(
             assert reader.get(EDGE, f"k{index}").value == payload
         pool = reader._ring_route.pool
         assert pool is not None and 0 < pool.mapped_bytes <= 6 << 20
+
+
+def test_issue22_a_descriptor_of_the_unlinked_ring_never_reads_a_newer_frame(scope: str) -> None:
+    with Connector(scope, ring_capacity=1 << 16) as producer, Connector(scope) as reader:
+        old = producer.put(EDGE, "k", b"version 1")
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        os.unlink(ring.path)
+        producer.put(EDGE, "other", b"o")  # replaces the ring, moving k's frame
+        producer.put(EDGE, "k", b"version 2")  # retires the moved frame
+        got = reader.get(EDGE, "k", descriptor=old)
+        assert got.status is GetStatus.STALE, got  # the new ring continued the positions
+        assert reader.get(EDGE, "k").value == b"version 2"

@@ -369,7 +369,7 @@ class RingRoute:
 
     # -- producer: prepare / publish / retire ------------------------------------------
 
-    def prepare(self, edge: Edge) -> RingChannel | None:
+    def prepare(self, edge: Edge, start_position: int = 0) -> RingChannel | None:
         """`spec.connector.process_ring_setup`: the edge's ring, set up on first use.
 
         None when rings are disabled (capacity 0) or the setup failed (until
@@ -401,6 +401,7 @@ class RingRoute:
                 producer=self._identity,
                 publish_hook=self._publish_hook,
                 directory=deployment.directory,
+                start_position=start_position,
             )
         except (OSError, ShmringError) as error:
             self._disable(edge, error)
@@ -429,6 +430,9 @@ class RingRoute:
         """
         del self.channels[edge]
         self.replaced += 1
+        head = (
+            ring.head
+        )  # the new ring continues the positions (no old descriptor names its frames)
         logger.warning("shmring: re-creating the ring of edge %s -> %s: %s", *edge, problem)
         moved: list[tuple[str, bytes]] = []
         try:
@@ -442,7 +446,7 @@ class RingRoute:
         if registrar is not None:
             with contextlib.suppress(OSError, ShmringError):
                 registrar.unregister([edge])
-        new = self.prepare(edge)
+        new = self.prepare(edge, head)
         for key, payload in moved:
             if new is None or new.put(key, payload).status is not PutStatus.PUBLISHED:
                 self.frames_lost += 1

@@ -31,7 +31,9 @@ from ..frame_io import (
     compute_checksum,
     load_frame_state_acquire,
     store_frame_state_release,
+    store_head_release,
     store_ring_state_release,
+    store_tail_release,
     write_ring_header,
 )
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
@@ -111,6 +113,7 @@ class RingChannel(RingProducer, _RingFile):
         producer: tuple[int, ...] | None = None,
         publish_hook: PublishHook | None = None,
         directory: Directory | None = None,
+        start_position: int = 0,
     ) -> RingChannel:
         """Create the ring file at `path` (it must not exist) and map it.
 
@@ -126,6 +129,9 @@ class RingChannel(RingProducer, _RingFile):
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
         production passes None. `directory` (a connector's verified deployment
         directory) is where `path` is created and unlinked, by descriptor.
+        `start_position` (aligned) is where head and tail start: a ring that
+        replaces one a neighbour unlinked continues its positions, so a
+        descriptor of the old ring never names a frame of the new one.
         """
         error = compute_capacity_error(capacity)
         if error is not None:
@@ -156,6 +162,10 @@ class RingChannel(RingProducer, _RingFile):
             write_ring_header(
                 buf, capacity, producer[0], producer[1], RING_STATE_OPEN, instance_of(producer)
             )
+            if start_position:
+                store_tail_release(channel._words, start_position)
+                store_head_release(channel._words, start_position)
+                channel._head = channel._tail = start_position
         except BaseException:
             channel._closed = True
             channel._teardown()
