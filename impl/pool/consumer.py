@@ -209,15 +209,12 @@ class PoolReader:
         (docs/threat-model.md, "The window that stays open").
         """
         fd = slot.mapping.fd
-        if fd >= 0:
-            info = self._os.fstat(fd)
-        else:
-            try:
-                info = self._dir.stat(name)
-            except FileNotFoundError:
-                return None
-            if (info.st_dev, info.st_ino) != slot.identity:
-                return None  # replaced: the file mapped here is unlinked
+        try:
+            info = self._os.fstat(fd) if fd >= 0 else self._dir.stat(name)
+        except OSError:
+            return None  # gone from its name, or cannot tell (an injected fault): as before
+        if fd < 0 and (info.st_dev, info.st_ino) != slot.identity:
+            return None  # replaced: the file mapped here is unlinked
         if info.st_size < slot.mapping.file_length:
             return (
                 f"pool slot file shrank under its mapping (a neighbour truncated it): "
@@ -321,11 +318,15 @@ class PoolReader:
         """After an owned get: no mapping of a slot whose file is gone stays (it would pin its pages)."""
         slot = claim._slot
         fd = slot.mapping.fd
-        if fd >= 0 and self._os.fstat(fd).st_nlink == 0:
-            for key, kept in list(self._slots.items()):
-                if kept is slot:
-                    del self._slots[key]
-            slot.mapping.close()
+        try:
+            if fd < 0 or self._os.fstat(fd).st_nlink != 0:
+                return
+        except OSError:
+            return
+        for key, kept in list(self._slots.items()):
+            if kept is slot:
+                del self._slots[key]
+        slot.mapping.close()
 
     # -- forgetting -----------------------------------------------------------------------
 

@@ -126,6 +126,8 @@ class PoolProducer:
             info = self._dir.stat(slot.name)
         except FileNotFoundError:
             return True  # unlinked: no reader could open it
+        except OSError:
+            return False  # cannot tell (an injected fault): the slot is used as before
         return info.st_size < slot.mapping.file_length
 
     # -- reuse --------------------------------------------------------------------------

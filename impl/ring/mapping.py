@@ -139,13 +139,28 @@ class _RingFile:
         typed refusal; a truncation landing between this check and the
         access still faults (docs/threat-model.md, "SIGBUS").
         """
-        size = self._os.fstat(self._fd).st_size
+        try:
+            size = self._os.fstat(self._fd).st_size
+        except OSError:
+            return None  # cannot tell (an injected fault): see `_shrunk_now`
         if size < self._file_length:
             return (
                 f"ring file shrank under its mapping (a neighbour truncated it): "
                 f"size={size} mapped={self._file_length} path={self.path!r}"
             )
         return None
+
+    def _shrunk_now(self) -> bool:
+        """One fstat: whether the file is shorter than the mapping (`_shrink_problem`).
+
+        A failing fstat of our own descriptor (only ever an injected fault)
+        cannot tell, and the file is taken as whole: refusing would consume
+        a deliverable frame for a fault that says nothing about the file.
+        """
+        try:
+            return self._os.fstat(self._fd).st_size < self._file_length
+        except OSError:
+            return False
 
     def _release_mapping(self) -> None:
         """Unmap and close the descriptor; keep the mapping if views of it still live."""

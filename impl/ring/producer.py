@@ -326,7 +326,10 @@ class RingChannel(RingProducer, _RingFile):
         """
         if self._fd < 0:
             return None
-        info = self._os.fstat(self._fd)
+        try:
+            info = self._os.fstat(self._fd)
+        except OSError:
+            return None  # cannot tell (an injected fault): the put goes on as before
         if info.st_size < self._file_length:
             return (
                 f"ring file shrank under its mapping (a neighbour truncated it): "
@@ -347,7 +350,7 @@ class RingChannel(RingProducer, _RingFile):
         is never unlinked: it is gone, or a new ring's. A truncated file is
         never touched (`file_problem` first): every frame counts as lost.
         """
-        if self._fd >= 0 and self._os.fstat(self._fd).st_size < self._file_length:
+        if self._fd >= 0 and self._shrunk_now():
             return [], self.discard_shrunk()
         published = sorted(self._published.items(), key=lambda item: item[1])
         self._closed = True
@@ -401,6 +404,8 @@ class RingChannel(RingProducer, _RingFile):
                     self._unlink_pending = False  # the name is someone else's now
             except FileNotFoundError:
                 self._unlink_pending = False
+            except OSError:
+                pass  # cannot tell: unlinked by name as any close would
         self._teardown(defer_unlink=True)
         return lost
 
@@ -420,7 +425,7 @@ class RingChannel(RingProducer, _RingFile):
         if self._closed:
             self._teardown(defer_unlink=True)
             return 0
-        if self._fd >= 0 and self._os.fstat(self._fd).st_size < self._file_length:
+        if self._fd >= 0 and self._shrunk_now():
             self.discard_shrunk()  # truncated by a neighbour: touching it would be SIGBUS
             return 0
         self._closed = True

@@ -280,7 +280,7 @@ class RingReader(_RingFile):
                 raise CorruptFrameError(self.shrunk)
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
         # The one system call of a poll: a file a neighbour truncated is never touched.
-        if self._os.fstat(self._fd).st_size < self._file_length:
+        if self._shrunk_now():
             self._drop_shrunk()
         key_bytes = key.encode("utf-8")
         if position is None:
@@ -595,7 +595,7 @@ class RingReader(_RingFile):
         """
         buf = self._require_buf()
         words = self._words
-        if self._os.fstat(self._fd).st_size < self._file_length:
+        if self._shrunk_now():
             self._drop_shrunk()
         capacity = self._capacity
         tail, head = self._load_positions()
@@ -649,7 +649,7 @@ class RingReader(_RingFile):
         CorruptFrameError (and unmapped) once the file shrank.
         """
         words = self._require_words()
-        if self._os.fstat(self._fd).st_size < self._file_length:
+        if self._shrunk_now():
             self._drop_shrunk()
         return load_wakeup_sequence_acquire(words)
 
@@ -658,7 +658,7 @@ class RingReader(_RingFile):
         buf = self._require_buf()
         words = self._words
         assert words is not None
-        if self._os.fstat(self._fd).st_size < self._file_length:
+        if self._shrunk_now():
             self._drop_shrunk()
         capacity = self._capacity
         tail, head = self._load_positions()
