@@ -41,8 +41,8 @@ def registry(scope: str, driver: SimulatedCudaDriver):
         segment = next(s for s in registry.segments() if s.range is entry)
         segment.file.unmap()
         segment.file.unlink()
-    if registry._directory is not None and os.path.isdir(registry._directory):
-        os.rmdir(registry._directory)
+    if os.path.isdir(registry.directory):
+        os.rmdir(registry.directory)
 
 
 def test_simulated_driver_answers_real_error_names(driver: SimulatedCudaDriver) -> None:

@@ -288,6 +288,11 @@ class Connector(BlockingGets):
             channel = ring.channels.get(edge)
             if channel is None:
                 channel = ring.prepare(edge)
+            else:
+                # One fstat: a file a neighbour unlinked or truncated is replaced first (issue 22).
+                lost = channel.file_problem()
+                if lost is not None:
+                    channel = ring.replace(edge, channel, lost)
             if channel is not None:
                 # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
                 retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
@@ -748,4 +753,6 @@ class Connector(BlockingGets):
                 + self._close_unlink_failures,
                 unlink_retries=fallback.unlink_retries if fallback else 0,
                 cohorts_committed=self._cohorts.committed if self._cohorts is not None else 0,
+                rings_replaced=ring.replaced,
+                ring_frames_lost=ring.frames_lost,
             )

@@ -140,3 +140,6 @@ class ConnectorHealth:
     unlink_failures: int = 0  # unlinks of our files that failed (each kept and retried)
     unlink_retries: int = 0  # removals tried again after a deferral
     cohorts_committed: int = 0  # publication cohorts this producer committed
+    # A same-uid neighbour unlinked or truncated one of our ring files (issue 22):
+    rings_replaced: int = 0  # rings re-created and re-announced (their unclaimed frames moved)
+    ring_frames_lost: int = 0  # unclaimed frames not moved (a truncated file's bytes are gone)

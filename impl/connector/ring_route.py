@@ -349,6 +349,8 @@ class RingRoute:
         # edge -> (monotonic time of the next setup try, failures so far)
         self.retry_at: dict[Edge, tuple[float, int]] = {}
         self.retries = 0  # setups tried again after a failure and its back-off
+        self.replaced = 0  # rings re-created because a neighbour unlinked or truncated the file
+        self.frames_lost = 0  # unclaimed frames those rings could not hand to their successor
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
         # -- receiver side
         self.readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}  # LRU first
@@ -367,7 +369,7 @@ class RingRoute:
 
     # -- producer: prepare / publish / retire ------------------------------------------
 
-    def prepare(self, edge: Edge) -> RingChannel | None:
+    def prepare(self, edge: Edge, start_position: int = 0) -> RingChannel | None:
         """`spec.connector.process_ring_setup`: the edge's ring, set up on first use.
 
         None when rings are disabled (capacity 0) or the setup failed (until
@@ -399,6 +401,7 @@ class RingRoute:
                 producer=self._identity,
                 publish_hook=self._publish_hook,
                 directory=deployment.directory,
+                start_position=start_position,
             )
         except (OSError, ShmringError) as error:
             self._disable(edge, error)
@@ -412,6 +415,42 @@ class RingRoute:
         self.channels[edge] = ring
         self.retry_at.pop(edge, None)
         return ring
+
+    def replace(self, edge: Edge, ring: RingChannel, problem: str) -> RingChannel | None:
+        """Re-create and re-announce the edge's ring whose file a neighbour unlinked or truncated.
+
+        Issue 22, defects 3 and 4: `RingChannel.file_problem` said why. The
+        old ring's unclaimed frames move to the new one in order (unlinked:
+        `evacuate`); a truncated file's bytes are gone (`discard_shrunk`)
+        and its frames count as lost. The marker goes and comes back (two
+        stamp bumps), so readers rescan; a reader still holding the old
+        mapping sees it CLOSED (or shrunk) and attaches the new file by
+        path. Counted in `health().rings_replaced` / `ring_frames_lost`.
+        None when the new ring could not be set up: the put falls back.
+        """
+        del self.channels[edge]
+        self.replaced += 1
+        head = (
+            ring.head
+        )  # the new ring continues the positions (no old descriptor names its frames)
+        logger.warning("shmring: re-creating the ring of edge %s -> %s: %s", *edge, problem)
+        moved: list[tuple[str, bytes]] = []
+        try:
+            moved, lost = ring.evacuate()
+            self.frames_lost += lost
+        except (OSError, ShmringError) as error:
+            logger.warning("shmring: dropping the old ring of %s -> %s: %s", *edge, error)
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        registrar = deployment.registrar
+        if registrar is not None:
+            with contextlib.suppress(OSError, ShmringError):
+                registrar.unregister([edge])
+        new = self.prepare(edge, head)
+        for key, payload in moved:
+            if new is None or new.put(key, payload).status is not PutStatus.PUBLISHED:
+                self.frames_lost += 1
+        return new
 
     def _abandon(self, ring: RingChannel) -> None:
         try:
@@ -596,8 +635,16 @@ class RingRoute:
             except CohortPending:
                 continue  # a member of a cohort not committed yet: not there for now
             except CorruptFrameError as error:
+                if reader.shrunk is not None:
+                    # Truncated by a neighbour (issue 22): unmapped, released, reported; a
+                    # ring its producer re-creates is attached afresh at a later get.
+                    self._release_closed(edge, producer, reader)
+                    if not cached:
+                        resolved.pop()
+                    corrupt = corrupt or error
+                    continue
                 if cached and reader.producer_closed:
-                    self.release(edge, producer)  # closed: nothing to report, as before the get
+                    self._release_closed(edge, producer, reader)  # nothing to report
                     continue
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
@@ -622,7 +669,7 @@ class RingRoute:
             if got.status is ReceiveStatus.BUSY:
                 busy = True
             elif reader.producer_closed:
-                self.release(edge, producer)
+                self._release_closed(edge, producer, reader)
                 if not cached:
                     resolved.pop()
         if not cached:
@@ -656,6 +703,10 @@ class RingRoute:
                 got = reader.get(key, descriptor.position, decode=decode)
         except CohortPending:
             return NOT_FOUND  # its cohort is not committed: the descriptor is good later
+        except CorruptFrameError:
+            if reader.shrunk is not None:
+                self._release_closed(edge, producer, reader)  # truncated: attached afresh later
+            raise
         finally:
             self._claiming = None
         if got.status is ReceiveStatus.DELIVERED:
@@ -709,9 +760,27 @@ class RingRoute:
                 return None
             self.readers[(edge, producer)] = reader
         elif reader.producer_closed:
-            self.release(edge, producer)
+            if self._release_closed(edge, producer, reader):
+                return self._reader(edge, producer)  # the re-created ring, attached now
             return None
         return reader
+
+    def _release_closed(self, edge: Edge, producer: ConnectorIdentity, reader: RingReader) -> bool:
+        """Drop the reader of a ring that closed or shrank; answer whether its producer re-created it.
+
+        A producer that re-created its ring (issue 22: a neighbour unlinked
+        or truncated the file) keeps its name and identity, so discovery
+        keeps listing it and the slot's pool mappings stay; only this
+        mapping goes, and the next get attaches the new file by path.
+        """
+        if reader.is_replaced():
+            self._edge_readers.pop(edge, None)
+            if self.readers.get((edge, producer)) is reader:
+                del self.readers[(edge, producer)]
+            reader.close()
+            return True
+        self.release(edge, producer)
+        return False
 
     # -- receiver: releasing mapped rings ------------------------------------------------------
 
@@ -777,8 +846,8 @@ class RingRoute:
         values = []
         for (reader_edge, _), reader in self.readers.items():
             if reader_edge == edge:
-                with contextlib.suppress(ClosedError):
-                    values.append(reader.wakeup_sequence)
+                with contextlib.suppress(ClosedError, CorruptFrameError):
+                    values.append(reader.wakeup_sequence)  # a shrunk ring: its get reports it
         return values
 
 

@@ -58,14 +58,19 @@ from .slots import (
 
 # Slot files a consumer keeps mapped (one descriptor each), least recently used out.
 MAX_MAPPED_SLOTS: Final = 256
+# And the bytes they map: a mapping of a file its producer unlinked pins the
+# file's pages until it goes (issue 22), so the cache is bounded in bytes too
+# (twice the default pool budget of one producer); the newest always stays.
+MAX_MAPPED_SLOT_BYTES: Final = 4 << 30
 
 
 class _Slot:
     """A slot file of some producer, mapped by this consumer."""
 
-    def __init__(self, mapping: SlotMapping, capacity: int) -> None:
+    def __init__(self, mapping: SlotMapping, capacity: int, identity: tuple[int, int]) -> None:
         self.mapping = mapping
         self.capacity = capacity
+        self.identity = identity  # (st_dev, st_ino) of the file mapped
 
 
 class PoolClaim:
@@ -138,6 +143,10 @@ class PoolReader:
         key = (producer, index)
         slot = self._slots.pop(key, None)
         if slot is not None:
+            shrunk = self._shrink_problem(pool_slot_file_name(producer, index), slot)
+            if shrunk is not None:
+                slot.mapping.close()  # never touched again; the next claim maps it afresh
+                raise CorruptFrameError(shrunk)
             self._slots[key] = slot  # most recently used last
             self.hits += 1
             return slot
@@ -170,12 +179,50 @@ class PoolReader:
         if problem is not None:
             slot_mapping.close()
             raise CorruptFrameError(f"{problem}: name={name!r}")
-        slot = _Slot(slot_mapping, identity.capacity)
+        slot = _Slot(slot_mapping, identity.capacity, (info.st_dev, info.st_ino))
         if len(self._slots) >= MAX_MAPPED_SLOTS:
             oldest = next(iter(self._slots))
             self._slots.pop(oldest).mapping.close()
+        mapped = slot.mapping.file_length + self.mapped_bytes
+        while self._slots and mapped > MAX_MAPPED_SLOT_BYTES:
+            oldest = next(iter(self._slots))
+            evicted = self._slots.pop(oldest).mapping
+            mapped -= evicted.file_length
+            evicted.close()
         self._slots[key] = slot
         return slot
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The bytes of every slot file this consumer maps now (at most `MAX_MAPPED_SLOT_BYTES`,
+        or the one newest slot's)."""
+        return sum(slot.mapping.file_length for slot in self._slots.values())
+
+    def _shrink_problem(self, name: str, slot: _Slot) -> str | None:
+        """Why the mapped slot may not be touched: its file shrank (issue 22, defect 3), or None.
+
+        Touching a mapped page past the end of a file a same-uid neighbour
+        truncated is SIGBUS; one stat of the name (through the directory
+        descriptor) before the claim touches the mapping refuses it typed.
+        With the slot's own descriptor the fstat is exact (also for a file
+        unlinked after its producer emptied it at close, `PoolProducer.close`);
+        by name, a file no longer at its name cannot be truncated by name
+        any more. A truncation between this check and the copy still faults
+        (docs/threat-model.md, "The window that stays open").
+        """
+        fd = slot.mapping.fd
+        try:
+            info = self._os.fstat(fd) if fd >= 0 else self._dir.stat(name)
+        except OSError:
+            return None  # gone from its name, or cannot tell (an injected fault): as before
+        if fd < 0 and (info.st_dev, info.st_ino) != slot.identity:
+            return None  # replaced: the file mapped here is unlinked
+        if info.st_size < slot.mapping.file_length:
+            return (
+                f"pool slot file shrank under its mapping (a neighbour truncated it): "
+                f"size={info.st_size} mapped={slot.mapping.file_length} name={name!r}"
+            )
+        return None
 
     def _sweep(self, producer: ConnectorIdentity) -> None:
         """Unmap this producer's slots whose files are gone (evicted: no reference names them)."""
@@ -266,7 +313,22 @@ class PoolReader:
         finally:
             view.release()  # BufferError if decode kept something made from it
         claim.release()
+        self._forget_if_unlinked(producer, claim)
         return claim.nbytes, value
+
+    def _forget_if_unlinked(self, producer: ConnectorIdentity, claim: PoolClaim) -> None:
+        """After an owned get: no mapping of a slot whose file is gone stays (it would pin its pages)."""
+        slot = claim._slot
+        fd = slot.mapping.fd
+        try:
+            if fd < 0 or self._os.fstat(fd).st_nlink != 0:
+                return
+        except OSError:
+            return
+        for key, kept in list(self._slots.items()):
+            if kept is slot:
+                del self._slots[key]
+        slot.mapping.close()
 
     # -- forgetting -----------------------------------------------------------------------
 

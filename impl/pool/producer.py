@@ -29,6 +29,7 @@ from ...spec.layout import (
     POOL_FLAG_CHECKSUM,
     POOL_MAX_SLOT_INDEX,
     POOL_SLOT_CLAIMED,
+    POOL_SLOT_DONE,
     POOL_SLOT_FREE,
     POOL_SLOT_HEADER_LENGTH,
     POOL_SLOT_PUBLISHED,
@@ -112,11 +113,34 @@ class PoolProducer:
         self._next_generation = 1
         self.created = self.reused = self.evicted = self.exhausted = self.create_failures = 0
         self.last_error: BaseException | None = None  # the last creation failure
+        self.lost = 0  # slot files a neighbour truncated or unlinked (removed, issue 22)
+        self._lost: list[OwnedSlot] = []  # found lost by the acquire under way
+
+    def _file_lost(self, slot: OwnedSlot) -> bool:
+        """Whether a neighbour truncated (touching it is SIGBUS) or unlinked the slot's file.
+
+        One stat of the name through the directory descriptor, before the
+        slot's mapping is touched (issue 22, defect 3).
+        """
+        try:
+            info = self._dir.stat(slot.name)
+        except FileNotFoundError:
+            return True  # unlinked: no reader could open it
+        except OSError:
+            return False  # cannot tell (an injected fault): the slot is used as before
+        return info.st_size < slot.mapping.file_length
 
     # -- reuse --------------------------------------------------------------------------
 
     def _is_reusable(self, slot: OwnedSlot) -> bool:
-        """`spec.pool.is_reusable`: the carrier first, then the state (module docstring)."""
+        """`spec.pool.is_reusable`: the carrier first, then the state (module docstring).
+
+        A slot whose file a neighbour truncated or unlinked is never reusable
+        (`_file_lost`); `acquire` removes it.
+        """
+        if self._file_lost(slot):
+            self._lost.append(slot)
+            return False
         carrier = slot.carrier
         if carrier is not None:
             if carrier():
@@ -139,6 +163,15 @@ class PoolProducer:
         size_class = compute_class(self.min_class, self.max_class, nbytes)
         if size_class is None:
             return None
+        try:
+            return self._acquire(size_class)
+        finally:
+            lost, self._lost = self._lost, []
+            for slot in lost:
+                self.lost += 1
+                self._remove(slot)  # never touched again; its carrier's frame names a gone file
+
+    def _acquire(self, size_class: int) -> OwnedSlot | None:
         for slot in self.slots.values():
             if slot.size_class == size_class and self._is_reusable(slot):
                 self._make_free(slot)
@@ -222,13 +255,30 @@ class PoolProducer:
         slot.mapping.close()
 
     def close(self) -> int:
-        """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent."""
+        """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent.
+
+        A slot no reader holds or may still claim (FREE or DONE) is emptied
+        first (ftruncate to 0), so its pages go now even where an idle
+        reader still maps the file (issue 22: 261 MiB of deleted slots stayed
+        pinned until the reader's next get); readers fstat a slot before
+        touching it (`consumer.PoolReader._shrink_problem`). A CLAIMED slot
+        (a borrowed view may live) or a PUBLISHED one is only unlinked.
+        """
         self._closed = True
         removed = 0
         for slot in list(self.slots.values()):
+            self._empty_if_unheld(slot)
             self._remove(slot)
             removed += 1
         return removed
+
+    def _empty_if_unheld(self, slot: OwnedSlot) -> None:
+        words, fd = slot.mapping.words, slot.mapping.fd
+        if words is None or fd < 0 or self._file_lost(slot):
+            return
+        if load_slot_state_acquire(words) in (POOL_SLOT_FREE, POOL_SLOT_DONE):
+            with contextlib.suppress(OSError):
+                self._os.ftruncate(fd, 0)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

@@ -175,7 +175,7 @@ class RegisteredArena(RingProducer):
         self._os = registry._os
         pid, start_time = current_producer_identity(self._os)
         file = ShmFile(
-            registry.directory,
+            registry.files,
             arena_file_name(self._os),
             compute_ring_file_length(capacity),
             self._os,

@@ -58,8 +58,8 @@ from ...spec.registration import (
     UNREGISTER_ATTEMPTS,
 )
 from ..directory import (
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
+    Directory,
+    HeldDirectory,
 )
 from ..errors import (
     ClosedError,
@@ -90,18 +90,28 @@ from .shm_file import ShmFile
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256
 
 
-def prune_taken_names(paths: list[str], os_facade: OsFacade = DEFAULT_OS) -> list[str]:
+def prune_taken_names(names: list[str], directory: Directory) -> list[str]:
     """Drop the published names receivers already unlinked, once the list is long."""
-    if len(paths) < _PUBLISHED_NAMES_PRUNE_AT:
-        return paths
+    if len(names) < _PUBLISHED_NAMES_PRUNE_AT:
+        return names
     kept = []
-    for path in paths:
+    for name in names:
         try:
-            os_facade.stat(path)
+            directory.stat(name)
         except FileNotFoundError:
             continue
-        kept.append(path)
+        kept.append(name)
     return kept
+
+
+def unlink_published(names: list[str], held: HeldDirectory) -> None:
+    """Unlink the names no receiver took, through the held descriptor (never by path)."""
+    directory = held.current()
+    if directory is None:
+        return
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            directory.unlink(name)
 
 
 # -- registered ranges and segments ------------------------------------------------------
@@ -221,10 +231,10 @@ class Registry:
         self.driver = driver
         self._os = os_facade
         self._shm_root = shm_root
-        self._directory: str | None = None
+        self._held = HeldDirectory(scope, os_facade, shm_root)
         self._segments: dict[int, RegisteredSegment] = {}
         self._ranges: list[RegisteredRange] = []
-        self._published_paths: list[str] = []
+        self._published_names: list[str] = []
         self._next_segment_id = 0
         self._allocated = 0
         self._published = 0
@@ -243,9 +253,16 @@ class Registry:
 
     @property
     def directory(self) -> str:
-        if self._directory is None:
-            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
-        return self._directory
+        """The deployment directory's path (for names in messages and readers).
+
+        Opens (creates) the directory while open, as the first file would.
+        """
+        return self._held.path if self._closed else self.files.path
+
+    @property
+    def files(self) -> Directory:
+        """Where this registry's files are created and unlinked: a verified descriptor."""
+        return self._held.get()
 
     def segments(self) -> list[RegisteredSegment]:
         """Every segment allocated and not yet forgotten, in allocation order."""
@@ -327,7 +344,7 @@ class Registry:
         """
         self._check_usable()
         try:
-            file = ShmFile(self.directory, registered_segment_file_name(self._os), length, self._os)
+            file = ShmFile(self.files, registered_segment_file_name(self._os), length, self._os)
         except OSError as error:
             if error.errno == errno.ENOSPC and not isinstance(error, NoSpaceError):
                 raise NoSpaceError(
@@ -398,15 +415,15 @@ class Registry:
             segment.file.unmap()
             segment.state = SEGMENT_PUBLISHED
             published.append(PublishedSegment(segment.name, segment.length))
-            self._remember_published(segment.path)
+            self._remember_published(segment.name)
             del self._segments[segment.segment_id]
             self._published += 1
         return published
 
-    def _remember_published(self, path: str) -> None:
+    def _remember_published(self, name: str) -> None:
         """Keep the name to unlink at close unless a receiver took it first."""
-        self._published_paths.append(path)
-        self._published_paths = prune_taken_names(self._published_paths, self._os)
+        self._published_names.append(name)
+        self._published_names = prune_taken_names(self._published_names, self.files)
 
     # -- a whole transfer ------------------------------------------------------------------
 
@@ -491,14 +508,13 @@ class Registry:
                 self.remove(segment)
             elif segment.state == SEGMENT_REMOVED:
                 del self._segments[segment.segment_id]
-        for path in self._published_paths:
-            with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(path)
-        self._published_paths = []
+        unlink_published(self._published_names, self._held)
+        self._published_names = []
         self._closed = True
-        if self._directory is not None:
-            remove_deployment_directory_if_empty(self._directory, self._os)
-        return len(self.retained())
+        retained = len(self.retained())
+        if not retained:  # a retained file keeps its directory descriptor (unlinked through it)
+            self._held.close()  # removes the directory only if it is still ours and empty
+        return retained
 
     def __enter__(self) -> Registry:
         return self

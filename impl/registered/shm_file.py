@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from ..directory import Directory, as_directory
 from ..errors import ClosedError
 from ..os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
 
@@ -31,15 +32,18 @@ class ShmFile:
     _linked = False
 
     def __init__(
-        self, directory: str, name: str, length: int, os_facade: OsFacade = DEFAULT_OS
+        self, directory: str | Directory, name: str, length: int, os_facade: OsFacade = DEFAULT_OS
     ) -> None:
         if length <= 0:
             raise ValueError(f"shared-memory file length must be positive: length={length}")
+        # Created and unlinked through the directory (a verified descriptor for
+        # a sender's and a registry's files: issue 22, defect 1).
+        self._dir = as_directory(directory, os_facade)
         self.name = name
-        self.path = os.path.join(directory, name)
+        self.path = os.path.join(self._dir.path, name)
         self.length = length
         self._os = os_facade
-        fd = os_facade.open(self.path, OPEN_FLAGS_CREATE)
+        fd = self._dir.open(name, OPEN_FLAGS_CREATE)
         self._linked = True
         try:
             os_facade.ftruncate(fd, length)
@@ -88,10 +92,10 @@ class ShmFile:
         """
         if self._linked:
             with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(self.path)
+                self._dir.unlink(self.name)
             self._linked = False
 
     def _discard_name(self) -> None:
         self._linked = False
         with contextlib.suppress(OSError):
-            self._os.unlink(self.path)
+            self._dir.unlink(self.name)

@@ -37,7 +37,6 @@ fields the arena does not take, and the arena's reserve / copy / commit
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,10 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
-from ..directory import (
-    ensure_deployment_directory,
-    remove_deployment_directory_if_empty,
-)
+from ..directory import Directory, HeldDirectory
 from ..errors import (
     ClosedError,
     ConfigurationError,
@@ -77,7 +73,7 @@ from .host_copy import (
     host_view,
     wire_dtype_of,
 )
-from .registration import Registry, prune_taken_names
+from .registration import Registry, prune_taken_names, unlink_published
 from .shm_file import ShmFile
 from .transfer_descriptor import (
     CARRIER_ARENA,
@@ -135,13 +131,13 @@ class TransferSender:
         self.options = options
         self._os = os_facade
         self._shm_root = shm_root
-        self._directory: str | None = None
+        self._held = HeldDirectory(self.scope, os_facade, shm_root)
         self._driver = driver
         if options.enable_registered_shm and driver is None:
             self._driver = default_driver()
         self._arena_disabled: str | None = None
         self._registered_disabled: str | None = None
-        self._published_paths: list[str] = []
+        self._published_names: list[str] = []
         self._registered = 0
         self._plain = 0
         self._fell_back = 0
@@ -150,9 +146,20 @@ class TransferSender:
 
     @property
     def directory(self) -> str:
-        if self._directory is None:
-            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
-        return self._directory
+        """The deployment directory's path (for names in messages and readers).
+
+        Opens (creates) the directory while open, as the first file would.
+        """
+        return self._held.path if self._closed else self.files.path
+
+    @property
+    def files(self) -> Directory:
+        """Where this sender's segments are created and unlinked: a verified descriptor.
+
+        Opened again (a private directory, or ConfigurationError for one not
+        ours) when the one held was removed (`directory.HeldDirectory`).
+        """
+        return self._held.get()
 
     @property
     def driver(self) -> CudaDriver | None:
@@ -321,7 +328,7 @@ class TransferSender:
             for tensor in tensors:
                 nbytes = tensor.numel() * tensor.element_size()
                 file = ShmFile(
-                    self.directory, registered_segment_file_name(self._os), max(1, nbytes), self._os
+                    self.files, registered_segment_file_name(self._os), max(1, nbytes), self._os
                 )
                 files.append(file)
                 copy_to_host_or_gather(host_view(file.tensor, 0, tensor), tensor)
@@ -333,10 +340,10 @@ class TransferSender:
         descriptors = []
         for name, tensor, file in zip(names, tensors, files, strict=True):
             file.unmap()
-            self._published_paths.append(file.path)
+            self._published_names.append(file.name)
             descriptors.append(self._field(name, tensor, CARRIER_SEGMENT, file.name, 0, ""))
             self._in_segments += 1
-        self._published_paths = prune_taken_names(self._published_paths, self._os)
+        self._published_names = prune_taken_names(self._published_names, self.files)
         return descriptors
 
     @staticmethod
@@ -370,14 +377,11 @@ class TransferSender:
                 self._arena.close()
             except RegistryPoisonedError as error:
                 poisoned = error
-        for path in self._published_paths:
-            with contextlib.suppress(FileNotFoundError):
-                self._os.unlink(path)
-        self._published_paths = []
+        unlink_published(self._published_names, self._held)
+        self._published_names = []
         if self._registry is not None:
             self._registry.close()
-        if self._directory is not None:
-            remove_deployment_directory_if_empty(self._directory, self._os)
+        self._held.close()  # removes the directory only if it is still ours and empty
         if poisoned is not None:
             raise poisoned
 

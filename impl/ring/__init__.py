@@ -68,8 +68,9 @@ Cheap empty polls
 A reader keeps an index key -> position of the frames it saw PUBLISHED,
 built by an incremental lock-free scan from where it stopped last time up to
 the head. When head has not moved, a get answers NOT_FOUND or STALE from the
-index with one shared-memory load: no lock, no system call. The lock is
-taken only to claim a frame the index names.
+index with one shared-memory load after one fstat (a file a neighbour
+truncated is refused before it is touched): no lock. The lock is taken only
+to claim a frame the index names.
 
 Validation
 ----------

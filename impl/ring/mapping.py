@@ -101,6 +101,7 @@ class _RingFile:
     _buf: memoryview | None = None  # writable view of the whole mapping
     _words: SharedWords | None = None  # the mapping's shared fields (once its size is known good)
     _capacity: int = 0
+    _file_length: int = 0  # the bytes mapped: the file must stay at least this long
     _locks: int = 0
     _shapes: _FrameShapes  # per ring, set once the capacity is known
 
@@ -128,6 +129,38 @@ class _RingFile:
         if words is None or self._buf is None:
             raise ClosedError(f"ring channel is closed: path={self.path!r}")
         return words
+
+    def _shrink_problem(self) -> str | None:
+        """Why the mapping may not be touched now: the file is shorter than what is mapped.
+
+        A same-uid neighbour can truncate the file (issue 22, defect 3);
+        touching a mapped page past the new end is SIGBUS, which kills the
+        process. One fstat before the bytes are touched turns that into a
+        typed refusal; a truncation landing between this check and the
+        access still faults (docs/threat-model.md, "SIGBUS").
+        """
+        try:
+            size = self._os.fstat(self._fd).st_size
+        except OSError:
+            return None  # cannot tell (an injected fault): see `_shrunk_now`
+        if size < self._file_length:
+            return (
+                f"ring file shrank under its mapping (a neighbour truncated it): "
+                f"size={size} mapped={self._file_length} path={self.path!r}"
+            )
+        return None
+
+    def _shrunk_now(self) -> bool:
+        """One fstat: whether the file is shorter than the mapping (`_shrink_problem`).
+
+        A failing fstat of our own descriptor (only ever an injected fault)
+        cannot tell, and the file is taken as whole: refusing would consume
+        a deliverable frame for a fault that says nothing about the file.
+        """
+        try:
+            return self._os.fstat(self._fd).st_size < self._file_length
+        except OSError:
+            return False
 
     def _release_mapping(self) -> None:
         """Unmap and close the descriptor; keep the mapping if views of it still live."""

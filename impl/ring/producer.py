@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 from ...spec.layout import (
     FRAME_KEY_OFFSET,
+    FRAME_STATE_PUBLISHED,
+    FRAME_STATE_RETIRED,
     RING_CAPACITY_DISABLED,
     RING_HEADER_LENGTH,
     RING_STATE_CLOSED,
@@ -30,9 +32,14 @@ from ..frame_io import (
     SharedWords,
     bump_wakeup_sequence_release,
     compute_checksum,
+    load_frame_state_acquire,
+    store_frame_state_release,
+    store_head_release,
     store_ring_state_release,
+    store_tail_release,
     write_ring_header,
 )
+from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..names import current_producer_identity, instance_of
 from ..os_seam import (
     DEFAULT_OS,
@@ -49,11 +56,13 @@ from .engine import (
     PublishHook,
     RingProducer,
 )
-from .frames import RING_FILE, read_checked_ring_header
+from .frames import RING_FILE, load_frame_fields, read_checked_ring_header
 from .mapping import (
     _PAGE_SIZE,
+    _UNLOCK,
     _ZERO_FILL,
     Buffer,
+    _data_offset,
     _new_outcome,
     _RingFile,
 )
@@ -110,6 +119,7 @@ class RingChannel(RingProducer, _RingFile):
         producer: tuple[int, ...] | None = None,
         publish_hook: PublishHook | None = None,
         directory: Directory | None = None,
+        start_position: int = 0,
     ) -> RingChannel:
         """Create the ring file at `path` (it must not exist) and map it.
 
@@ -125,6 +135,9 @@ class RingChannel(RingProducer, _RingFile):
         `publish_hook` is a test seam called at the HOOK_* stages of each put;
         production passes None. `directory` (a connector's verified deployment
         directory) is where `path` is created and unlinked, by descriptor.
+        `start_position` (aligned) is where head and tail start: a ring that
+        replaces one a neighbour unlinked continues its positions, so a
+        descriptor of the old ring never names a frame of the new one.
         """
         error = compute_capacity_error(capacity)
         if error is not None:
@@ -134,7 +147,7 @@ class RingChannel(RingProducer, _RingFile):
         if producer is None:
             producer = current_producer_identity(os_facade)
         channel = cls(path, capacity, os_facade, producer, publish_hook, directory)
-        file_length = compute_ring_file_length(capacity)
+        file_length = channel._file_length = compute_ring_file_length(capacity)
         channel._fd = channel._dir.open(path, OPEN_FLAGS_CREATE, FILE_MODE)
         channel._unlink_pending = True
         try:
@@ -155,6 +168,10 @@ class RingChannel(RingProducer, _RingFile):
             write_ring_header(
                 buf, capacity, producer[0], producer[1], RING_STATE_OPEN, instance_of(producer)
             )
+            if start_position:
+                store_tail_release(channel._words, start_position)
+                store_head_release(channel._words, start_position)
+                channel._head = channel._tail = start_position
         except BaseException:
             channel._closed = True
             channel._teardown()
@@ -303,6 +320,101 @@ class RingChannel(RingProducer, _RingFile):
             return 0
         return self._retire_positions(candidates)
 
+    # -- a file a neighbour unlinked or truncated (issue 22) -------------------------
+
+    def file_problem(self) -> str | None:
+        """Why this ring's file no longer carries frames, or None; one fstat.
+
+        A same-uid neighbour may unlink the file (readers then never find
+        what is published: defect 4) or truncate it (touching the mapping
+        is then SIGBUS: defect 3). The connector asks before each put and
+        replaces the ring (`RingRoute.replace`).
+        """
+        if self._fd < 0:
+            return None
+        try:
+            info = self._os.fstat(self._fd)
+        except OSError:
+            return None  # cannot tell (an injected fault): the put goes on as before
+        if info.st_size < self._file_length:
+            return (
+                f"ring file shrank under its mapping (a neighbour truncated it): "
+                f"size={info.st_size} mapped={self._file_length} path={self.path!r}"
+            )
+        if info.st_nlink == 0:
+            return f"ring file was unlinked by a neighbour: path={self.path!r}"
+        return None
+
+    def evacuate(self) -> tuple[list[tuple[str, bytes]], int]:
+        """Close a ring whose file was unlinked and answer (its unclaimed frames, frames lost).
+
+        The frames are (key, payload) in publication order, each retired
+        here under the ring lock, so a reader of the old mapping never
+        claims one that is re-put elsewhere. CLOSED is stored first (no
+        claim starts); past `PRODUCER_LOCK_WAIT_SECONDS` of another holder
+        nothing is moved and the unclaimed frames count as lost. The name
+        is never unlinked: it is gone, or a new ring's. A truncated file is
+        never touched (`file_problem` first): every frame counts as lost.
+        """
+        if self._fd >= 0 and self._shrunk_now():
+            return [], self.discard_shrunk()
+        published = sorted(self._published.items(), key=lambda item: item[1])
+        self._closed = True
+        self._published.clear()
+        self._deferred.clear()
+        self._unlink_pending = False
+        moved: list[tuple[str, bytes]] = []
+        lost = len(published)
+        try:
+            buf, words = self._buf, self._words
+            if buf is None or words is None:
+                return moved, lost
+            store_ring_state_release(words, RING_STATE_CLOSED)
+            bump_wakeup_sequence_release(words)
+            if not published or not lock_exclusive_within(
+                self._os, self._fd, PRODUCER_LOCK_WAIT_SECONDS
+            ):
+                return moved, lost
+            try:
+                capacity = self._capacity
+                for key, position in published:
+                    offset = _data_offset(position, capacity)
+                    if load_frame_state_acquire(words, offset) != FRAME_STATE_PUBLISHED:
+                        lost -= 1  # claimed meanwhile: delivered, not lost
+                        continue
+                    key_length, payload_length = load_frame_fields(buf, offset, capacity)[3:5]
+                    start = offset + FRAME_KEY_OFFSET + key_length
+                    moved.append((key, bytes(buf[start : start + payload_length])))
+                    store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
+                    lost -= 1
+            finally:
+                self._os.flock(self._fd, _UNLOCK)
+            return moved, lost
+        finally:
+            self._teardown()
+
+    def discard_shrunk(self) -> int:
+        """Drop a ring whose file shrank, never touching the mapping; answer the frames lost.
+
+        The name is unlinked only while it still names this file.
+        """
+        lost = len(self._published)
+        self._closed = True
+        self._published.clear()
+        self._deferred.clear()
+        if self._unlink_pending and self._fd >= 0:
+            try:
+                here = self._dir.stat(self.path)
+                mine = self._os.fstat(self._fd)
+                if (here.st_dev, here.st_ino) != (mine.st_dev, mine.st_ino):
+                    self._unlink_pending = False  # the name is someone else's now
+            except FileNotFoundError:
+                self._unlink_pending = False
+            except OSError:
+                pass  # cannot tell: unlinked by name as any close would
+        self._teardown(defer_unlink=True)
+        return lost
+
     # -- close -----------------------------------------------------------------
 
     def close(self) -> int:
@@ -318,6 +430,9 @@ class RingChannel(RingProducer, _RingFile):
         """
         if self._closed:
             self._teardown(defer_unlink=True)
+            return 0
+        if self._fd >= 0 and self._shrunk_now():
+            self.discard_shrunk()  # truncated by a neighbour: touching it would be SIGBUS
             return 0
         self._closed = True
         retired = 0

@@ -120,6 +120,9 @@ class RingReader(_RingFile):
         self._gets = 0
         self._busy = 0
         self._skipped = 0
+        # Why this reader dropped its mapping: the file shrank under it (issue 22).
+        self.shrunk: str | None = None
+        self.identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file mapped
 
     @classmethod
     def attach(
@@ -158,6 +161,8 @@ class RingReader(_RingFile):
         size = info.st_size
         if size < RING_HEADER_LENGTH:
             raise CorruptFrameError(f"ring file shorter than its header: size={size} path={path!r}")
+        self._file_length = size
+        self.identity = (info.st_dev, info.st_ino)
         self._mapping = self._os.mmap(self._fd, size)
         buf = self._buf = memoryview(self._mapping)
         header, problem = read_checked_ring_header(buf, size, RING_FILE)
@@ -173,6 +178,9 @@ class RingReader(_RingFile):
         self._shapes = _FrameShapes(capacity)
         self.producer = (header.producer_pid, header.producer_start_time)
         self.instance = header.producer_instance
+        shrunk = self._shrink_problem()  # truncated since the fstat above: never fault it in
+        if shrunk is not None:
+            raise CorruptFrameError(shrunk)
         bytes(buf[::_PAGE_SIZE])  # fault every page in once, not on the receive path
         tail, _head = self._load_positions()
         self._scanned_to = tail
@@ -261,13 +269,20 @@ class RingReader(_RingFile):
         frame. A get with a descriptor checks the exact frame it names, and
         answers STALE when the index (caught up like a get by key's) holds
         a newer frame of the key. A get on an unchanged channel
-        whose index has nothing for the key makes no system call and takes
-        no lock.
+        whose index has nothing for the key takes no lock and makes one
+        system call: the fstat that refuses a ring file a neighbour
+        truncated (CorruptFrameError, and the mapping is dropped) before a
+        byte of it is touched, where touching it would be SIGBUS.
         """
         buf = self._buf
         words = self._words
         if buf is None:
+            if self.shrunk is not None:
+                raise CorruptFrameError(self.shrunk)
             raise ClosedError(f"ring reader is closed: path={self.path!r}")
+        # The one system call of a poll: a file a neighbour truncated is never touched.
+        if self._shrunk_now():
+            self._drop_shrunk()
         key_bytes = key.encode("utf-8")
         if position is None:
             if load_head_acquire(words) != self._seen_head:
@@ -295,6 +310,20 @@ class RingReader(_RingFile):
                 return miss  # a closed ring delivers nothing; its producer retires the rest
             raise CorruptFrameError(f"bad ring state: state={ring_state} path={self.path!r}")
         return self._claim(buf, key_bytes, found, mode, decode, miss)
+
+    def is_replaced(self) -> bool:
+        """Whether the ring's name now names another file (its producer re-created the ring)."""
+        try:
+            here = self._dir.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (here.st_dev, here.st_ino) != self.identity
+
+    def _drop_shrunk(self) -> None:
+        """The file shrank (`_shrink_problem`): unmap it and raise CorruptFrameError, now and at every later get."""
+        self.shrunk = self._shrink_problem() or f"ring file shrank: path={self.path!r}"
+        self._release_mapping()
+        raise CorruptFrameError(self.shrunk)
 
     def _names_frame(
         self, buf: memoryview, words: SharedWords | None, key_bytes: bytes, position: int
@@ -573,6 +602,8 @@ class RingReader(_RingFile):
         """
         buf = self._require_buf()
         words = self._words
+        if self._shrunk_now():
+            self._drop_shrunk()
         capacity = self._capacity
         tail, head = self._load_positions()
         offset = _data_offset(position, capacity)
@@ -613,19 +644,29 @@ class RingReader(_RingFile):
         """
         words = self._words
         if words is None:
+            if self.shrunk is not None:
+                return True  # unmapped: nothing on it will be delivered
             raise ClosedError(f"ring channel is closed: path={self.path!r}")
         return load_ring_state_acquire(words) == RING_STATE_CLOSED
 
     @property
     def wakeup_sequence(self) -> int:
-        """Bumped by the producer after every publication (and at close)."""
-        return load_wakeup_sequence_acquire(self._require_words())
+        """Bumped by the producer after every publication (and at close).
+
+        CorruptFrameError (and unmapped) once the file shrank.
+        """
+        words = self._require_words()
+        if self._shrunk_now():
+            self._drop_shrunk()
+        return load_wakeup_sequence_acquire(words)
 
     def statistics(self) -> RingStatistics:
         """A lock-free walk of the ring (`frames.walk_frames`); frames moving meanwhile may be counted in either state."""
         buf = self._require_buf()
         words = self._words
         assert words is not None
+        if self._shrunk_now():
+            self._drop_shrunk()
         capacity = self._capacity
         tail, head = self._load_positions()
         published = claimed = 0
