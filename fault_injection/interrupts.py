@@ -60,7 +60,7 @@ class StormReport:
     wrong: int = 0  # deliveries whose value is not the key's payload
     typed: dict[str, int] = field(default_factory=dict)  # ShmringErrors from put/get, by type
     untyped: dict[str, int] = field(default_factory=dict)  # any other error, by type
-    untyped_samples: list[str] = field(default_factory=list)  # a few of their messages
+    untyped_samples: list[str] = field(default_factory=list)  # a few errors' messages
     close_errors: dict[str, int] = field(default_factory=dict)  # errors close raised
     after_ok: bool = False  # a put and get after the storm worked (no lock stayed held)
     files_left: int = 0  # files in the deployment directory after every close
@@ -95,7 +95,15 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
 
     def untyped_error(error: BaseException) -> None:
         untyped[type(error).__name__] += 1
-        if len(report.untyped_samples) < 5:
+        sample(error)
+
+    def typed_error(error: BaseException) -> None:
+        typed[type(error).__name__] += 1
+        if typed[type(error).__name__] <= 2:
+            sample(error)
+
+    def sample(error: BaseException) -> None:
+        if len(report.untyped_samples) < 8:
             where = traceback.extract_tb(error.__traceback__)[-3:]
             trail = " <- ".join(f"{frame.name}:{frame.lineno}" for frame in reversed(where))
             report.untyped_samples.append(f"{type(error).__name__}: {error} at {trail}"[:400])
@@ -125,7 +133,7 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
                 report.interrupted_puts += 1
             except ShmringError as error:
                 armed[0] = False
-                typed[type(error).__name__] += 1
+                typed_error(error)
             except Exception as error:
                 armed[0] = False
                 untyped_error(error)
@@ -143,7 +151,7 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
                     break
                 except ShmringError as error:
                     armed[0] = False
-                    typed[type(error).__name__] += 1
+                    typed_error(error)
                     pending.pop(0)
                     continue
                 except Exception as error:
