@@ -9,8 +9,10 @@ before-visible hook, retire, claim); the routes, the deployment
 lock and counts (`ConnectorHealth`).
 
 A connector is thread-safe (one lock around each operation; a waiting
-`get_with_deadline` sleeps without it). It is not fork-safe: a child
-process makes its own.
+`get_with_deadline` sleeps without it). It belongs to the process that made
+it (`impl.lifecycle`): in a forked child the inherited connector raises
+`ForkedError` and its close releases the child's mappings only; a child
+makes its own. A connector still open at interpreter exit is closed then.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from ...spec.connector import Route
-from .. import codec
-from ..errors import BackPressureError, ClosedError, InvalidKeyError, ShmringError
+from .. import codec, lifecycle
+from ..errors import BackPressureError, ClosedError, ForkedError, InvalidKeyError, ShmringError
 from ..fallback import DEFAULT_SPARE_BYTES, SPARE_MIN_FILE_LENGTH
 from ..names import (
     DEFAULT_SHM_ROOT,
@@ -106,6 +108,7 @@ class Connector(BlockingGets):
     """
 
     _closed: bool = False
+    _inherited: bool = False  # inherited through fork: the parent's (`_forked_in_child`)
     _deployment: Deployment | None = None  # set once joined (`_join`)
 
     def __init__(
@@ -181,6 +184,18 @@ class Connector(BlockingGets):
         # Borrowed gets: how many held their payload, and those payloads while they live.
         self._borrowed_gets = 0
         self._borrowed: weakref.WeakSet[Any] = weakref.WeakSet()
+        lifecycle.track(self)  # marked at fork, closed at exit if still open
+
+    def _forked_in_child(self) -> None:
+        """`lifecycle`: in a forked child this connector is the parent's; every use is ForkedError.
+
+        `_closed` makes every operation stop at its first check (the hot
+        paths test nothing more); the lock is new, since another thread of
+        the parent may have held it at the fork.
+        """
+        self._inherited = True
+        self._closed = True
+        self._lock = threading.RLock()
 
     # -- context manager -------------------------------------------------------------
 
@@ -198,6 +213,12 @@ class Connector(BlockingGets):
 
     def _require_open(self) -> None:
         if self._closed:
+            if self._inherited:
+                raise ForkedError(
+                    f"connector inherited through fork (made by another process): "
+                    f"scope={self.scope!r} producer={self.identity}; "
+                    f"make a new Connector in this process after the fork"
+                )
             raise ClosedError(f"connector is closed: scope={self.scope!r}")
 
     def _join(self) -> Deployment:
@@ -488,7 +509,7 @@ class Connector(BlockingGets):
         """
         with self._lock:
             deployment = self._deployment
-            if deployment is None:
+            if deployment is None or self._inherited:
                 return 0
             self._reap_deferred()
             return deployment.writer.refresh() if not self._closed else 0
@@ -604,7 +625,11 @@ class Connector(BlockingGets):
         (counted in `health()`), and a later `close()` or `reap_consumed()`
         removes it and leaves the deployment then.
         """
+        lifecycle.closed(self)
         with self._lock:
+            if self._inherited:  # a forked child's copy: release its mappings, touch no file
+                lifecycle.release_inherited(self)
+                return 0
             first = not self._closed
             self._closed = True
             failures: list[BaseException] = []
