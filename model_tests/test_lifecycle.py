@@ -142,3 +142,72 @@ def test_a_process_that_exits_without_close_leaves_no_files(scope: str, mode: st
 
         shutil.rmtree(directory, ignore_errors=True)
     assert left == [] and not os.path.exists(directory), left
+
+
+def _fork(child: object) -> int:
+    """Run `child()` (answers an exit code) in a forked child; answer its exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 99
+        try:
+            code = child()  # type: ignore[operator]
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_inherited_shared_memory_connector_refuses_in_the_child_and_the_parent_serves(
+    scope: str,
+) -> None:
+    """The drop-in answers (False, 0, None) for an inherited put (vllm-omni's shape), logged."""
+    from shmring import SharedMemoryConnector
+
+    sender = SharedMemoryConnector({"stage_id": 0, "wakeup_scope": scope})
+    receiver = SharedMemoryConnector({"stage_id": 1, "wakeup_scope": scope})
+    try:
+        ok, _, first = sender.put(0, 1, "k0", {"from": "parent"})
+        assert ok
+
+        def child() -> int:
+            answer = sender.put(0, 1, "k_child", {"from": "child"})
+            sender.close()
+            del sender.__dict__["_connector"]  # what gc would drop: nothing more happens
+            return 0 if answer == (False, 0, None) else _CHILD_PUT_WORKED
+
+        assert _fork(child) == 0
+        ok, _, second = sender.put(0, 1, "k_parent", {"from": "parent"})
+        assert ok
+        for key, metadata in (("k0", first), ("k_parent", second)):
+            got = receiver.get(0, 1, key, metadata)
+            assert got is not None and got[0] == {"from": "parent"}, key
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_inherited_transfer_sender_and_receiver_raise_forked_error(scope: str) -> None:
+    torch = pytest.importorskip("torch")
+    from shmring.impl.registered.transfer import TransferReceiver, TransferSender
+
+    with TransferSender(scope) as sender, TransferReceiver(scope) as receiver:
+        descriptor = sender.send({"x": torch.arange(6, dtype=torch.int32)})
+
+        def child() -> int:
+            try:
+                sender.send({"x": torch.arange(2)})
+                return _CHILD_PUT_WORKED
+            except shmring.ForkedError:
+                pass
+            try:
+                receiver.receive(descriptor)
+                return _CHILD_GET_WORKED
+            except shmring.ForkedError:
+                pass
+            sender.close()
+            receiver.close()
+            return 0
+
+        assert _fork(child) == 0
+        (array,) = receiver.receive(descriptor).values()
+        assert array.tolist() == list(range(6))

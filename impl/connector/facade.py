@@ -680,6 +680,11 @@ class Connector(BlockingGets):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def inherited(self) -> bool:
+        """Whether this is a forked child's copy of another process's connector (`lifecycle`)."""
+        return self._inherited
+
     # -- inspection --------------------------------------------------------------------------
 
     def fallback_bytes(self) -> int:
