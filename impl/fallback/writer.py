@@ -275,26 +275,30 @@ class FallbackWriter:
         generation = next(_generations)
         temp = os.path.join(self.directory, fallback_temp_file_name(self.producer, generation))
         file_length = compute_ring_file_length(length)
-        spare = self._take_spare(file_length, temp)
-        keep = spare is not None
-        if spare is None:
-            spare = self._create_temp(temp, key, file_length)
-            keep = self._may_keep(file_length)
+        # The temporary is recorded before it can exist (issue 24): an exception raised
+        # anywhere below (a signal handler's too) leaves it findable by close, and its
+        # name carries our identity for survivors' reclaim and gc once we are dead.
+        self._leftovers.add(temp)
+        spare: _Spare | None = None
+        keep = False
         try:
+            spare = self._take_spare(file_length, temp)
+            keep = spare is not None
+            if spare is None:
+                spare = self._create_temp(temp, key, file_length)
+                keep = self._may_keep(file_length)
             self._fill(spare.mapping, key, plan, length, generation, keep)
             if not keep:
                 self._discard(spare)
-        except BaseException:
-            self._discard(spare)
-            self._remove_temp(temp)
-            raise
-        try:
             replaced = self._publish(temp, path, before_publish)
         except BaseException:
-            if keep:
-                self._discard(spare)
+            # Cleanup never replaces what is propagating (issue 24: a BufferError from a
+            # mapping still exported by the interrupted frame did, and left the file).
+            if spare is not None:
+                self._discard_quietly(spare)
             self._remove_temp(temp)
             raise
+        self._leftovers.discard(temp)  # renamed onto the segment name: nothing at `temp` now
         if keep:
             spare.generation = generation
             spare.path = os.path.join(
@@ -393,6 +397,19 @@ class FallbackWriter:
         if spare is not None:
             self._spare_bytes -= spare.file_length
             self._discard(spare)
+
+    def _discard_quietly(self, spare: _Spare) -> None:
+        """`_discard` while an exception propagates: a mapping a dying frame still exports is
+        left to be unmapped when that frame goes (never a BufferError over the real error)."""
+        with contextlib.suppress(BufferError, ValueError):
+            spare.mapping.close()
+        self._discard(spare) if spare.mapping.closed else self._close_fd(spare)
+
+    def _close_fd(self, spare: _Spare) -> None:
+        fd, spare.fd = spare.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                self._os.close(fd)
 
     def _discard(self, spare: _Spare) -> None:
         """Unmap and close a file we stop keeping (its names are the caller's business)."""
@@ -517,12 +534,15 @@ class FallbackWriter:
                 self._os.close(held)
 
     def _remove_temp(self, temp: str) -> None:
+        """Remove a temporary (or a handed-back spare); one whose unlink fails is kept for close."""
         try:
             self._dir.unlink(temp)
         except FileNotFoundError:
             pass
         except OSError:
             self._leftovers.add(temp)
+            return
+        self._leftovers.discard(temp)
 
     # -- retire ------------------------------------------------------------------
 
