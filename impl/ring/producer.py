@@ -74,6 +74,7 @@ class RingChannel(RingProducer, _RingFile):
     """
 
     _unlink_pending: bool = False
+    _unsettled: bool = False  # a put may have stopped between a shared store and its record
     unlink_failures: int = 0  # unlinks of the ring file that failed (each retried at a later close)
 
     def __init__(
@@ -213,9 +214,13 @@ class RingChannel(RingProducer, _RingFile):
         if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
             return PutOutcome(PutStatus.NOT_ADMITTED, None, -frame_length)
+        if self._unsettled:  # an earlier put stopped part way (an exception): read the ring back
+            self._settle(self.path)
+        self._unsettled = True  # until the record matches the ring again (`_commit` returned)
         head = self._head
         padding = self._reserve(head, frame_length)
         if padding < 0:
+            self._unsettled = False
             return PutOutcome(PutStatus.FULL, None, frame_length)
         position = head + padding
         buf = self._buf
@@ -261,6 +266,7 @@ class RingChannel(RingProducer, _RingFile):
         retired = self._commit(
             position, padding, frame_length, key, key_length, payload_length, checksum, True
         )
+        self._unsettled = False
         return _new_outcome(
             PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired)
         )
