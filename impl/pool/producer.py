@@ -107,6 +107,9 @@ class PoolProducer:
         self.budget = budget
         self.checksum = checksum
         self.slots: dict[int, OwnedSlot] = {}  # by index, ascending (indices only grow)
+        # Slot files being created: named here before they exist (issue 24), so close
+        # removes one whose creation an exception stopped before `slots` recorded it.
+        self._creating: set[str] = set()
         self.used_bytes = 0
         self._next_index = 0
         self._next_generation = 1
@@ -162,6 +165,7 @@ class PoolProducer:
         index = self._next_index
         self._next_index += 1  # consumed also by a failed creation: a name is made once
         name = pool_slot_file_name(self._identity, index)
+        self._creating.add(name)
         try:
             mapping = create_slot_file(
                 self._dir, name, self._identity, index, compute_slot_capacity(size_class), self._os
@@ -172,6 +176,7 @@ class PoolProducer:
             return None
         slot = OwnedSlot(index, size_class, name, mapping)
         self.slots[index] = slot
+        self._creating.discard(name)
         self.used_bytes += charge
         self.created += 1
         return slot
@@ -228,6 +233,11 @@ class PoolProducer:
         for slot in list(self.slots.values()):
             self._remove(slot)
             removed += 1
+        for name in sorted(self._creating):  # creations an exception stopped part way
+            with contextlib.suppress(OSError):
+                self._dir.unlink(name)
+                removed += 1
+            self._creating.discard(name)
         return removed
 
     def statistics(self) -> PoolStatistics:

@@ -271,6 +271,20 @@ class RingChannel(RingProducer, _RingFile):
             PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired)
         )
 
+    def published_since(self, key: str, head: int) -> int | None:
+        """The position of the key's frame published at or after `head`, if any (issue 24).
+
+        For a caller whose put an exception stopped: whether the ring
+        published it after all (the record read back first, `_settle`).
+        """
+        if self._closed:
+            return None
+        if self._unsettled:
+            self._settle(self.path)
+            self._unsettled = False
+        position = self._published.get(key)
+        return position if position is not None and position >= head else None
+
     # -- retire ----------------------------------------------------------------
 
     def cancel(self, key: str) -> int:
