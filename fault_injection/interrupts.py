@@ -62,6 +62,7 @@ class StormReport:
     untyped: dict[str, int] = field(default_factory=dict)  # any other error, by type
     untyped_samples: list[str] = field(default_factory=list)  # a few errors' messages
     close_errors: dict[str, int] = field(default_factory=dict)  # errors close raised
+    not_left: list[str] = field(default_factory=list)  # connectors whose close kept something
     after_ok: bool = False  # a put and get after the storm worked (no lock stayed held)
     files_left: int = 0  # files in the deployment directory after every close
     left_samples: list[str] = field(default_factory=list)  # a few of their names
@@ -186,6 +187,14 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
         except Exception as error:  # noqa: BLE001 - reported, not raised
             close_errors[type(error).__name__] += 1
     report.close_errors = dict(close_errors)
+    for connector in connectors:
+        health = connector.health()
+        deployment = connector._deployment
+        if health.deferred_pending or health.unlink_failures or (deployment and not deployment.left):
+            report.not_left.append(
+                f"deferred={health.deferred_pending} unlink_failures={health.unlink_failures} "
+                f"left={deployment.left if deployment else None}"
+            )
     directory = deployment_directory(scope)
     try:
         left = sorted(os.listdir(directory))
