@@ -110,6 +110,7 @@ class Connector(BlockingGets):
     _closed: bool = False
     _inherited: bool = False  # inherited through fork: the parent's (`_forked_in_child`)
     _deployment: Deployment | None = None  # set once joined (`_join`)
+    _joining: Deployment | None = None  # joined, not yet wired (an exception stopped `_join`)
 
     def __init__(
         self,
@@ -226,7 +227,12 @@ class Connector(BlockingGets):
         deployment = self._deployment
         if deployment is not None:
             return deployment
-        deployment = Deployment.join(self.config, self.identity, self._os, self._shed_descriptors)
+        deployment = self._joining  # a join an exception stopped part way: finish its wiring
+        if deployment is None:
+            deployment = Deployment.join(
+                self.config, self.identity, self._os, self._shed_descriptors
+            )
+            self._joining = deployment
         self._bell.attach(deployment.stamp)
         self._ring_route.joined(deployment)
         self._fallback_route.joined(deployment)
@@ -237,6 +243,7 @@ class Connector(BlockingGets):
         gates = CohortGates(deployment.directory, self._os)
         self._ring_route.cohorts = self._fallback_route.cohorts = gates
         self._deployment = deployment
+        self._joining = None
         return deployment
 
     def join(self) -> None:
@@ -632,6 +639,8 @@ class Connector(BlockingGets):
                 return 0
             first = not self._closed
             self._closed = True
+            if self._deployment is None and self._joining is not None:
+                self._join()  # wiring only (no file): then close leaves it as any other
             failures: list[BaseException] = []
             retired = self._ring_route.close(failures)
             try:
