@@ -190,8 +190,41 @@ def _close_inherited_fds(obj: object) -> int:
     return closed_here
 
 
+def unmasked(error: BufferError) -> BaseException:
+    """What a put or get raises for a `BufferError` that reached its boundary (issue 24).
+
+    Our own (`BackPressureError`, a kept view's refusal) is a ShmringError
+    already and goes as it is. A bare one is a cleanup that failed while
+    something else propagated (an exception a signal handler raised inside
+    the operation; a mapping its frame still exported could not close): the
+    exception it replaced goes on as raised. A bare one with nothing under
+    it is ours and becomes `BrokenError`, with it as the cause.
+    """
+    from .errors import BrokenError, ShmringError
+
+    if isinstance(error, ShmringError):
+        return error
+    seen: BaseException = error
+    while isinstance(seen, BufferError) and not isinstance(seen, ShmringError):
+        context = seen.__context__
+        if context is None:
+            broken = BrokenError(f"internal buffer error: {error}")
+            broken.__cause__ = error
+            return broken
+        seen = context
+    return seen
+
+
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
 
 
-__all__ = ["Forkable", "closed", "generation", "is_inherited", "release_inherited", "track"]
+__all__ = [
+    "Forkable",
+    "closed",
+    "generation",
+    "is_inherited",
+    "release_inherited",
+    "track",
+    "unmasked",
+]

@@ -281,64 +281,67 @@ class Connector(BlockingGets):
             edge, key, obj = known, args[2], args[3]
         else:
             edge, (key, obj) = split_edge(args, 2, "put")
-        with self._lock:
-            if self._closed:
-                self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii():
-                validate_key(key)
-            plan = codec.prepare(obj)
-            numbers = self._cohort_numbers
-            if numbers and edge in numbers:  # inside a publication cohort of the edge
-                plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
-            deployment = self._deployment
-            if deployment is None:
-                deployment = self._join()
-            if deployment.live_path is None:
-                deployment.ensure_live_file(self.identity, self._os)
-            size = plan.nbytes
-            ring, fallback = self._ring_route, self._fallback_route
-            # process_ring_setup: the edge's ring, set up on first use.
-            channel = ring.channels.get(edge)
-            if channel is None:
-                channel = ring.prepare(edge)
-            if channel is not None:
-                # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
-                retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
-                position = ring.publish(channel, key, plan, retire_other)
-                if position is not None:
-                    self._puts += 1
-                    self._ring_puts += 1
-                    self._bytes += size
-                    wake = self._bell.wake
-                    if wake is not None:
-                        wake()  # what `Doorbell.ring` does, one call shorter
-                    self._bell.ring_stage(edge[1])
-                    return RingDescriptor(self.identity, edge, key, position, size)
-                # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
-                pool = self._pool_route
-                if pool.enabled and pool.is_candidate(channel, key, size):
-                    position = pool.publish(channel, key, plan, retire_other)
+        try:
+            with self._lock:
+                if self._closed:
+                    self._require_open()  # CLOSED
+                if type(key) is not str or not key.isascii():
+                    validate_key(key)
+                plan = codec.prepare(obj)
+                numbers = self._cohort_numbers
+                if numbers and edge in numbers:  # inside a publication cohort of the edge
+                    plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
+                deployment = self._deployment
+                if deployment is None:
+                    deployment = self._join()
+                if deployment.live_path is None:
+                    deployment.ensure_live_file(self.identity, self._os)
+                size = plan.nbytes
+                ring, fallback = self._ring_route, self._fallback_route
+                # process_ring_setup: the edge's ring, set up on first use.
+                channel = ring.channels.get(edge)
+                if channel is None:
+                    channel = ring.prepare(edge)
+                if channel is not None:
+                    # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
+                    retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
+                    position = ring.publish(channel, key, plan, retire_other)
                     if position is not None:
                         self._puts += 1
+                        self._ring_puts += 1
                         self._bytes += size
-                        self._bell.ring()
+                        wake = self._bell.wake
+                        if wake is not None:
+                            wake()  # what `Doorbell.ring` does, one call shorter
                         self._bell.ring_stage(edge[1])
-                        return PoolDescriptor(self.identity, edge, key, position, size)
-            # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
-            # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
-            try:
-                generation = fallback.publish(
-                    fallback.prepare(edge), key, plan, ring.retirer(channel, key)
-                )
-            except BackPressureError:
-                self._refusals += 1
-                raise
-            self._puts += 1
-            self._fallbacks += 1
-            self._bytes += size
-            self._bell.ring()
-            self._bell.ring_stage(edge[1])
-            return FallbackDescriptor(self.identity, edge, key, generation, size)
+                        return RingDescriptor(self.identity, edge, key, position, size)
+                    # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
+                    pool = self._pool_route
+                    if pool.enabled and pool.is_candidate(channel, key, size):
+                        position = pool.publish(channel, key, plan, retire_other)
+                        if position is not None:
+                            self._puts += 1
+                            self._bytes += size
+                            self._bell.ring()
+                            self._bell.ring_stage(edge[1])
+                            return PoolDescriptor(self.identity, edge, key, position, size)
+                # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
+                # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
+                try:
+                    generation = fallback.publish(
+                        fallback.prepare(edge), key, plan, ring.retirer(channel, key)
+                    )
+                except BackPressureError:
+                    self._refusals += 1
+                    raise
+                self._puts += 1
+                self._fallbacks += 1
+                self._bytes += size
+                self._bell.ring()
+                self._bell.ring_stage(edge[1])
+                return FallbackDescriptor(self.identity, edge, key, generation, size)
+        except BufferError as error:
+            raise lifecycle.unmasked(error) from None
 
     # -- get -------------------------------------------------------------------------------
 
@@ -427,60 +430,63 @@ class Connector(BlockingGets):
         a moment ago, and the model's get finds it (fault cell `restart`
         with EMFILE at open #18 showed a skip there answering NOT_FOUND).
         """
-        with self._lock:
-            if self._closed:
-                self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii():
-                validate_key(key)
-            deployment = self._deployment
-            if deployment is None:  # not (fully) joined yet: `_join` retries what failed
-                deployment = self._join()
-            # process_refresh: a directory scan only when the stamp moved.
-            discovery = deployment.discovery
-            if retry_short_of_descriptors(
-                "a discovery scan", discovery.refresh, self._shed_descriptors
-            ):
-                self._ring_route.scanned()
-            if descriptor is None:
-                # By key: get_candidates' rings (live producers, discovery's order) ...
-                got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
-                if got is not None:
-                    self._gets += 1  # `_count`, inline on the hot path
-                    self._bytes += got.size
-                    if got.route is Route.RING:
-                        self._ring_gets += 1
+        try:
+            with self._lock:
+                if self._closed:
+                    self._require_open()  # CLOSED
+                if type(key) is not str or not key.isascii():
+                    validate_key(key)
+                deployment = self._deployment
+                if deployment is None:  # not (fully) joined yet: `_join` retries what failed
+                    deployment = self._join()
+                # process_refresh: a directory scan only when the stamp moved.
+                discovery = deployment.discovery
+                if retry_short_of_descriptors(
+                    "a discovery scan", discovery.refresh, self._shed_descriptors
+                ):
+                    self._ring_route.scanned()
+                if descriptor is None:
+                    # By key: get_candidates' rings (live producers, discovery's order) ...
+                    got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
+                    if got is not None:
+                        self._gets += 1  # `_count`, inline on the hot path
+                        self._bytes += got.size
+                        if got.route is Route.RING:
+                            self._ring_gets += 1
+                        else:
+                            self._pool_gets += 1
+                        return got
+                    # ... then the key's segment (`_get_fallback`).
+                    if self._misses.unchanged(edge, key, bell):
+                        got = BUSY if busy else NOT_FOUND
                     else:
-                        self._pool_gets += 1
+                        got = self._fallback_route.claim(edge, key, None, busy, borrow)
+                        if bell is not None and got.status is GetStatus.NOT_FOUND:
+                            self._misses.record(edge, key, bell)
+                    status = got.status
+                    if status is _BUSY_STATUS:
+                        self._busy += 1
+                    elif status is _DELIVERED:
+                        self._count(got)
+                    if problem is not None and status is not _DELIVERED:
+                        raise problem  # a damaged ring, or producers not looked at
                     return got
-                # ... then the key's segment (`_get_fallback`).
-                if self._misses.unchanged(edge, key, bell):
-                    got = BUSY if busy else NOT_FOUND
+                if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
+                    raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
+                if descriptor.edge != edge or descriptor.key != key:
+                    raise InvalidKeyError(
+                        f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
+                        f"get asked edge={edge} key={key!r}"
+                    )
+                # With a descriptor: only its route and place (PRODUCER_GONE first).
+                if isinstance(descriptor, RingDescriptor):
+                    got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
                 else:
-                    got = self._fallback_route.claim(edge, key, None, busy, borrow)
-                    if bell is not None and got.status is GetStatus.NOT_FOUND:
-                        self._misses.record(edge, key, bell)
-                status = got.status
-                if status is _BUSY_STATUS:
-                    self._busy += 1
-                elif status is _DELIVERED:
-                    self._count(got)
-                if problem is not None and status is not _DELIVERED:
-                    raise problem  # a damaged ring, or producers not looked at
+                    got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
+                self._count(got)
                 return got
-            if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
-                raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
-            if descriptor.edge != edge or descriptor.key != key:
-                raise InvalidKeyError(
-                    f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
-                    f"get asked edge={edge} key={key!r}"
-                )
-            # With a descriptor: only its route and place (PRODUCER_GONE first).
-            if isinstance(descriptor, RingDescriptor):
-                got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
-            else:
-                got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
-            self._count(got)
-            return got
+        except BufferError as error:
+            raise lifecycle.unmasked(error) from None
 
     def _count(self, got: Delivery) -> None:
         """The model's health counters of a get (`spec.connector._deliver`), plus BUSY."""

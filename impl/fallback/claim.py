@@ -51,7 +51,7 @@ from ..names import (
 from ..os_seam import OsFacade
 from ..ring.borrow import BorrowedPayload
 from ..ring.frames import segment_problem
-from .segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
+from .segment import BUSY, DEFAULT_SPARE_BYTES, MAX_SPARES, open_locked
 
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 
@@ -177,7 +177,7 @@ def claim_segment(
     held = open_locked(where, path, os_facade, wait=False)
     if held is None:
         return _NOT_FOUND
-    if isinstance(held, Busy):
+    if held is BUSY:  # no call between open_locked and the try (issue 24): a lock never leaks
         return _BUSY_CLAIM
     try:
         return _claim_locked(
@@ -195,11 +195,32 @@ def claim_segment(
             member,
         )
     finally:
-        if mappings is not None:
-            # A kept mapping holds a duplicate of this open file description,
-            # which would keep the lock held after the close below.
-            os_facade.flock(held, fcntl.LOCK_UN)
-        os_facade.close(held)  # drops the lock
+        # A kept mapping holds a duplicate of this open file description,
+        # which would keep the lock held after the close.
+        _unlock_and_close(held, mappings is not None, os_facade)
+
+
+def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
+    """Drop the segment's lock and close `fd`, whatever is raised meanwhile (issue 24).
+
+    An exception raised during the unlock (a signal handler's) would leave
+    the lock held for as long as a kept mapping lives, and every later
+    retire of the segment deferred: the unlock is tried again, the
+    descriptor closed, and the first such exception raised after both.
+    """
+    pending: BaseException | None = None
+    for _ in range(3 if unlock else 0):
+        try:
+            os_facade.flock(fd, fcntl.LOCK_UN)
+            break
+        except BaseException as error:  # noqa: BLE001 - raised below, once the lock is gone
+            pending = pending or error
+    try:
+        os_facade.close(fd)  # drops the lock (when nothing else shares the open file)
+    except BaseException as error:  # noqa: BLE001
+        pending = pending or error
+    if pending is not None:
+        raise pending
 
 
 def _claim_locked(

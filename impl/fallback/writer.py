@@ -73,10 +73,10 @@ from ..names import (
 )
 from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
 from .segment import (
+    BUSY,
     DEFAULT_SPARE_BYTES,
     MAX_SPARES,
     SPARE_MIN_FILE_LENGTH,
-    Busy,
     open_locked,
 )
 
@@ -512,7 +512,7 @@ class FallbackWriter:
         that file locked past the producer's bound.
         """
         held = open_locked(self._dir, path, self._os, wait=True)
-        if isinstance(held, Busy):
+        if held is BUSY:  # no call before the try (issue 24): a lock never leaks
             raise BrokenError(
                 f"fallback segment locked by another process for more than "
                 f"{PRODUCER_LOCK_WAIT_SECONDS}s; nothing published: path={path!r}"
@@ -557,7 +557,7 @@ class FallbackWriter:
             return 0
         held = open_locked(self._dir, record.path, self._os, wait=True)
         retired = 0
-        if isinstance(held, Busy):
+        if held is BUSY:
             retired = self._mark_retired(record, None)
         elif held is not None:
             try:
@@ -645,7 +645,7 @@ class FallbackWriter:
                 del self._deferred[path]  # gone: a reader removed it under its lock
                 removed += 1
                 continue
-            if not isinstance(held, Busy):
+            if held is not BUSY:
                 try:
                     info = self._os.fstat(held)
                     if (info.st_dev, info.st_ino) != deferred.inode:
