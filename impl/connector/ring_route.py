@@ -395,6 +395,9 @@ class RingRoute:
             self._disable(edge, ShmringError("discovery stamp unavailable"))
             return None
         path = ring_path(deployment.directory.path, edge[0], edge[1], self._identity)
+        if edge in self._setting_up:  # an earlier setup an exception stopped: its file is ours
+            with contextlib.suppress(OSError):  # a failure shows as the create's EEXIST
+                deployment.directory.unlink(os.path.basename(path))
         self._setting_up[edge] = path
         try:
             ring = RingChannel.create(

@@ -51,7 +51,7 @@ from ..names import (
 from ..os_seam import OsFacade
 from ..ring.borrow import BorrowedPayload
 from ..ring.frames import segment_problem
-from .segment import BUSY, DEFAULT_SPARE_BYTES, MAX_SPARES, open_locked
+from .segment import BUSY, DEFAULT_SPARE_BYTES, MAX_SPARES, close_locked, open_locked
 
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 
@@ -216,7 +216,7 @@ def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
         except BaseException as error:  # noqa: BLE001 - raised below, once the lock is gone
             pending = pending or error
     try:
-        os_facade.close(fd)  # drops the lock (when nothing else shares the open file)
+        close_locked(os_facade, fd)  # drops the lock (when nothing else shares the open file)
     except BaseException as error:  # noqa: BLE001
         pending = pending or error
     if pending is not None:

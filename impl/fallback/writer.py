@@ -77,6 +77,7 @@ from .segment import (
     DEFAULT_SPARE_BYTES,
     MAX_SPARES,
     SPARE_MIN_FILE_LENGTH,
+    close_locked,
     open_locked,
 )
 
@@ -531,7 +532,7 @@ class FallbackWriter:
             return replaced
         finally:
             if held is not None:
-                self._os.close(held)
+                close_locked(self._os, held)
 
     def _remove_temp(self, temp: str) -> None:
         """Remove a temporary (or a handed-back spare); one whose unlink fails is kept for close."""
@@ -573,7 +574,7 @@ class FallbackWriter:
                         self._unlink_failures += 1
                         self._mark_retired(record, held)
             finally:
-                self._os.close(held)
+                close_locked(self._os, held)
         del self._segments[slot]
         self._used -= record.length
         if retired:
@@ -664,7 +665,7 @@ class FallbackWriter:
                         removed += 1
                         continue
                 finally:
-                    self._os.close(held)
+                    close_locked(self._os, held)
             deferred.attempts += 1
             delay = min(_REAP_FIRST_DELAY * 2 ** (deferred.attempts - 1), _REAP_MAX_DELAY)
             deferred.next_try = now + delay
