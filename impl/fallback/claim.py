@@ -195,9 +195,9 @@ def claim_segment(
             member,
         )
     finally:
-        # A kept mapping holds a duplicate of this open file description,
-        # which would keep the lock held after the close.
-        _unlock_and_close(held, mappings is not None, os_facade)
+        # A kept mapping holds a duplicate of this open file description, and so
+        # does a mapping an interrupted claim's frame still holds: unlock first.
+        _unlock_and_close(held, True, os_facade)
 
 
 def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
@@ -220,7 +220,10 @@ def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
     except BaseException as error:  # noqa: BLE001
         pending = pending or error
     if pending is not None:
-        raise pending
+        try:
+            raise pending
+        finally:
+            pending = None  # no frame -> exception -> traceback -> frame cycle
 
 
 def _claim_locked(
@@ -413,7 +416,7 @@ def remove_if_orphaned(
     """Remove the segment `path` (a name in `directory`) if its owner is not running; 0 or 1."""
     where = as_directory(directory, os_facade)
     held = open_locked(where, path, os_facade, wait=False)
-    if not isinstance(held, int):
+    if held is None or held is BUSY:  # no call before the try (issue 24)
         return 0
     try:
         header = os_facade.read(held, RING_HEADER_LENGTH)
@@ -425,7 +428,7 @@ def remove_if_orphaned(
         where.unlink(path)
         return 1
     finally:
-        os_facade.close(held)
+        close_locked(os_facade, held)
 
 
 __all__ = [

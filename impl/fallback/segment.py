@@ -124,7 +124,10 @@ def close_locked(os_facade: OsFacade, fd: int) -> None:
         except BaseException as error:  # noqa: BLE001 - raised below, once it is closed
             pending = pending or error
     if pending is not None:
-        raise pending
+        try:
+            raise pending
+        finally:
+            pending = None  # no frame -> exception -> traceback -> frame cycle
 
 
 def is_at(where: Directory, path: str, info: os.stat_result) -> bool:
