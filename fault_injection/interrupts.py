@@ -66,6 +66,7 @@ class StormReport:
     after_ok: bool = False  # a put and get after the storm worked (no lock stayed held)
     files_left: int = 0  # files in the deployment directory after every close
     left_samples: list[str] = field(default_factory=list)  # a few of their names
+    left_kinds: dict[str, int] = field(default_factory=dict)  # those files by name prefix
 
 
 def _payload(key: str, size: int) -> bytes:
@@ -202,6 +203,7 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
         left = []
     report.files_left = len(left)
     report.left_samples = left[:8]
+    report.left_kinds = dict(Counter(name.split(".", 1)[0] for name in left))
     return report
 
 
