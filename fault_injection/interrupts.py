@@ -191,7 +191,11 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
     for connector in connectors:
         health = connector.health()
         deployment = connector._deployment
-        if health.deferred_pending or health.unlink_failures or (deployment and not deployment.left):
+        if (
+            health.deferred_pending
+            or health.unlink_failures
+            or (deployment and not deployment.left)
+        ):
             report.not_left.append(
                 f"deferred={health.deferred_pending} unlink_failures={health.unlink_failures} "
                 f"left={deployment.left if deployment else None}"

@@ -304,7 +304,9 @@ class Connector(BlockingGets):
                     channel = ring.prepare(edge)
                 if channel is not None:
                     # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
-                    retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
+                    retire_other = (
+                        fallback.retirer(edge, key) if fallback.holds(edge, key) else None
+                    )
                     position = ring.publish(channel, key, plan, retire_other)
                     if position is not None:
                         self._puts += 1
