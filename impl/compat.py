@@ -681,7 +681,10 @@ class SharedMemoryConnector:
     def close(self) -> None:
         """Remove everything this connector published. Idempotent; a later call retries what failed."""
         self._closed = True
+        connector = self._connector
         bell, self._stage_bell = self._stage_bell, None
+        if connector is not None and connector.inherited:
+            bell = None  # a fork child's copy: the parent's waiter count is the parent's
         if bell is not None:
             with contextlib.suppress(OSError, ValueError):
                 bell.unregister()
@@ -689,7 +692,6 @@ class SharedMemoryConnector:
         for receiver in foreign.values():
             with contextlib.suppress(OSError, ShmringError):
                 receiver.close()
-        connector = self._connector
         if connector is not None:
             connector.close()
 

@@ -26,6 +26,15 @@ class ClosedError(ShmringError, RuntimeError):
     """The object was closed by its owner and cannot be used any more."""
 
 
+class ForkedError(ClosedError):
+    """The object was inherited through fork: it belongs to the parent (issue 24).
+
+    In the child it never writes into nor removes the parent's files; make
+    a connector (sender, receiver) after the fork. `close()` releases the
+    child's copies of its mappings only.
+    """
+
+
 class BrokenError(ShmringError, RuntimeError):
     """The other side changed under us (corruption, unexpected state)."""
 
@@ -183,6 +192,7 @@ __all__ = [
     "DirectoryReplacedError",
     "EXHAUSTION_ERRNOS",
     "FileAccessError",
+    "ForkedError",
     "FrameTooLargeError",
     "InvalidKeyError",
     "NoSpaceError",

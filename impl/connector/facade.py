@@ -9,8 +9,10 @@ before-visible hook, retire, claim); the routes, the deployment
 lock and counts (`ConnectorHealth`).
 
 A connector is thread-safe (one lock around each operation; a waiting
-`get_with_deadline` sleeps without it). It is not fork-safe: a child
-process makes its own.
+`get_with_deadline` sleeps without it). It belongs to the process that made
+it (`impl.lifecycle`): in a forked child the inherited connector raises
+`ForkedError` and its close releases the child's mappings only; a child
+makes its own. A connector still open at interpreter exit is closed then.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from typing import TYPE_CHECKING, Any, overload
 
 from ...spec.connector import Route
 from ...spec.layout import MAX_KEY_LENGTH
-from .. import codec
+from .. import codec, lifecycle
 from ..errors import (
     BackPressureError,
     ClosedError,
+    ForkedError,
     InvalidKeyError,
     ShmringError,
     typed_os_error,
@@ -113,7 +116,9 @@ class Connector(BlockingGets):
     """
 
     _closed: bool = False
+    _inherited: bool = False  # inherited through fork: the parent's (`_forked_in_child`)
     _deployment: Deployment | None = None  # set once joined (`_join`)
+    _joining: Deployment | None = None  # joined, not yet wired (an exception stopped `_join`)
 
     def __init__(
         self,
@@ -191,6 +196,18 @@ class Connector(BlockingGets):
         # Borrowed gets: how many held their payload, and those payloads while they live.
         self._borrowed_gets = 0
         self._borrowed: weakref.WeakSet[Any] = weakref.WeakSet()
+        lifecycle.track(self)  # marked at fork, closed at exit if still open
+
+    def _forked_in_child(self) -> None:
+        """`lifecycle`: in a forked child this connector is the parent's; every use is ForkedError.
+
+        `_closed` makes every operation stop at its first check (the hot
+        paths test nothing more); the lock is new, since another thread of
+        the parent may have held it at the fork.
+        """
+        self._inherited = True
+        self._closed = True
+        self._lock = threading.RLock()
 
     # -- context manager -------------------------------------------------------------
 
@@ -208,6 +225,12 @@ class Connector(BlockingGets):
 
     def _require_open(self) -> None:
         if self._closed:
+            if self._inherited:
+                raise ForkedError(
+                    f"connector inherited through fork (made by another process): "
+                    f"scope={self.scope!r} producer={self.identity}; "
+                    f"make a new Connector in this process after the fork"
+                )
             raise ClosedError(f"connector is closed: scope={self.scope!r}")
 
     def _join(self) -> Deployment:
@@ -215,12 +238,15 @@ class Connector(BlockingGets):
         deployment = self._deployment
         if deployment is not None:
             return deployment
-        try:
-            deployment = Deployment.join(
-                self.config, self.identity, self._os, self._shed_descriptors
-            )
-        except OSError as error:  # issue 22: typed, naming the file and the remedy
-            raise typed_os_error(error, "joining the deployment", self.directory) from error
+        deployment = self._joining  # a join an exception stopped part way: finish its wiring
+        if deployment is None:
+            try:
+                deployment = Deployment.join(
+                    self.config, self.identity, self._os, self._shed_descriptors
+                )
+            except OSError as error:  # issue 22: typed, naming the file and the remedy
+                raise typed_os_error(error, "joining the deployment", self.directory) from error
+            self._joining = deployment
         self._bell.attach(deployment.stamp)
         self._ring_route.joined(deployment)
         self._fallback_route.joined(deployment)
@@ -231,6 +257,7 @@ class Connector(BlockingGets):
         gates = CohortGates(deployment.directory, self._os)
         self._ring_route.cohorts = self._fallback_route.cohorts = gates
         self._deployment = deployment
+        self._joining = None
         return deployment
 
     def join(self) -> None:
@@ -268,69 +295,74 @@ class Connector(BlockingGets):
             edge, key, obj = known, args[2], args[3]
         else:
             edge, (key, obj) = split_edge(args, 2, "put")
-        with self._lock:
-            if self._closed:
-                self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
-                validate_key(key)
-            plan = codec.prepare(obj)
-            numbers = self._cohort_numbers
-            if numbers and edge in numbers:  # inside a publication cohort of the edge
-                plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
-            deployment = self._deployment
-            if deployment is None:
-                deployment = self._join()
-            if deployment.live_path is None:
-                deployment.ensure_live_file(self.identity, self._os)
-            size = plan.nbytes
-            ring, fallback = self._ring_route, self._fallback_route
-            # process_ring_setup: the edge's ring, set up on first use.
-            channel = ring.channels.get(edge)
-            if channel is None:
-                channel = ring.prepare(edge)
-            else:
-                # One fstat: a file a neighbour unlinked or truncated is replaced first (issue 22).
-                lost = channel.file_problem()
-                if lost is not None:
-                    channel = ring.replace(edge, channel, lost)
-            if channel is not None:
-                # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
-                retire_other = fallback.retirer(edge, key) if fallback.holds(edge, key) else None
-                position = ring.publish(channel, key, plan, retire_other)
-                if position is not None:
-                    self._puts += 1
-                    self._ring_puts += 1
-                    self._bytes += size
-                    wake = self._bell.wake
-                    if wake is not None:
-                        wake()  # what `Doorbell.ring` does, one call shorter
-                    self._bell.ring_stage(edge[1])
-                    return RingDescriptor(self.identity, edge, key, position, size)
-                # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
-                pool = self._pool_route
-                if pool.enabled and pool.is_candidate(channel, key, size):
-                    position = pool.publish(channel, key, plan, retire_other)
+        try:
+            with self._lock:
+                if self._closed:
+                    self._require_open()  # CLOSED
+                if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
+                    validate_key(key)
+                plan = codec.prepare(obj)
+                numbers = self._cohort_numbers
+                if numbers and edge in numbers:  # inside a publication cohort of the edge
+                    plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
+                deployment = self._deployment
+                if deployment is None:
+                    deployment = self._join()
+                if deployment.live_path is None:
+                    deployment.ensure_live_file(self.identity, self._os)
+                size = plan.nbytes
+                ring, fallback = self._ring_route, self._fallback_route
+                # process_ring_setup: the edge's ring, set up on first use.
+                channel = ring.channels.get(edge)
+                if channel is None:
+                    channel = ring.prepare(edge)
+                else:
+                    # One fstat: a file a neighbour unlinked or truncated is replaced first (issue 22).
+                    lost = channel.file_problem()
+                    if lost is not None:
+                        channel = ring.replace(edge, channel, lost)
+                if channel is not None:
+                    # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
+                    retire_other = (
+                        fallback.retirer(edge, key) if fallback.holds(edge, key) else None
+                    )
+                    position = ring.publish(channel, key, plan, retire_other)
                     if position is not None:
                         self._puts += 1
+                        self._ring_puts += 1
                         self._bytes += size
-                        self._bell.ring()
+                        wake = self._bell.wake
+                        if wake is not None:
+                            wake()  # what `Doorbell.ring` does, one call shorter
                         self._bell.ring_stage(edge[1])
-                        return PoolDescriptor(self.identity, edge, key, position, size)
-            # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
-            # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
-            try:
-                generation = fallback.publish(
-                    fallback.prepare(edge), key, plan, ring.retirer(channel, key)
-                )
-            except BackPressureError:
-                self._refusals += 1
-                raise
-            self._puts += 1
-            self._fallbacks += 1
-            self._bytes += size
-            self._bell.ring()
-            self._bell.ring_stage(edge[1])
-            return FallbackDescriptor(self.identity, edge, key, generation, size)
+                        return RingDescriptor(self.identity, edge, key, position, size)
+                    # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
+                    pool = self._pool_route
+                    if pool.enabled and pool.is_candidate(channel, key, size):
+                        position = pool.publish(channel, key, plan, retire_other)
+                        if position is not None:
+                            self._puts += 1
+                            self._bytes += size
+                            self._bell.ring()
+                            self._bell.ring_stage(edge[1])
+                            return PoolDescriptor(self.identity, edge, key, position, size)
+                # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
+                # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
+                try:
+                    generation = fallback.publish(
+                        fallback.prepare(edge), key, plan, ring.retirer(channel, key)
+                    )
+                except BackPressureError:
+                    self._refusals += 1
+                    raise
+                self._puts += 1
+                self._fallbacks += 1
+                self._bytes += size
+                self._bell.ring()
+                self._bell.ring_stage(edge[1])
+                return FallbackDescriptor(self.identity, edge, key, generation, size)
+        except BufferError as error:
+            raise lifecycle.unmasked(error) from None
 
     # -- get -------------------------------------------------------------------------------
 
@@ -419,60 +451,63 @@ class Connector(BlockingGets):
         a moment ago, and the model's get finds it (fault cell `restart`
         with EMFILE at open #18 showed a skip there answering NOT_FOUND).
         """
-        with self._lock:
-            if self._closed:
-                self._require_open()  # CLOSED
-            if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
-                validate_key(key)
-            deployment = self._deployment
-            if deployment is None:  # not (fully) joined yet: `_join` retries what failed
-                deployment = self._join()
-            # process_refresh: a directory scan only when the stamp moved.
-            discovery = deployment.discovery
-            if retry_short_of_descriptors(
-                "a discovery scan", discovery.refresh, self._shed_descriptors
-            ):
-                self._ring_route.scanned()
-            if descriptor is None:
-                # By key: get_candidates' rings (live producers, discovery's order) ...
-                got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
-                if got is not None:
-                    self._gets += 1  # `_count`, inline on the hot path
-                    self._bytes += got.size
-                    if got.route is Route.RING:
-                        self._ring_gets += 1
+        try:
+            with self._lock:
+                if self._closed:
+                    self._require_open()  # CLOSED
+                if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
+                    validate_key(key)
+                deployment = self._deployment
+                if deployment is None:  # not (fully) joined yet: `_join` retries what failed
+                    deployment = self._join()
+                # process_refresh: a directory scan only when the stamp moved.
+                discovery = deployment.discovery
+                if retry_short_of_descriptors(
+                    "a discovery scan", discovery.refresh, self._shed_descriptors
+                ):
+                    self._ring_route.scanned()
+                if descriptor is None:
+                    # By key: get_candidates' rings (live producers, discovery's order) ...
+                    got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
+                    if got is not None:
+                        self._gets += 1  # `_count`, inline on the hot path
+                        self._bytes += got.size
+                        if got.route is Route.RING:
+                            self._ring_gets += 1
+                        else:
+                            self._pool_gets += 1
+                        return got
+                    # ... then the key's segment (`_get_fallback`).
+                    if self._misses.unchanged(edge, key, bell):
+                        got = BUSY if busy else NOT_FOUND
                     else:
-                        self._pool_gets += 1
+                        got = self._fallback_route.claim(edge, key, None, busy, borrow)
+                        if bell is not None and got.status is GetStatus.NOT_FOUND:
+                            self._misses.record(edge, key, bell)
+                    status = got.status
+                    if status is _BUSY_STATUS:
+                        self._busy += 1
+                    elif status is _DELIVERED:
+                        self._count(got)
+                    if problem is not None and status is not _DELIVERED:
+                        raise problem  # a damaged ring, or producers not looked at
                     return got
-                # ... then the key's segment (`_get_fallback`).
-                if self._misses.unchanged(edge, key, bell):
-                    got = BUSY if busy else NOT_FOUND
+                if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
+                    raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
+                if descriptor.edge != edge or descriptor.key != key:
+                    raise InvalidKeyError(
+                        f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
+                        f"get asked edge={edge} key={key!r}"
+                    )
+                # With a descriptor: only its route and place (PRODUCER_GONE first).
+                if isinstance(descriptor, RingDescriptor):
+                    got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
                 else:
-                    got = self._fallback_route.claim(edge, key, None, busy, borrow)
-                    if bell is not None and got.status is GetStatus.NOT_FOUND:
-                        self._misses.record(edge, key, bell)
-                status = got.status
-                if status is _BUSY_STATUS:
-                    self._busy += 1
-                elif status is _DELIVERED:
-                    self._count(got)
-                if problem is not None and status is not _DELIVERED:
-                    raise problem  # a damaged ring, or producers not looked at
+                    got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
+                self._count(got)
                 return got
-            if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
-                raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
-            if descriptor.edge != edge or descriptor.key != key:
-                raise InvalidKeyError(
-                    f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
-                    f"get asked edge={edge} key={key!r}"
-                )
-            # With a descriptor: only its route and place (PRODUCER_GONE first).
-            if isinstance(descriptor, RingDescriptor):
-                got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
-            else:
-                got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
-            self._count(got)
-            return got
+        except BufferError as error:
+            raise lifecycle.unmasked(error) from None
 
     def _count(self, got: Delivery) -> None:
         """The model's health counters of a get (`spec.connector._deliver`), plus BUSY."""
@@ -508,7 +543,7 @@ class Connector(BlockingGets):
         """
         with self._lock:
             deployment = self._deployment
-            if deployment is None:
+            if deployment is None or self._inherited:
                 return 0
             self._reap_deferred()
             return deployment.writer.refresh() if not self._closed else 0
@@ -624,9 +659,15 @@ class Connector(BlockingGets):
         (counted in `health()`), and a later `close()` or `reap_consumed()`
         removes it and leaves the deployment then.
         """
+        lifecycle.closed(self)
         with self._lock:
+            if self._inherited:  # a forked child's copy: release its mappings, touch no file
+                lifecycle.release_inherited(self)
+                return 0
             first = not self._closed
             self._closed = True
+            if self._deployment is None and self._joining is not None:
+                self._join()  # wiring only (no file): then close leaves it as any other
             failures: list[BaseException] = []
             retired = self._ring_route.close(failures)
             try:
@@ -677,6 +718,11 @@ class Connector(BlockingGets):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def inherited(self) -> bool:
+        """Whether this is a forked child's copy of another process's connector (`lifecycle`)."""
+        return self._inherited
 
     # -- inspection --------------------------------------------------------------------------
 

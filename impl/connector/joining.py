@@ -68,10 +68,13 @@ class Deployment:
                     f"scope or shm_root"
                 ) from error
 
-        membership = Membership.join(None, os_facade, ensure_directory=ensure)
-        directory = membership.directory
-        assert isinstance(directory, DeploymentDirectory)
+        membership: Membership | None = None
         try:
+            # Inside the try (issue 24): an exception (a signal handler's) right after the
+            # join returned must still leave the membership, or its lock keeps the directory.
+            membership = Membership.join(None, os_facade, ensure_directory=ensure)
+            directory = membership.directory
+            assert isinstance(directory, DeploymentDirectory)
             try:
                 stamp: Stamp | None = Stamp.open(directory, os_facade)
             except (OSError, ShmringError) as error:
@@ -91,11 +94,13 @@ class Deployment:
                 spare_bytes=config.fallback_spare_bytes,
                 spare_min=config.fallback_spare_min_bytes,
             )
+            deployment = cls(directory, membership, stamp, liveness, discovery, registrar, writer)
         except BaseException:
-            membership.leave()
-            directory.close()
+            if membership is not None:
+                membership.leave()
+                membership.directory.close()
             raise
-        return cls(directory, membership, stamp, liveness, discovery, registrar, writer)
+        return deployment
 
     # -- the live file ---------------------------------------------------------------
 

@@ -82,6 +82,7 @@ class PoolRoute:
         if slot is None:
             self.fallbacks += 1
             return None
+        head = ring.head
         try:
             with slot.payload_view(nbytes) as view:
                 plan.write_into(view)
@@ -93,16 +94,23 @@ class PoolRoute:
                     before_visible()
 
             outcome = ring.put_with_writer(key, len(ref), write)
+            position = outcome.position
+            if outcome.status is PutStatus.PUBLISHED:
+                assert position is not None
+                producer.carried(slot, functools.partial(ring.frame_pending, position))
         except BaseException:
-            producer.abandon(slot)
+            # Stopped anywhere (a signal handler's exception, issue 24): a carrier the ring
+            # published keeps its slot; only an unpublished one gives the slot back.
+            carrier = ring.published_since(key, head)
+            if carrier is None:
+                producer.abandon(slot)
+            else:
+                producer.carried(slot, functools.partial(ring.frame_pending, carrier))
             raise
         if outcome.status is not PutStatus.PUBLISHED:
             producer.abandon(slot)
             self.fallbacks += 1
             return None
-        position = outcome.position
-        assert position is not None
-        producer.carried(slot, functools.partial(ring.frame_pending, position))
         self.puts += 1
         return position
 

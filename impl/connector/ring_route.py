@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -352,6 +353,9 @@ class RingRoute:
         self.replaced = 0  # rings re-created because a neighbour unlinked or truncated the file
         self.frames_lost = 0  # unclaimed frames those rings could not hand to their successor
         self._abandoned: list[RingChannel] = []  # rings whose teardown must be retried at close
+        # Ring files being set up, named before they exist (issue 24): close removes one
+        # whose setup an exception (a signal handler's) stopped before `channels` held it.
+        self._setting_up: dict[Edge, str] = {}
         # -- receiver side
         self.readers: dict[tuple[Edge, ConnectorIdentity], RingReader] = {}  # LRU first
         # Per edge, the candidates a get by key visits, in discovery's order;
@@ -393,6 +397,10 @@ class RingRoute:
             self._disable(edge, ShmringError("discovery stamp unavailable"))
             return None
         path = ring_path(deployment.directory.path, edge[0], edge[1], self._identity)
+        if edge in self._setting_up:  # an earlier setup an exception stopped: its file is ours
+            with contextlib.suppress(OSError):  # a failure shows as the create's EEXIST
+                deployment.directory.unlink(os.path.basename(path))
+        self._setting_up[edge] = path
         try:
             ring = RingChannel.create(
                 path,
@@ -404,15 +412,22 @@ class RingRoute:
                 start_position=start_position,
             )
         except (OSError, ShmringError) as error:
+            self._setting_up.pop(edge, None)  # create removed what it made
             self._disable(edge, error)
             return None
         try:
             registrar.register(edge)  # the marker comes only after the ring is ready
         except (OSError, ShmringError) as error:
             self._abandon(ring)
+            self._setting_up.pop(edge, None)
             self._disable(edge, error)
             return None
+        except BaseException:
+            self._abandoned.append(ring)  # stopped by the caller's exception: close removes it
+            self._setting_up.pop(edge, None)
+            raise
         self.channels[edge] = ring
+        self._setting_up.pop(edge, None)
         self.retry_at.pop(edge, None)
         return ring
 
@@ -533,6 +548,18 @@ class RingRoute:
                 continue
             if ring.unlink_pending:
                 self._abandoned.append(ring)  # its file stays until an unlink succeeds
+        deployment = self._deployment
+        for edge, path in sorted(self._setting_up.items()):
+            # A setup an exception stopped: the file (if it got that far) is ours by its name.
+            if deployment is not None and edge not in self.channels:
+                try:
+                    deployment.directory.unlink(os.path.basename(path))
+                except FileNotFoundError:
+                    pass
+                except OSError as error:
+                    failures.append(error)
+                    continue
+            del self._setting_up[edge]
         self.reap_abandoned(failures)
         return retired
 

@@ -216,15 +216,22 @@ class Registrar:
         `spec.discovery.process_put` for a ring newly ready on `edge`.
         """
         name = marker_file_name(edge, self.producer)
-        fd = self.directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
+        # Named before it exists (issue 24): whatever exception stops us, close removes it.
+        self.edges.add(edge)
         try:
+            fd = self.directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
             self._os.close(fd)
             self._stamp.bump()
         except BaseException:
-            with contextlib.suppress(OSError):
+            try:
                 self.directory.unlink(name)
+            except FileNotFoundError:
+                self.edges.discard(edge)
+            except OSError:
+                pass  # kept in `edges`: close removes it
+            else:
+                self.edges.discard(edge)
             raise
-        self.edges.add(edge)
 
     def unregister(self, edges: Iterable[Edge]) -> int:
         """Remove the markers of `edges` and bump once if any was removed; answer how many.

@@ -99,7 +99,15 @@ class Stamp:
             if futex.AVAILABLE:
                 stamp._doorbell = FutexWord(stamp._mapping, DOORBELL_OFFSET)
         except BaseException:
-            stamp.close()
+            # Never replace what propagates (issue 24): a view the stopped frame still
+            # exports keeps the mapping until that frame goes; the descriptor closes now.
+            try:
+                stamp.close()
+            except BufferError:
+                fd, stamp._fd = stamp._fd, -1
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os_facade.close(fd)
             raise
         return stamp
 

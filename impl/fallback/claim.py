@@ -51,7 +51,7 @@ from ..names import (
 from ..os_seam import OsFacade
 from ..ring.borrow import BorrowedPayload
 from ..ring.frames import segment_problem
-from .segment import DEFAULT_SPARE_BYTES, MAX_SPARES, Busy, open_locked
+from .segment import BUSY, DEFAULT_SPARE_BYTES, MAX_SPARES, close_locked, open_locked
 
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 
@@ -177,7 +177,7 @@ def claim_segment(
     held = open_locked(where, path, os_facade, wait=False)
     if held is None:
         return _NOT_FOUND
-    if isinstance(held, Busy):
+    if held is BUSY:  # no call between open_locked and the try (issue 24): a lock never leaks
         return _BUSY_CLAIM
     try:
         return _claim_locked(
@@ -195,11 +195,35 @@ def claim_segment(
             member,
         )
     finally:
-        if mappings is not None:
-            # A kept mapping holds a duplicate of this open file description,
-            # which would keep the lock held after the close below.
-            os_facade.flock(held, fcntl.LOCK_UN)
-        os_facade.close(held)  # drops the lock
+        # A kept mapping holds a duplicate of this open file description, and so
+        # does a mapping an interrupted claim's frame still holds: unlock first.
+        _unlock_and_close(held, True, os_facade)
+
+
+def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
+    """Drop the segment's lock and close `fd`, whatever is raised meanwhile (issue 24).
+
+    An exception raised during the unlock (a signal handler's) would leave
+    the lock held for as long as a kept mapping lives, and every later
+    retire of the segment deferred: the unlock is tried again, the
+    descriptor closed, and the first such exception raised after both.
+    """
+    pending: BaseException | None = None
+    for _ in range(3 if unlock else 0):
+        try:
+            os_facade.flock(fd, fcntl.LOCK_UN)
+            break
+        except BaseException as error:  # noqa: BLE001 - raised below, once the lock is gone
+            pending = pending or error
+    try:
+        close_locked(os_facade, fd)  # drops the lock (when nothing else shares the open file)
+    except BaseException as error:  # noqa: BLE001
+        pending = pending or error
+    if pending is not None:
+        try:
+            raise pending
+        finally:
+            pending = None  # no frame -> exception -> traceback -> frame cycle
 
 
 def _claim_locked(
@@ -392,7 +416,7 @@ def remove_if_orphaned(
     """Remove the segment `path` (a name in `directory`) if its owner is not running; 0 or 1."""
     where = as_directory(directory, os_facade)
     held = open_locked(where, path, os_facade, wait=False)
-    if not isinstance(held, int):
+    if held is None or held is BUSY:  # no call before the try (issue 24)
         return 0
     try:
         header = os_facade.read(held, RING_HEADER_LENGTH)
@@ -404,7 +428,7 @@ def remove_if_orphaned(
         where.unlink(path)
         return 1
     finally:
-        os_facade.close(held)
+        close_locked(os_facade, held)
 
 
 __all__ = [

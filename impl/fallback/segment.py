@@ -103,6 +103,33 @@ def open_locked(
     return BUSY
 
 
+def close_locked(os_facade: OsFacade, fd: int) -> None:
+    """Close a locked segment descriptor, also when an exception interrupts the close (issue 24).
+
+    A signal handler's exception raised inside `close` (before or after the
+    system call) would leave the descriptor, and so the lock, for the life
+    of the process, and every later retire of the segment deferred. The
+    close is tried again (EBADF: the interrupted one had closed it); the
+    first such exception is raised after it.
+    """
+    pending: BaseException | None = None
+    for _ in range(3):
+        try:
+            os_facade.close(fd)
+            break
+        except OSError as error:
+            if error.errno == errno.EBADF and pending is not None:
+                break  # the interrupted try had closed it
+            raise
+        except BaseException as error:  # noqa: BLE001 - raised below, once it is closed
+            pending = pending or error
+    if pending is not None:
+        try:
+            raise pending
+        finally:
+            pending = None  # no frame -> exception -> traceback -> frame cycle
+
+
 def is_at(where: Directory, path: str, info: os.stat_result) -> bool:
     """Whether the file `info` describes is the one linked at `path` now."""
     if info.st_nlink == 0:
@@ -120,6 +147,7 @@ __all__ = [
     "MAX_SPARES",
     "SPARE_MIN_FILE_LENGTH",
     "Busy",
+    "close_locked",
     "is_at",
     "open_locked",
 ]

@@ -73,10 +73,11 @@ from ..names import (
 )
 from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
 from .segment import (
+    BUSY,
     DEFAULT_SPARE_BYTES,
     MAX_SPARES,
     SPARE_MIN_FILE_LENGTH,
-    Busy,
+    close_locked,
     open_locked,
 )
 
@@ -275,26 +276,30 @@ class FallbackWriter:
         generation = next(_generations)
         temp = os.path.join(self.directory, fallback_temp_file_name(self.producer, generation))
         file_length = compute_ring_file_length(length)
-        spare = self._take_spare(file_length, temp)
-        keep = spare is not None
-        if spare is None:
-            spare = self._create_temp(temp, key, file_length)
-            keep = self._may_keep(file_length)
+        # The temporary is recorded before it can exist (issue 24): an exception raised
+        # anywhere below (a signal handler's too) leaves it findable by close, and its
+        # name carries our identity for survivors' reclaim and gc once we are dead.
+        self._leftovers.add(temp)
+        spare: _Spare | None = None
+        keep = False
         try:
+            spare = self._take_spare(file_length, temp)
+            keep = spare is not None
+            if spare is None:
+                spare = self._create_temp(temp, key, file_length)
+                keep = self._may_keep(file_length)
             self._fill(spare.mapping, key, plan, length, generation, keep)
             if not keep:
                 self._discard(spare)
-        except BaseException:
-            self._discard(spare)
-            self._remove_temp(temp)
-            raise
-        try:
             replaced = self._publish(temp, path, before_publish)
         except BaseException:
-            if keep:
-                self._discard(spare)
+            # Cleanup never replaces what is propagating (issue 24: a BufferError from a
+            # mapping still exported by the interrupted frame did, and left the file).
+            if spare is not None:
+                self._discard_quietly(spare)
             self._remove_temp(temp)
             raise
+        self._leftovers.discard(temp)  # renamed onto the segment name: nothing at `temp` now
         if keep:
             spare.generation = generation
             spare.path = os.path.join(
@@ -393,6 +398,19 @@ class FallbackWriter:
         if spare is not None:
             self._spare_bytes -= spare.file_length
             self._discard(spare)
+
+    def _discard_quietly(self, spare: _Spare) -> None:
+        """`_discard` while an exception propagates: a mapping a dying frame still exports is
+        left to be unmapped when that frame goes (never a BufferError over the real error)."""
+        with contextlib.suppress(BufferError, ValueError):
+            spare.mapping.close()
+        self._discard(spare) if spare.mapping.closed else self._close_fd(spare)
+
+    def _close_fd(self, spare: _Spare) -> None:
+        fd, spare.fd = spare.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                self._os.close(fd)
 
     def _discard(self, spare: _Spare) -> None:
         """Unmap and close a file we stop keeping (its names are the caller's business)."""
@@ -495,7 +513,7 @@ class FallbackWriter:
         that file locked past the producer's bound.
         """
         held = open_locked(self._dir, path, self._os, wait=True)
-        if isinstance(held, Busy):
+        if held is BUSY:  # no call before the try (issue 24): a lock never leaks
             raise BrokenError(
                 f"fallback segment locked by another process for more than "
                 f"{PRODUCER_LOCK_WAIT_SECONDS}s; nothing published: path={path!r}"
@@ -514,15 +532,18 @@ class FallbackWriter:
             return replaced
         finally:
             if held is not None:
-                self._os.close(held)
+                close_locked(self._os, held)
 
     def _remove_temp(self, temp: str) -> None:
+        """Remove a temporary (or a handed-back spare); one whose unlink fails is kept for close."""
         try:
             self._dir.unlink(temp)
         except FileNotFoundError:
             pass
         except OSError:
             self._leftovers.add(temp)
+            return
+        self._leftovers.discard(temp)
 
     # -- retire ------------------------------------------------------------------
 
@@ -537,7 +558,7 @@ class FallbackWriter:
             return 0
         held = open_locked(self._dir, record.path, self._os, wait=True)
         retired = 0
-        if isinstance(held, Busy):
+        if held is BUSY:
             retired = self._mark_retired(record, None)
         elif held is not None:
             try:
@@ -553,7 +574,7 @@ class FallbackWriter:
                         self._unlink_failures += 1
                         self._mark_retired(record, held)
             finally:
-                self._os.close(held)
+                close_locked(self._os, held)
         del self._segments[slot]
         self._used -= record.length
         if retired:
@@ -625,7 +646,7 @@ class FallbackWriter:
                 del self._deferred[path]  # gone: a reader removed it under its lock
                 removed += 1
                 continue
-            if not isinstance(held, Busy):
+            if held is not BUSY:
                 try:
                     info = self._os.fstat(held)
                     if (info.st_dev, info.st_ino) != deferred.inode:
@@ -644,7 +665,7 @@ class FallbackWriter:
                         removed += 1
                         continue
                 finally:
-                    self._os.close(held)
+                    close_locked(self._os, held)
             deferred.attempts += 1
             delay = min(_REAP_FIRST_DELAY * 2 ** (deferred.attempts - 1), _REAP_MAX_DELAY)
             deferred.next_try = now + delay

@@ -260,9 +260,16 @@ class PoolReader:
                 f"the reference names generation={ref.generation}"
             )
         state = load_slot_state_acquire(words)
+        # Past PUBLISHED under a carrier we now hold deliverable: its holder died, or it is
+        # us, an earlier claim of ours that an exception (a signal handler's, issue 24)
+        # stopped after the slot's store and before the carrier's. The slot is not reused
+        # while its carrier is pending, so its bytes are the reference's still.
         if state != POOL_SLOT_PUBLISHED and not (
             state in (POOL_SLOT_CLAIMED, POOL_SLOT_DONE)
-            and not is_holder_alive(load_slot_holder_pid(words), self._os)
+            and (
+                load_slot_holder_pid(words) == self._pid
+                or not is_holder_alive(load_slot_holder_pid(words), self._os)
+            )
         ):
             raise CorruptFrameError(
                 f"pool slot={ref.index} generation={generation} is {state_name(state)}, "

@@ -108,6 +108,9 @@ class PoolProducer:
         self.budget = budget
         self.checksum = checksum
         self.slots: dict[int, OwnedSlot] = {}  # by index, ascending (indices only grow)
+        # Slot files being created: named here before they exist (issue 24), so close
+        # removes one whose creation an exception stopped before `slots` recorded it.
+        self._creating: set[str] = set()
         self.used_bytes = 0
         self._next_index = 0
         self._next_generation = 1
@@ -195,6 +198,7 @@ class PoolProducer:
         index = self._next_index
         self._next_index += 1  # consumed also by a failed creation: a name is made once
         name = pool_slot_file_name(self._identity, index)
+        self._creating.add(name)
         try:
             mapping = create_slot_file(
                 self._dir, name, self._identity, index, compute_slot_capacity(size_class), self._os
@@ -205,6 +209,7 @@ class PoolProducer:
             return None
         slot = OwnedSlot(index, size_class, name, mapping)
         self.slots[index] = slot
+        self._creating.discard(name)
         self.used_bytes += charge
         self.created += 1
         return slot
@@ -270,6 +275,11 @@ class PoolProducer:
             self._empty_if_unheld(slot)
             self._remove(slot)
             removed += 1
+        for name in sorted(self._creating):  # creations an exception stopped part way
+            with contextlib.suppress(OSError):
+                self._dir.unlink(name)
+                removed += 1
+            self._creating.discard(name)
         return removed
 
     def _empty_if_unheld(self, slot: OwnedSlot) -> None:

@@ -44,10 +44,12 @@ from dataclasses import dataclass
 import torch
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
+from .. import lifecycle
 from ..directory import Directory, HeldDirectory
 from ..errors import (
     ClosedError,
     ConfigurationError,
+    ForkedError,
     RegistrationError,
     RegistryPoisonedError,
 )
@@ -114,6 +116,7 @@ class TransferSender:
     """
 
     _closed = False
+    _inherited = False  # inherited through fork (`impl.lifecycle`)
     _arena: RegisteredArena | None = None
     _registry: Registry | None = None
 
@@ -143,6 +146,12 @@ class TransferSender:
         self._fell_back = 0
         self._in_arena = 0
         self._in_segments = 0
+        lifecycle.track(self)  # a fork child's copy is the parent's (`_forked_in_child`)
+
+    def _forked_in_child(self) -> None:
+        """`lifecycle`: in a forked child this sender is the parent's: ForkedError, close releases."""
+        self._inherited = True
+        self._closed = True
 
     @property
     def directory(self) -> str:
@@ -202,6 +211,11 @@ class TransferSender:
         registered transfer works until the process restarts).
         """
         if self._closed:
+            if self._inherited:
+                raise ForkedError(
+                    f"sender inherited through fork: scope={self.scope!r}; "
+                    f"make a new TransferSender in this process after the fork"
+                )
             raise ClosedError(f"sender is closed: scope={self.scope!r}")
         if not fields:
             raise ValueError("a transfer needs at least one field")
@@ -368,6 +382,10 @@ class TransferSender:
         RegistryPoisonedError from the arena's unregister propagates after
         everything else is closed (the arena's mapping is then retained).
         """
+        lifecycle.closed(self)
+        if self._inherited:  # the parent's arena, registry and segments: release mappings only
+            lifecycle.release_inherited(self)
+            return
         if self._closed:
             return
         self._closed = True

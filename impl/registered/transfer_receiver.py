@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ClosedError, CorruptFrameError
+from .. import lifecycle
+from ..errors import ClosedError, CorruptFrameError, ForkedError
 from ..names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
 from ..os_seam import DEFAULT_OS, OsFacade
 from .arena import ArenaFrameDescriptor, ArenaReader
@@ -42,6 +43,7 @@ class TransferReceiver:
     """Consumer side: maps what a descriptor names; borrows or copies it out."""
 
     _closed = False
+    _inherited = False  # inherited through fork (`impl.lifecycle`)
 
     def __init__(
         self,
@@ -57,6 +59,12 @@ class TransferReceiver:
         self._os = os_facade
         self._directory = deployment_directory(scope, shm_root)
         self._readers: dict[str, ArenaReader] = {}
+        lifecycle.track(self, close_at_exit=False)  # it owns no file; a fork child's copy is inert
+
+    def _forked_in_child(self) -> None:
+        """`lifecycle`: in a forked child this receiver is the parent's: ForkedError, close releases."""
+        self._inherited = True
+        self._closed = True
 
     def _reader(self, name: str) -> ArenaReader:
         reader = self._readers.get(name)
@@ -76,6 +84,11 @@ class TransferReceiver:
         arena) nothing is taken and the same descriptor may be received again.
         """
         if self._closed:
+            if self._inherited:
+                raise ForkedError(
+                    f"receiver inherited through fork: scope={self.scope!r}; "
+                    f"make a new TransferReceiver in this process after the fork"
+                )
             raise ClosedError(f"receiver is closed: scope={self.scope!r}")
         if descriptor.scope != self.scope:
             raise CorruptFrameError(
@@ -132,6 +145,10 @@ class TransferReceiver:
 
     def close(self) -> None:
         """Drop the arena mappings; live borrowed views keep theirs. Idempotent."""
+        if self._inherited:  # release the child's copies of the mappings, mark no frame
+            lifecycle.release_inherited(self)
+            self._readers.clear()
+            return
         self._closed = True
         for reader in self._readers.values():
             reader.close()

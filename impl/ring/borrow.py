@@ -39,6 +39,7 @@ from typing import Any, Final, TypeVar
 from ...spec.layout import (
     FRAME_STATE_DONE,
 )
+from .. import lifecycle
 from ..errors import (
     ClosedError,
 )
@@ -159,7 +160,7 @@ class Lease:
     of them dies).
     """
 
-    __slots__ = ("_keep", "_mapping", "_release", "_view", "label", "position")
+    __slots__ = ("_keep", "_made_in", "_mapping", "_release", "_view", "label", "position")
 
     def __init__(
         self,
@@ -173,6 +174,7 @@ class Lease:
     ) -> None:
         # The one export every view of the payload derives from.
         self._keep: Any = keep
+        self._made_in = lifecycle.generation()  # a fork child's copy never releases the frame
         self._release = release
         self._mapping = mapping_to_close
         self.label = label
@@ -218,7 +220,7 @@ class Lease:
         release, self._release = self._release, None
         mapping, self._mapping = self._mapping, None
         try:
-            if release is not None:
+            if release is not None and not lifecycle.is_inherited(self._made_in):
                 release(keep)
         finally:
             del keep

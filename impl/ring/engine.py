@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ...spec.layout import (
+    DATA_FRAME_TYPE,
     FRAME_STATE_CLAIMED,
     FRAME_STATE_DONE,
     FRAME_STATE_PUBLISHED,
@@ -51,6 +52,8 @@ from ..frame_io import (
     bump_wakeup_sequence_release,
     load_frame_holder_pid,
     load_frame_state_acquire,
+    load_head_acquire,
+    load_tail_acquire,
     store_frame_length_release,
     store_frame_state_release,
     store_head_release,
@@ -61,6 +64,7 @@ from ..frame_io import (
 from ..liveness import is_holder_alive
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..os_seam import OsFacade
+from .frames import walk_frames
 from .mapping import _UNLOCK, _data_offset, _FrameShapes
 
 PublishHook = Callable[[str], None]
@@ -244,6 +248,36 @@ class RingProducer:
         published[key] = position
         self._puts += 1
         return retired
+
+    # -- settling after an interrupted put -------------------------------------
+
+    def _settle(self, path: str) -> None:
+        """Rebuild our copy of head, tail and the frame record from the ring itself (issue 24).
+
+        An exception raised inside a put (a signal handler's) can stop it
+        between a shared store and our record of it: head stored but not
+        recorded, a frame recorded but head not stored, a reclaimed frame
+        dropped from the record before the tail moved. The ring is the
+        truth (we are the only writer of head and tail, and a frame is
+        published exactly when head passes it), so the record is read back
+        from it: what head passed is published, what it did not is nothing.
+        """
+        words, buf = self._words, self._buf
+        assert words is not None and buf is not None  # open while the owner is
+        tail, head = load_tail_acquire(words), load_head_acquire(words)
+        walked, _, _ = walk_frames(buf, words, self._capacity, self._shapes, tail, head, path)
+        frames: deque[tuple[int, int, str | None]] = deque()
+        published: dict[str, int] = {}
+        for position, _, fields, key_bytes in walked:
+            if fields[1] != DATA_FRAME_TYPE:
+                frames.append((position, fields[0], None))
+                continue
+            key = key_bytes.decode("utf-8")
+            frames.append((position, fields[0], key))
+            if fields[2] in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED):
+                published[key] = position
+        self._frames, self._published = frames, published
+        self._head, self._tail = head, tail
 
     # -- reclaim ---------------------------------------------------------------
 

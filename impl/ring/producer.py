@@ -89,6 +89,7 @@ class RingChannel(RingProducer, _RingFile):
     """
 
     _unlink_pending: bool = False
+    _unsettled: bool = False  # a put may have stopped between a shared store and its record
     unlink_failures: int = 0  # unlinks of the ring file that failed (each retried at a later close)
     close_problems: int = 0  # corrupt contents close met (logged; never raised)
 
@@ -237,9 +238,13 @@ class RingChannel(RingProducer, _RingFile):
         if frame_length < 0:  # the model's is_admitted said no
             self._refused_not_admitted += 1
             return PutOutcome(PutStatus.NOT_ADMITTED, None, -frame_length)
+        if self._unsettled:  # an earlier put stopped part way (an exception): read the ring back
+            self._settle(self.path)
+        self._unsettled = True  # until the record matches the ring again (`_commit` returned)
         head = self._head
         padding = self._reserve(head, frame_length)
         if padding < 0:
+            self._unsettled = False
             return PutOutcome(PutStatus.FULL, None, frame_length)
         position = head + padding
         buf = self._buf
@@ -285,9 +290,24 @@ class RingChannel(RingProducer, _RingFile):
         retired = self._commit(
             position, padding, frame_length, key, key_length, payload_length, checksum, True
         )
+        self._unsettled = False
         return _new_outcome(
             PutOutcome, (PutStatus.PUBLISHED, position, frame_length, padding, retired)
         )
+
+    def published_since(self, key: str, head: int) -> int | None:
+        """The position of the key's frame published at or after `head`, if any (issue 24).
+
+        For a caller whose put an exception stopped: whether the ring
+        published it after all (the record read back first, `_settle`).
+        """
+        if self._closed:
+            return None
+        if self._unsettled:
+            self._settle(self.path)
+            self._unsettled = False
+        position = self._published.get(key)
+        return position if position is not None and position >= head else None
 
     # -- retire ----------------------------------------------------------------
 

@@ -205,6 +205,13 @@ class RingReader(_RingFile):
         index = self._index
         positions = self._order_positions
         keys = self._order_keys
+        if len(positions) != len(keys):
+            # An exception raised between the two deques' updates (a signal handler's,
+            # issue 24): start the index again from the tail rather than pair them wrongly.
+            positions.clear()
+            keys.clear()
+            index.clear()
+            self._scanned_to = tail
         while positions and positions[0] < tail:
             old_position = positions.popleft()
             old_key = keys.popleft()

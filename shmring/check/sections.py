@@ -43,7 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BUDGETS = ("quick", "standard", "deep")
-SECTIONS = ("model", "crosshair", "lockstep", "faults", "crash", "fuzz", "interleavings")
+SECTIONS = (
+    "model",
+    "crosshair",
+    "lockstep",
+    "faults",
+    "crash",
+    "fuzz",
+    "interleavings",
+    "interrupts",
+)
 
 Progress = Callable[[int, int | None], None]
 _MAX_LOG_LINES = 40  # log lines a unit keeps for -v and failure reports (all are counted)
@@ -564,6 +573,41 @@ def run_interleavings(
     return run(budget, seed, progress)
 
 
+INTERRUPT_STORM_SECONDS = {"quick": 3.0, "standard": 10.0, "deep": 60.0}
+
+
+def run_interrupts(
+    budget: str, seed: int, progress: Progress, database: str | None = None
+) -> dict[str, int]:
+    """The interrupt storm (issue 24): a handler raising inside put/get; `interrupts.run_storm`."""
+    import uuid
+
+    from shmring.fault_injection.interrupts import run_storm
+
+    report = run_storm(
+        f"ck{uuid.uuid4().hex[:10]}", INTERRUPT_STORM_SECONDS[budget], derived_seed(seed, "storm")
+    )
+    progress(1, 1)
+    problems = []
+    if report.untyped or report.typed or report.close_errors:
+        problems.append(
+            f"errors: untyped={report.untyped} typed={report.typed} "
+            f"close={report.close_errors} samples={report.untyped_samples}"
+        )
+    if report.wrong or not report.after_ok:
+        problems.append(f"wrong data={report.wrong} after_ok={report.after_ok}")
+    if not set(report.left_kinds) <= {"fb", "members", "stamp"}:
+        problems.append(f"files left after close: {report.left_kinds} ({report.left_samples})")
+    if problems:
+        raise AssertionError("interrupt storm: " + "; ".join(problems))
+    return {
+        "interrupts": report.interrupts,
+        "interrupted puts": report.interrupted_puts,
+        "interrupted gets": report.interrupted_gets,
+        "segments left (held lock)": report.left_kinds.get("fb", 0),
+    }
+
+
 # Sections that declare no units below run as one unit through these.
 RUNNERS: dict[str, Callable[[str, int, Progress, str | None], dict[str, int]]] = {
     "model": run_model,
@@ -573,6 +617,7 @@ RUNNERS: dict[str, Callable[[str, int, Progress, str | None], dict[str, int]]] =
     "crash": run_crash,
     "fuzz": run_fuzz,
     "interleavings": run_interleavings,
+    "interrupts": run_interrupts,
 }
 
 UNITS: dict[str, SectionUnits] = {
