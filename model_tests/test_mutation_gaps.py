@@ -4,27 +4,32 @@ A fresh sample of impl/'s mutants survived where the suite asserted less
 than the code promises: counters only ever compared with zero (a counter
 that counts down passes), error classification only fed errors already in
 the class (every OSError taken as descriptor exhaustion passes), shedding
-whose return value and callback nobody read. The tests here fix the class:
+whose return value and callback nobody read, codec inputs no test built.
+The tests here fix the class:
 nonzero counts are asserted exactly, every classifier meets an error
 *outside* its class, every shed's answer is checked against what it closed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import subprocess
 import sys
 from collections.abc import Iterator
 
+import msgspec
+import numpy as np
 import pytest
 
 from shmring.fault_injection.kit.seams import FaultyOs
-from shmring.impl import errors
+from shmring.impl import codec, errors
 from shmring.impl.connector import shortage
 from shmring.impl.errors import ResourceExhaustedError
 from shmring.impl.liveness import Liveness, read_process_status
 from shmring.impl.names import ProducerIdentity
 from shmring.impl.os_seam import SITE_PIDFD
+from shmring.impl.ring.borrow import BorrowedPayload
 
 
 @pytest.fixture
@@ -203,3 +208,74 @@ def test_out_of_descriptors_for_proc_the_owner_s_callback_is_asked_and_its_answe
     finally:
         liveness.close()
     assert seam.held_descriptors() == []  # the pidfd opened for the question is closed
+
+
+# -- codec inputs no test built ------------------------------------------------------------------
+
+BIG = codec.BORROWED_BYTES_MIN
+
+
+def _lent(encoded: bytes) -> BorrowedPayload:
+    buffer = bytearray(encoded)
+    keep = (ctypes.c_char * len(encoded)).from_buffer(buffer)
+    payload = BorrowedPayload(keep, ctypes.addressof(keep), len(encoded), label="test")
+    payload.arm(lambda _keep: None)
+    return payload
+
+
+@pytest.mark.parametrize(
+    "ahead",
+    [
+        "s" * 31,  # fixstr, the longest
+        "\u0186" * 15,  # fixstr of 30 bytes, each pair led by 0xc6 (bin 32's header byte)
+        "m" * 32,  # str 8
+        "\u0186" * 200,  # str 16 (400 bytes of UTF-8 whose lead byte is 0xc6, bin 32's)
+        "l" * 65_535,  # str 16, the longest
+        "h" * 65_536,  # str 32
+        b"b" * 300,  # bin 16 (small: copied)
+        2**40,  # uint 64
+        -(2**20),  # int 32
+        1.5,  # float 64
+        msgspec.msgpack.Ext(5, b"e" * 20),  # ext 8
+        msgspec.msgpack.Ext(6, b"f" * 4),  # fixext 4
+    ],
+    ids=lambda value: f"{type(value).__name__}{len(value) if hasattr(value, '__len__') else ''}",
+)
+def test_borrowed_decode_finds_a_large_leaf_after_a_mid_sized_item(ahead: object) -> None:
+    # The borrowed path walks the plain payload's items to find its large
+    # bins; an item of any header width ahead of one must be stepped over
+    # exactly, or the bin is missed (copied) or misread.
+    tree = {"ahead": ahead, "blob": b"q" * (2 * BIG), "after": "x" * 40}
+    encoded = codec.encode(tree)
+    value = codec.decode_borrowed(_lent(encoded))
+    assert isinstance(value["blob"], memoryview), "the large bin was not found: copied"
+    assert bytes(value["blob"]) == b"q" * (2 * BIG)
+    assert value["ahead"] == ahead and value["after"] == "x" * 40
+    del value
+
+
+def test_a_multi_dimensional_byte_buffer_travels_as_its_bytes() -> None:
+    data = bytes(range(256)) * (codec.DIRECT_BYTES_MIN // 256 + 4)
+    rows = 4
+    view = memoryview(data)[: len(data) // rows * rows].cast("B", (rows, len(data) // rows))
+    assert view.ndim == 2 and view.nbytes >= codec.DIRECT_BYTES_MIN
+    plan = codec.prepare(view)
+    encoded = codec.encode(view)
+    assert plan.nbytes == len(encoded) == view.nbytes + 5  # bin 32: a 5-byte header
+    assert codec.decode(encoded) == view.tobytes()
+
+
+@pytest.mark.parametrize("shape", ["2-D uint8", "1-D uint32"])
+def test_write_into_a_buffer_of_any_shape_writes_the_same_bytes(shape: str) -> None:
+    tree = {"a": np.arange(100, dtype=np.int64), "b": "text", "c": b"z" * 100}
+    expected = codec.encode(tree)
+    plan = codec.prepare(tree)
+    size = (plan.nbytes + 63) // 64 * 64
+    if shape == "2-D uint8":
+        target = np.full((size // 64, 64), 0xEE, dtype=np.uint8)
+    else:
+        target = np.full(size // 4, 0xEEEEEEEE, dtype=np.uint32)
+    assert plan.write_into(target) == plan.nbytes == len(expected)
+    written = target.tobytes()
+    assert written[: plan.nbytes] == expected
+    assert set(written[plan.nbytes :]) <= {0xEE}  # bytes past nbytes left alone
