@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,8 +27,13 @@ from shmring.fault_injection.kit.seams import FaultyOs
 from shmring.impl import codec, errors
 from shmring.impl.connector import shortage
 from shmring.impl.errors import ResourceExhaustedError
+from shmring.impl.fallback.writer import FallbackWriter
 from shmring.impl.liveness import Liveness, read_process_status
-from shmring.impl.names import ProducerIdentity
+from shmring.impl.names import (
+    ProducerIdentity,
+    current_producer_identity,
+    fallback_spare_file_name,
+)
 from shmring.impl.os_seam import SITE_PIDFD
 from shmring.impl.ring.borrow import BorrowedPayload
 
@@ -279,3 +285,57 @@ def test_write_into_a_buffer_of_any_shape_writes_the_same_bytes(shape: str) -> N
     written = target.tobytes()
     assert written[: plan.nbytes] == expected
     assert set(written[plan.nbytes :]) <= {0xEE}  # bytes past nbytes left alone
+
+
+# -- a fallback segment whose filling fails ---------------------------------------------------
+
+
+class _FailingPlan:
+    """A plan whose copy fails (a tensor resized between prepare and write_into)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def write_into(self, buf: object) -> int:
+        raise ValueError("tensor changed between prepare and write_into")
+
+
+def _mapped(directory: str) -> int:
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return sum(1 for line in maps if directory in line)
+
+
+def test_a_segment_whose_filling_fails_leaks_neither_its_mapping_nor_its_descriptor(
+    tmp_path: os.PathLike[str],
+) -> None:
+    directory = os.fspath(tmp_path)
+    seam = FaultyOs()
+    producer = (*current_producer_identity(), 0)
+    writer = FallbackWriter(
+        directory, producer, 64 << 20, seam, spare_bytes=8 << 20, spare_min=4096
+    )
+    edge = ("enc", "dec")
+    good = codec.prepare(b"p" * (256 << 10))  # a file big enough to be kept as a spare
+    try:
+        baseline = seam.held_descriptors()  # the deployment directory's descriptor
+        # A new file that would have been kept: the fill fails, nothing of it stays.
+        with pytest.raises(ValueError, match="tensor changed"):
+            writer.put(edge, "k", _FailingPlan(good.nbytes))
+        assert seam.held_descriptors() == baseline and _mapped(directory) == 0
+        assert os.listdir(directory) == []
+        stats = writer.statistics()
+        assert (stats.spares, stats.spare_bytes, stats.puts, stats.segments) == (0, 0, 0, 0)
+        # A spare handed back and taken again: its fill fails, the spare goes entirely.
+        record = writer.put(edge, "k", good)
+        assert writer.statistics().spares == 1 and _mapped(directory) == 1
+        handed_back = os.path.join(directory, fallback_spare_file_name(producer, record.generation))
+        os.rename(record.path, handed_back)  # what a reader's claim does with it
+        with pytest.raises(ValueError, match="tensor changed"):
+            writer.put(edge, "k", _FailingPlan(good.nbytes))
+        assert seam.held_descriptors() == baseline and _mapped(directory) == 0
+        stats = writer.statistics()
+        assert (stats.spares, stats.spare_bytes, stats.puts) == (0, 0, 1)
+        assert not os.path.exists(handed_back)
+    finally:
+        writer.close()
+    assert seam.held_descriptors() == []
