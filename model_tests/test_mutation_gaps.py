@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import msgspec
 import numpy as np
@@ -339,3 +341,81 @@ def test_a_segment_whose_filling_fails_leaks_neither_its_mapping_nor_its_descrip
     finally:
         writer.close()
     assert seam.held_descriptors() == []
+
+
+# -- the per-thread codec state: registered on the first use, reused after ------------------
+
+# The modules (the package's `decode` and `encode` names are its functions).
+codec_decode = importlib.import_module("shmring.impl.codec.decode")
+codec_encode = importlib.import_module("shmring.impl.codec.encode")
+
+
+def _in_a_new_thread(body: Callable[[], object]) -> object:
+    """Run `body` in a fresh thread (its thread-local state unused) and answer its result."""
+    result: list[object] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(body())
+        except BaseException as error:  # noqa: BLE001 - re-raised below
+            failure.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def test_a_thread_s_first_framed_decode_registers_its_reader_and_later_ones_reuse_it() -> None:
+    tree = {"t": np.arange(64, dtype=np.int64), "s": "x"}
+    encoded = codec.encode(tree)
+
+    def body() -> tuple[object, ...]:
+        before = getattr(codec_decode._local, "reader", None)
+        codec.decode(encoded)
+        first = getattr(codec_decode._local, "reader", None)
+        codec.decode(encoded)
+        second = getattr(codec_decode._local, "reader", None)
+        assert first is not None and not first.busy
+        first.busy = True  # a decode re-entered from a registered type's decode
+        try:
+            nested = codec_decode._take_reader()
+        finally:
+            first.busy = False
+        return before, first, second, nested, getattr(codec_decode._local, "reader", None)
+
+    before, first, second, nested, after = _in_a_new_thread(body)  # type: ignore[misc]
+    assert before is None  # a new thread starts with none
+    assert second is first  # registered at the first use, taken at the second
+    assert nested is not first and after is first  # a busy reader is never replaced
+
+
+def test_a_thread_s_first_prepare_registers_its_header_builder_and_later_ones_reuse_it() -> None:
+    tree = {"t": np.arange(64, dtype=np.int64)}
+
+    def body() -> tuple[object, ...]:
+        before = getattr(codec_encode._local, "builder", None)
+        codec.prepare(tree)
+        first = getattr(codec_encode._local, "builder", None)
+        codec.prepare(tree)
+        second = getattr(codec_encode._local, "builder", None)
+        assert first is not None
+        first.busy = True  # a prepare re-entered from a registered type's encode
+        try:
+            plan = codec.prepare(tree)
+        finally:
+            first.busy = False
+        return before, first, second, plan, getattr(codec_encode._local, "builder", None)
+
+    before, first, second, plan, after = _in_a_new_thread(body)  # type: ignore[misc]
+    assert before is None and second is first and after is first
+    assert codec.decode(plan_bytes(plan))["t"].tolist() == list(range(64))
+
+
+def plan_bytes(plan: codec.EncodePlan) -> bytes:
+    buffer = bytearray(plan.nbytes)
+    plan.write_into(buffer)
+    return bytes(buffer)
