@@ -55,6 +55,10 @@ HISTORY_HEADER = (
     "| date (UTC) | commit | target | seed | sample | killed / non-equivalent | score | 95% Wilson |",
     "| --- | --- | --- | --- | --- | --- | --- | --- |",
 )
+# The suite's /dev/shm check counts only each test's own scope: runs here are
+# plain pytest (no xdist), and on a shared machine other users' files would
+# otherwise fail every run, on clean code too (conftest.py).
+SCOPED_SHM = {"SHMRING_SHM_CHECK": "scope"}
 CONFIRM_TIMEOUT_S = 300  # one pytest run while confirming a kill (the mutant may hang)
 PACKAGES = {
     "impl": "impl",
@@ -390,7 +394,7 @@ def _pytest(
     if first_failure:
         args.append("-x")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env.update({"MUTANT_UNDER_TEST": mutant, "PYTHONWARNINGS": "ignore"})
+    env.update({"MUTANT_UNDER_TEST": mutant, "PYTHONWARNINGS": "ignore", **SCOPED_SHM})
     try:
         return subprocess.run(
             [*args, *tests],
@@ -497,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=work,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                env={**os.environ, "PYTHONWARNINGS": "ignore", **SCOPED_SHM},
             )
     codes = mutants(work)
     known = load_equivalents()
