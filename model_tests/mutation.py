@@ -504,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
                 env={**os.environ, "PYTHONWARNINGS": "ignore", **SCOPED_SHM},
             )
     codes = mutants(work)
+    if names and all(codes.get(name) is None for name in names):
+        # mutmut stopped before any mutant (its stats run or the clean run
+        # failed): there is no score to record.
+        print(f"mutation: mutmut checked none of the sample; see {work / 'mutmut.log'}")
+        return 2
     known = load_equivalents()
     confirmed: dict[str, str] = {}
     if not args.report_only:
