@@ -320,10 +320,13 @@ def test_a_segment_whose_filling_fails_leaks_neither_its_mapping_nor_its_descrip
     good = codec.prepare(b"p" * (256 << 10))  # a file big enough to be kept as a spare
     try:
         baseline = seam.held_descriptors()  # the deployment directory's descriptor
-        # A new file that would have been kept: the fill fails, nothing of it stays.
-        with pytest.raises(ValueError, match="tensor changed"):
+        # A new file that would have been kept: the fill fails, nothing of it stays,
+        # also while the caller still holds the error (its traceback holds the
+        # put's frame: reference counting alone would not unmap it then).
+        with pytest.raises(ValueError, match="tensor changed") as raised:
             writer.put(edge, "k", _FailingPlan(good.nbytes))
         assert seam.held_descriptors() == baseline and _mapped(directory) == 0
+        del raised
         assert os.listdir(directory) == []
         stats = writer.statistics()
         assert (stats.spares, stats.spare_bytes, stats.puts, stats.segments) == (0, 0, 0, 0)
@@ -332,9 +335,10 @@ def test_a_segment_whose_filling_fails_leaks_neither_its_mapping_nor_its_descrip
         assert writer.statistics().spares == 1 and _mapped(directory) == 1
         handed_back = os.path.join(directory, fallback_spare_file_name(producer, record.generation))
         os.rename(record.path, handed_back)  # what a reader's claim does with it
-        with pytest.raises(ValueError, match="tensor changed"):
+        with pytest.raises(ValueError, match="tensor changed") as raised:
             writer.put(edge, "k", _FailingPlan(good.nbytes))
         assert seam.held_descriptors() == baseline and _mapped(directory) == 0
+        del raised
         stats = writer.statistics()
         assert (stats.spares, stats.spare_bytes, stats.puts) == (0, 0, 1)
         assert not os.path.exists(handed_back)
