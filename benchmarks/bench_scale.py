@@ -720,7 +720,10 @@ def main(argv: list[str] | None = None) -> int:
             stream.write("\n")
     plot = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else None)
     if plot:
-        write_plot(result, plot)
+        try:
+            write_plot(result, plot)
+        except ImportError as error:  # matplotlib is in the [bench] extra
+            print(f"no plot: {error}", file=sys.stderr)
     return 0
 
 

@@ -14,8 +14,11 @@ the suite checks the campaign ran exactly that many.
 After every cell (faults stopped, everything closed):
 
 * no file of the cell's deployment is left (the directory is gone);
-* the process has as many descriptors, flock locks and no more mappings of
-  the cell's files than before the cell;
+* no descriptor the cell opened through its seam is still open (the seam
+  keeps what it opened, `CountingOs.held_descriptors`: what another test of
+  the process opens or closes meanwhile, under xdist, counts for nothing),
+  the process holds as many flock locks as before and no mapping of the
+  cell's files;
 * the simulated CUDA driver holds no registration;
 * the scenario itself checked the model: each answer while faults fired,
   the state each failed operation left, every payload delivered exactly
@@ -48,7 +51,7 @@ from typing import Final
 
 from ..impl.names import DEFAULT_SHM_ROOT, current_producer_identity
 from .identities import Identities, borrowed_identities
-from .kit.seams import FaultyOs
+from .kit.seams import CountingOs, FaultyOs
 from .lockstep import ScenarioFailure
 from .plans import FaultPlan, FaultyCudaDriver
 from .scenarios import SCENARIOS, Env, Outcome, Scenario
@@ -107,28 +110,38 @@ def reproduce_command(scenario: str, plan: FaultPlan | None) -> str:
 
 @dataclass(frozen=True)
 class Resources:
-    descriptors: int  # entries of /proc/self/fd
+    descriptors: tuple[int, ...]  # opened through the cell's seam and still open on that file
     locks: int  # flock locks of this pid in /proc/locks
     mappings: int  # lines of /proc/self/maps naming a shmring file of the scope
 
 
-def _resources(scope: str) -> Resources:
+def _resources(scope: str, seam: CountingOs) -> Resources:
     pid = str(os.getpid())
     with open("/proc/locks", encoding="ascii") as locks:
         held = sum(1 for line in locks if line.split()[4:5] == [pid] and "FLOCK" in line)
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         mapped = sum(1 for line in maps if scope in line)
-    return Resources(len(os.listdir("/proc/self/fd")), held, mapped)
+    return Resources(tuple(seam.held_descriptors()), held, mapped)
 
 
-def _leaks(scope: str, before: Resources, directory: str) -> list[str]:
+def _names(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
+
+
+def _leaks(scope: str, before: Resources, directory: str, seam: CountingOs) -> list[str]:
     problems = []
-    after = _resources(scope)
+    after = _resources(scope, seam)
     if after != before:
         gc.collect()  # a cycle may hold the last reference; count what stays after it
-        after = _resources(scope)
+        after = _resources(scope, seam)
     if after.descriptors != before.descriptors:
-        problems.append(f"descriptors {before.descriptors} -> {after.descriptors}")
+        left = ", ".join(
+            f"{fd} ({_names(fd)})" for fd in after.descriptors if fd not in before.descriptors
+        )
+        problems.append(f"descriptors opened through the seam left open: {left}")
     if after.locks != before.locks:
         problems.append(f"flock locks {before.locks} -> {after.locks}")
     if after.mappings:
@@ -158,7 +171,7 @@ def run_cell(
     os_plan = plan if plan is not None and isinstance(plan.error, int) else None
     cuda_plan = plan if plan is not None and isinstance(plan.error, str) else None
     env = Env(scope, FaultyOs(os_plan), FaultyCudaDriver(cuda_plan), identities, shm_root)
-    before = _resources(scope)
+    before = _resources(scope, env.os)
     problems: list[str] = []
     outcome: Outcome | None = None
     try:
@@ -169,7 +182,7 @@ def run_cell(
         problems.append(
             f"{type(error).__name__} escaped the scenario: {error} (at {_where(error)})"
         )
-    problems += _leaks(scope, before, env.directory)
+    problems += _leaks(scope, before, env.directory, env.os)
     ranges = env.driver.registered_ranges()
     if ranges:
         problems.append(f"driver still holds registrations {ranges}")

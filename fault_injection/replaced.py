@@ -28,6 +28,7 @@ removes both directories afterwards.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 from dataclasses import dataclass
@@ -113,7 +114,6 @@ def _scenario(scope: str, seam: FaultyOs, shm_root: str, errors: list[str]) -> l
 def run_cell(plan: FaultPlan, scope: str, shm_root: str = DEFAULT_SHM_ROOT) -> ReplacedCell:
     """Run the scenario under `plan` and check the promises (see the module docstring)."""
     seam = FaultyOs(plan)
-    descriptors = len(os.listdir("/proc/self/fd"))
     errors: list[str] = []
     problems = _scenario(scope, seam, shm_root, errors)
     seam.armed = False
@@ -123,9 +123,12 @@ def run_cell(plan: FaultPlan, scope: str, shm_root: str = DEFAULT_SHM_ROOT) -> R
             left = os.listdir(at)
             if left:
                 problems.append(f"files created in the replacement directory: {sorted(left)}")
-    left_open = len(os.listdir("/proc/self/fd")) - descriptors
+    left_open = seam.held_descriptors()  # what this cell opened, not the process
     if left_open:
-        problems.append(f"{left_open} descriptors left open")
+        gc.collect()  # a cycle may hold the last reference
+        left_open = seam.held_descriptors()
+    if left_open:
+        problems.append(f"{len(left_open)} descriptors left open")
     for _at, aside in seam.replaced:
         shutil.rmtree(aside, ignore_errors=True)
     if seam.replaced or os.path.lexists(path):

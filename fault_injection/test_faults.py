@@ -169,3 +169,73 @@ def test_a_failing_cell_names_its_plan_and_how_to_rerun_it() -> None:
     text = result.describe()
     assert "ring_wrap open#3:ENOSPC:transient" in text
     assert "--scenario ring_wrap --plan open#3:ENOSPC:transient" in text
+
+
+# -- the after-cell descriptor check counts the cell's own descriptors (issue 29) ------------------
+
+
+def _scenario_outcome(name: str) -> fault_cells.Outcome:
+    return fault_cells.Outcome(name, 0, 0, 0, 0, (), ())
+
+
+def test_cell_leak_check_ignores_descriptors_the_rest_of_the_process_closes_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under xdist another test's descriptors (a multiprocessing queue's pipe) are
+    # closed by gc in the middle of a cell: the process's count drops, the cell
+    # opened and closed everything it should.
+    outside = [os.open("/dev/null", os.O_RDONLY) for _ in range(2)]
+
+    def churn(env: fault_cells.Env) -> fault_cells.Outcome:
+        fd = env.os.open("/dev/null", os.O_RDONLY)
+        env.os.close(fd)
+        for other in outside:
+            os.close(other)  # someone else's, closed during the cell
+        return _scenario_outcome("churn")
+
+    monkeypatch.setitem(SCENARIOS, "churn", churn)
+    result = fault_cells.run_cell("churn", None, borrowed_identities(), _prefix())
+    assert result.problems == ()
+
+
+def test_cell_leak_check_names_a_descriptor_the_cell_kept_even_when_the_process_count_is_even(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The leak is masked by a process-wide count: the cell keeps one
+    # descriptor while another test's descriptor is closed meanwhile.
+    outside = os.open("/dev/null", os.O_RDONLY)
+    kept: list[int] = []
+
+    def leaky(env: fault_cells.Env) -> fault_cells.Outcome:
+        kept.append(env.os.open("/dev/null", os.O_RDONLY))
+        os.close(outside)
+        return _scenario_outcome("leaky")
+
+    monkeypatch.setitem(SCENARIOS, "leaky", leaky)
+    try:
+        result = fault_cells.run_cell("leaky", None, borrowed_identities(), _prefix())
+    finally:
+        for fd in kept:
+            os.close(fd)
+    assert len(result.problems) == 1, result.problems
+    assert result.problems[0] == (
+        f"descriptors opened through the seam left open: {kept[0]} (/dev/null)"
+    )
+
+
+def test_counting_seam_holds_only_descriptors_still_open_on_the_file_it_opened(
+    tmp_path: os.PathLike[str],
+) -> None:
+    seam = FaultyOs()
+    first = seam.open(os.path.join(tmp_path, "a"), os.O_RDWR | os.O_CREAT)
+    second = seam.open_directory(os.fspath(tmp_path))
+    assert seam.held_descriptors() == sorted([first, second])
+    seam.close(second)
+    assert seam.held_descriptors() == [first]
+    os.close(first)  # closed behind the seam's back ...
+    reused = os.open(os.path.join(tmp_path, "b"), os.O_RDWR | os.O_CREAT)
+    try:
+        assert reused == first  # ... and the number reused for another file
+        assert seam.held_descriptors() == []
+    finally:
+        os.close(reused)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from shmring.fault_injection.kit.machines import bounded_shrinking
 from shmring.fault_injection.kit.payloads import TAG_BYTES, payload_tag, tagged_payload
 from shmring.fault_injection.kit.processes import ForkedChild, killed_by_sigkill, lock_holder
 from shmring.fault_injection.kit.seams import CountingOs, FaultyOs
@@ -128,3 +131,38 @@ def test_a_lock_holder_holds_the_lock_until_the_block_ends(tmp_path: Path) -> No
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
+
+
+# -- the campaign's bound on shrinking (issue 29) ---------------------------------------------------
+
+
+def _failing_test(pause: float) -> Callable[[], None]:
+    @settings(database=None, derandomize=True, deadline=None, phases=[Phase.generate, Phase.shrink])
+    @given(st.lists(st.integers(0, 1000), min_size=1))
+    def sum_is_small(values: list[int]) -> None:
+        time.sleep(pause)  # what each example costs (a lockstep step maps files)
+        assert sum(values) <= 10
+
+    return sum_is_small
+
+
+def test_bounded_shrinking_cuts_a_slow_shrink_restores_the_bound_and_says_so() -> None:
+    from hypothesis.internal.conjecture import engine
+
+    bound_before = engine.MAX_SHRINKING_SECONDS
+    started = time.perf_counter()
+    with pytest.raises(AssertionError) as raised, bounded_shrinking(0.2) as bound:
+        _failing_test(0.02)()
+    assert bound.cut
+    assert time.perf_counter() - started < 10  # the bound, not the shrinker, ended it
+    notes = getattr(raised.value, "__notes__", [])
+    assert any(note.startswith("shrinking was cut after 0.2 s") for note in notes), notes
+    assert (engine.MAX_SHRINKING_SECONDS, bound.seconds) == (bound_before, 0.2)
+
+
+def test_bounded_shrinking_leaves_a_finished_shrink_alone() -> None:
+    with pytest.raises(AssertionError) as raised, bounded_shrinking(60) as bound:
+        _failing_test(0)()
+    assert not bound.cut
+    assert not any("shrinking was cut" in note for note in getattr(raised.value, "__notes__", []))
+    assert "values=[11]" in "\n".join(getattr(raised.value, "__notes__", []))  # fully shrunk

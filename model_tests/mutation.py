@@ -1,40 +1,65 @@
-"""Mutation score of impl/ (or spec/): a stratified sample of mutmut's mutants, run by mutmut.
+"""Mutation score of impl/ (or spec/): a fresh stratified sample of mutmut's mutants, run by mutmut.
 
-    .venv/bin/python model_tests/mutation.py --target impl --per-module 10
-    .venv/bin/python model_tests/mutation.py --target spec --per-module 8
-    .venv/bin/python model_tests/mutation.py --target impl --full      # every mutant (slow)
+    .venv/bin/python model_tests/mutation.py                       # 45 mutants, a fresh seed
+    .venv/bin/python model_tests/mutation.py --seed 2718281828     # that run's sample again
+    .venv/bin/python model_tests/mutation.py --size 20 --modules codec,ring
+    .venv/bin/python model_tests/mutation.py --full                # every mutant (slow)
 
-Design rationale. mutmut 3 generates every mutant of a file into one
-trampolined copy under `mutants/` and runs, per mutant, only the tests that
-reached the mutated function. A full run of impl/ is thousands of mutants;
-here a fixed-seed sample of `--per-module` mutants of each module is handed
-to mutmut's own runner (`mutmut run NAME...`), and the score per module and
-overall comes with a 95% Wilson interval. The configuration lives in
-pyproject.toml ([tool.mutmut]); the run happens in a copy of the tree under
-.shmring/mutation/TARGET so that impl/ and spec/ keep separate results and
-the working tree is never touched. The root conftest points the installed
-shmring.impl / shmring.spec at the mutated copy (docs/mutation.md).
+Design rationale. A score measured on one fixed sample can be tuned to: kill
+that sample's survivors and the number rises while the suite's strength does
+not. So every run draws a *fresh* sample with a new seed (recorded; `--seed`
+draws a past run's sample again), stratified by subpackage of the target
+(`impl.codec`, `impl.ring`, ..., and each top-level module on its own), each
+stratum's share proportional to its mutant count. mutmut 3 generates every
+mutant into one trampolined copy under `mutants/` and its own runner
+(`mutmut run NAME...`) runs the sample. Then every kill is *confirmed*: the
+first failing test is found again, and it must fail alone on the mutant and
+pass alone on clean code (a kill seen only through another test's leftovers
+does not count). Survivors are matched against the checked-in equivalents
+(`model_tests/mutation_equivalents.toml`, by function and changed line, with
+the reason); the score is confirmed kills over the non-equivalent mutants,
+with a 95% Wilson interval, and a row goes into the history table of
+docs/mutation.md (date, commit, seed, sample size, score, interval).
 
-Writes .shmring/mutation/TARGET/summary.json and survivors.txt (the diff of
-every surviving mutant, for triage).
+The configuration lives in pyproject.toml ([tool.mutmut]); the run happens in
+a copy of the tree under .shmring/mutation/TARGET so the working tree is
+never touched. Writes .shmring/mutation/TARGET/summary.json and
+survivors.txt (the diff of every mutant not killed, for triage).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
 import random
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "mutation.md"
+EQUIVALENTS = ROOT / "model_tests" / "mutation_equivalents.toml"
+DEFAULT_SIZE = 45  # mutants per run (the issue's outside measurement drew 45)
+HISTORY_HEADING = "## History of fresh-sample runs"
+HISTORY_HEADER = (
+    "| date (UTC) | commit | target | seed | sample | killed / non-equivalent | score | 95% Wilson |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |",
+)
+# The suite's /dev/shm check counts only each test's own scope: runs here are
+# plain pytest (no xdist), and on a shared machine other users' files would
+# otherwise fail every run, on clean code too (conftest.py).
+SCOPED_SHM = {"SHMRING_SHM_CHECK": "scope"}
+CONFIRM_TIMEOUT_S = 300  # one pytest run while confirming a kill (the mutant may hang)
 PACKAGES = {
     "impl": "impl",
     "spec": "spec",
@@ -121,38 +146,91 @@ def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def sample(names: list[str], per_module: int, seed: int, modules: set[str]) -> list[str]:
-    by_module: dict[str, list[str]] = defaultdict(list)
-    for name in sorted(names):
-        by_module[module_of(name)].append(name)
-    rng = random.Random(seed)
-    chosen = []
-    for module in sorted(by_module):
-        # A module or a package: `--modules codec` takes every module of impl/codec/.
-        if modules and not modules & set(module.split(".")):
+def stratum_of(name: str) -> str:
+    """The subpackage of the target a mutant belongs to (a top-level module is its own).
+
+    ``shmring.impl.codec.encode.x_encode__mutmut_3`` -> ``codec``,
+    ``shmring.impl.errors.x_describe_errno__mutmut_1`` -> ``errors``.
+    """
+    parts = module_of(name).split(".")
+    if parts and parts[0] == "shmring":
+        parts = parts[1:]
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+# -- the sample -------------------------------------------------------------------------------
+
+
+def fresh_seed() -> int:
+    """A seed no one chose: each run's sample is new unless `--seed` repeats one."""
+    return secrets.randbelow(2**32)
+
+
+def allocate(sizes: dict[str, int], total: int) -> dict[str, int]:
+    """Mutants per stratum: `total` split in proportion to the strata's sizes (largest remainder).
+
+    Every stratum gets at least one when `total` reaches the number of
+    strata, none gets more than it has, and the shares add up to `total`
+    (or to every mutant, when `total` is larger).
+    """
+    strata = sorted(name for name, size in sizes.items() if size > 0)
+    everything = sum(sizes[name] for name in strata)
+    if total >= everything:
+        return {name: sizes[name] for name in strata}
+    share = dict.fromkeys(strata, 0)
+    if total >= len(strata):
+        share = dict.fromkeys(strata, 1)
+    left = total - sum(share.values())
+    while left > 0:
+        room = {name: sizes[name] - share[name] for name in strata if sizes[name] > share[name]}
+        weight = sum(room.values())
+        quota = {name: left * room[name] / weight for name in room}
+        whole = {name: min(room[name], math.floor(quota[name])) for name in room}
+        if not any(whole.values()):  # fewer left than strata with room: largest remainders
+            for name in sorted(room, key=lambda n: (-quota[n], n))[:left]:
+                whole[name] = 1
+        for name, count in whole.items():
+            share[name] += count
+        left = total - sum(share.values())
+    return share
+
+
+def draw(names: list[str], total: int, seed: int, modules: set[str] = frozenset()) -> list[str]:
+    """A stratified sample of `total` mutant names (0: all), the same for the same seed and names.
+
+    `modules` keeps only the strata (or modules) named: `codec` is impl/codec/.
+    """
+    by_stratum: dict[str, list[str]] = defaultdict(list)
+    for name in sorted(set(names)):
+        if modules and not modules & {stratum_of(name), *module_of(name).split(".")}:
             continue
-        pool = by_module[module]
-        chosen += pool if per_module <= 0 else rng.sample(pool, min(per_module, len(pool)))
+        by_stratum[stratum_of(name)].append(name)
+    if total <= 0:
+        return [name for stratum in sorted(by_stratum) for name in by_stratum[stratum]]
+    share = allocate({stratum: len(pool) for stratum, pool in by_stratum.items()}, total)
+    rng = random.Random(seed)
+    chosen: list[str] = []
+    for stratum in sorted(by_stratum):
+        chosen += sorted(rng.sample(by_stratum[stratum], share.get(stratum, 0)))
     return chosen
 
 
 def population(names: list[str]) -> dict[str, int]:
-    """Mutants per module (the strata's sizes)."""
+    """Mutants per stratum (the strata's sizes)."""
     counts: dict[str, int] = defaultdict(int)
     for name in names:
-        counts[module_of(name)] += 1
+        counts[stratum_of(name)] += 1
     return counts
 
 
-def stratified(modules: dict[str, dict[str, float]], sizes: dict[str, int]) -> tuple[float, float]:
-    """The score of all mutants from per-module samples: sum of w_m p_m, +- 1.96 sigma."""
-    weighed = {m: sizes[m] for m, row in modules.items() if row["score"] is not None}
+def stratified(strata: dict[str, dict[str, float]], sizes: dict[str, int]) -> tuple[float, float]:
+    """The score of all mutants from per-stratum samples: sum of w_s p_s, +- 1.96 sigma."""
+    weighed = {m: sizes[m] for m, row in strata.items() if row["score"] is not None}
     total = sum(weighed.values()) or 1
     estimate = variance = 0.0
-    for module, size in weighed.items():
-        row = modules[module]
-        n = row.get("killed", 0) + row.get("survived", 0)
-        n += row.get("no tests", 0)
+    for stratum, size in weighed.items():
+        row = strata[stratum]
+        n = int(row["counted"])
         p = float(row["score"])
         w = size / total
         estimate += w * p
@@ -161,19 +239,234 @@ def stratified(modules: dict[str, dict[str, float]], sizes: dict[str, int]) -> t
     return estimate, 1.96 * math.sqrt(variance)
 
 
+# -- equivalent mutants ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """A mutant classified once as equivalent: where (function), which change, and why."""
+
+    function: str  # e.g. impl.registered.arena.ArenaReader.__init__
+    before: str  # the original line, stripped
+    after: str  # the mutated line, stripped
+    reason: str
+
+
+def function_of(name: str) -> str:
+    """``shmring.impl.registered.arena.xǁArenaReaderǁ__init____mutmut_18`` -> ``impl.registered.arena.ArenaReader.__init__``."""
+    mangled = name.partition("__mutmut_")[0]
+    module, _, function = mangled.rpartition(".")
+    if module.startswith("shmring."):
+        module = module[len("shmring.") :]
+    if function.startswith("xǁ"):
+        _, cls, method = function.split("ǁ")
+        return f"{module}.{cls}.{method}"
+    return f"{module}.{function.removeprefix('x_')}"
+
+
+def changed_lines(diff: str) -> tuple[str, str]:
+    """The removed and the added lines of a mutant's diff, each stripped and joined by newlines."""
+    removed = [
+        line[1:].strip()
+        for line in diff.splitlines()
+        if line.startswith("-") and not line.startswith("---")
+    ]
+    added = [
+        line[1:].strip()
+        for line in diff.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    return "\n".join(removed), "\n".join(added)
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> list[Equivalent]:
+    """The checked-in classification; every entry needs a reason."""
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text()).get("equivalent", [])
+    found = []
+    for entry in entries:
+        if not str(entry.get("reason", "")).strip():
+            raise ValueError(f"an equivalent mutant without a reason: {entry}")
+        found.append(
+            Equivalent(
+                entry["function"], entry["before"].strip(), entry["after"].strip(), entry["reason"]
+            )
+        )
+    return found
+
+
+def equivalent_to(name: str, diff: str, known: list[Equivalent]) -> Equivalent | None:
+    """The classification matching this mutant (same function, same change), if any."""
+    function = function_of(name)
+    before, after = changed_lines(diff)
+    for entry in known:
+        if (entry.function, entry.before, entry.after) == (function, before, after):
+            return entry
+    return None
+
+
+# -- the history ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    date: str  # YYYY-MM-DD HH:MM (UTC)
+    commit: str  # short hash, "+dirty" when the tree had changes
+    target: str  # impl or spec, and the strata when not all
+    seed: int
+    sample: int  # mutants drawn
+    killed: int  # confirmed kills
+    counted: int  # non-equivalent mutants of the sample
+
+    def cells(self) -> list[str]:
+        low, high = wilson(self.killed, self.counted)
+        score = f"{self.killed / self.counted:.0%}" if self.counted else "-"
+        return [
+            self.date,
+            f"`{self.commit}`",
+            self.target,
+            str(self.seed),
+            str(self.sample),
+            f"{self.killed} / {self.counted}",
+            score,
+            f"{low:.0%}-{high:.0%}",
+        ]
+
+
+def append_history(row: HistoryRow, doc: Path = DOC) -> None:
+    """Add `row` at the end of the history table (made, at the end of the document, if missing)."""
+    text = doc.read_text() if doc.exists() else ""
+    line = "| " + " | ".join(row.cells()) + " |"
+    lines = text.splitlines()
+    if HISTORY_HEADING not in lines:
+        block = [
+            "",
+            HISTORY_HEADING,
+            "",
+            "One row per run of `model_tests/mutation.py`, appended by the script itself.",
+            "",
+            *HISTORY_HEADER,
+            line,
+        ]
+        doc.write_text(text.rstrip("\n") + "\n" + "\n".join(block) + "\n")
+        return
+    at = lines.index(HISTORY_HEADING) + 1
+    while at < len(lines) and not lines[at].startswith("|"):
+        at += 1
+    while at < len(lines) and lines[at].startswith("|"):
+        at += 1
+    lines.insert(at, line)
+    doc.write_text("\n".join(lines) + "\n")
+
+
+def commit_of(root: Path = ROOT) -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+# -- confirming a kill ----------------------------------------------------------------------
+
+
+def _pytest(
+    work: Path, mutant: str, tests: list[str], *, first_failure: bool
+) -> subprocess.CompletedProcess[str]:
+    """pytest in the mutants' copy with `mutant` active ("" for clean code), no xdist."""
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--rootdir=.",
+        "-q",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "--tb=no",
+        "-rf",
+    ]
+    if first_failure:
+        args.append("-x")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update({"MUTANT_UNDER_TEST": mutant, "PYTHONWARNINGS": "ignore", **SCOPED_SHM})
+    try:
+        return subprocess.run(
+            [*args, *tests],
+            cwd=work / "mutants",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CONFIRM_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as expired:
+        return subprocess.CompletedProcess(args, -9, str(expired.stdout or ""), "timeout")
+
+
+def failed_tests(output: str) -> list[str]:
+    """Node ids of the failures in pytest's -rf summary."""
+    return [
+        line.split()[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))
+    ]
+
+
+def tests_reaching(work: Path, name: str) -> list[str]:
+    """The tests mutmut's stats run saw reaching the mutant's function."""
+    stats = json.loads((work / "mutants" / "mutmut-stats.json").read_text())
+    reached = stats["tests_by_mangled_function_name"].get(name.partition("__mutmut_")[0], [])
+    return sorted(reached)
+
+
+def confirm_kill(work: Path, name: str) -> str | None:
+    """The test that alone fails on mutant `name` and alone passes on clean code, or None."""
+    tests = tests_reaching(work, name)
+    if not tests:
+        return None
+    found = failed_tests(_pytest(work, name, tests, first_failure=True).stdout)
+    for test in found[:1]:
+        alone_mutant = _pytest(work, name, [test], first_failure=True)
+        alone_clean = _pytest(work, "", [test], first_failure=True)
+        if alone_mutant.returncode == 1 and alone_clean.returncode == 0:
+            return test
+    return None
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def classify(code: int | None) -> str:
+    """mutmut's exit code for a mutant -> what the run saw."""
+    if code in KILLED:
+        return "killed"
+    if code in SURVIVED:
+        return "survived"
+    if code in TIMEOUT:
+        return "timeout"
+    if code in (5, 33):
+        return "no tests"
+    return "not checked" if code is None else f"other {code}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=("impl", "spec"), default="impl")
-    parser.add_argument("--per-module", type=int, default=10, help="mutants per module (0: all)")
-    parser.add_argument("--full", action="store_true", help="every mutant (same as --per-module 0)")
-    parser.add_argument("--seed", type=int, default=15, help="sampling seed")
-    parser.add_argument("--modules", default="", help="comma-separated module names (default all)")
+    parser.add_argument("--size", type=int, default=DEFAULT_SIZE, help="mutants drawn (0: all)")
+    parser.add_argument("--full", action="store_true", help="every mutant (same as --size 0)")
+    parser.add_argument("--seed", type=int, help="sampling seed (default: a fresh one, recorded)")
+    parser.add_argument(
+        "--modules", default="", help="comma-separated strata or modules (default all)"
+    )
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once")
     parser.add_argument("--reuse", action="store_true", help="keep the copy and mutmut's results")
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="summarise the last run's results again, run nothing",
+        help="summarise the last run's results again (its seed unless --seed), run nothing, record nothing",
     )
     parser.add_argument(
         "--tests",
@@ -186,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else ROOT / ".shmring" / "mutation" / args.target
     mutmut = [sys.executable, "-m", "mutmut"]
     started = time.monotonic()
+    if args.seed is None and args.report_only and (work / "summary.json").exists():
+        args.seed = json.loads((work / "summary.json").read_text())["seed"]
+    seed = fresh_seed() if args.seed is None else args.seed
+    commit = commit_of()
     fresh = not (args.reuse or args.report_only) or not (work / "mutants").is_dir()
     if fresh:
         tests = args.tests or (list(SPEC_TESTS) if args.target == "spec" else [])
@@ -193,13 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(
             [sys.executable, "-c", _GENERATE], cwd=work, check=True, stdout=subprocess.DEVNULL
         )
-    names = sample(
-        list(mutants(work)),
-        0 if args.full else args.per_module,
-        args.seed,
-        {m for m in args.modules.split(",") if m},
-    )
-    print(f"mutation: {len(names)} mutants of {args.target}/ sampled", flush=True)
+    every = list(mutants(work))
+    modules = {m for m in args.modules.split(",") if m}
+    names = draw(every, 0 if args.full else args.size, seed, modules)
+    print(f"mutation: {len(names)} mutants of {args.target}/ drawn with seed {seed}", flush=True)
     if not args.report_only:
         with open(work / "mutmut.log", "w") as handle:
             subprocess.run(
@@ -207,76 +501,113 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=work,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                env={**os.environ, "PYTHONWARNINGS": "ignore", **SCOPED_SHM},
             )
     codes = mutants(work)
-    per_module: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    survivors: list[tuple[str, str]] = []
-    for name in names:
-        code = codes.get(name)
-        status = (
-            "killed"
-            if code in KILLED
-            else "survived"
-            if code in SURVIVED
-            else "timeout"
-            if code in TIMEOUT
-            else "no tests"
-            if code in (5, 33)
-            else "not checked"
-            if code is None
-            else f"other {code}"
+    if names and all(codes.get(name) is None for name in names):
+        # mutmut stopped before any mutant (its stats run or the clean run
+        # failed): there is no score to record.
+        print(f"mutation: mutmut checked none of the sample; see {work / 'mutmut.log'}")
+        return 2
+    known = load_equivalents()
+    confirmed: dict[str, str] = {}
+    if not args.report_only:
+        for name in names:
+            if classify(codes.get(name)) in ("killed", "timeout"):
+                test = confirm_kill(work, name)
+                if test is not None:
+                    confirmed[name] = test
+    else:
+        previous = (
+            json.loads((work / "summary.json").read_text())
+            if (work / "summary.json").exists()
+            else {}
         )
-        per_module[module_of(name)][status] += 1
-        if status in ("survived", "no tests"):
-            survivors.append((name, status))
-    summary = {
+        confirmed = previous.get("confirmed", {})
+    per_stratum: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    survivors: list[tuple[str, str, str]] = []
+    for name in names:
+        status = classify(codes.get(name))
+        if name in confirmed:
+            status = "killed"
+        elif status == "killed":
+            status = "kill not confirmed"
+        diff = ""
+        if status != "killed":
+            diff = subprocess.run(
+                [*mutmut, "show", name], cwd=work, capture_output=True, text=True
+            ).stdout
+            if equivalent_to(name, diff, known) is not None:
+                status = "equivalent"
+        per_stratum[stratum_of(name)][status] += 1
+        if status not in ("killed", "equivalent"):
+            survivors.append((name, status, diff))
+    summary: dict[str, object] = {
         "target": args.target,
-        "seed": args.seed,
-        "per_module": args.per_module,
-        "seconds": round(time.monotonic() - started),
-        "modules": {},
+        "seed": seed,
+        "commit": commit,
+        "size": len(names),
+        "modules": sorted(modules),
+        "seconds": 0,
+        "strata": {},
+        "confirmed": confirmed,
     }
+    strata: dict[str, dict[str, float]] = {}
     total_killed = total = 0
-    for module, statuses in sorted(per_module.items()):
-        # A timeout is not counted as a kill: in a forked mutant run, tests that
-        # start processes can hang on state inherited from mutmut's own process
-        # (a label's default value "timed out"), so a timeout says nothing.
+    for stratum, statuses in sorted(per_stratum.items()):
+        # The denominator is every non-equivalent mutant: one that survived, was
+        # not reached, timed out without a confirmed failing test, or whose kill
+        # did not hold up alone counts against the suite.
         killed = statuses["killed"]
-        counted = killed + statuses["survived"] + statuses["no tests"]
+        counted = sum(statuses.values()) - statuses["equivalent"]
         low, high = wilson(killed, counted)
-        summary["modules"][module] = {
+        strata[stratum] = {
             **statuses,
+            "counted": counted,
             "score": killed / counted if counted else None,
             "interval": [round(low, 2), round(high, 2)],
         }
         total_killed += killed
         total += counted
         print(
-            f"  {module:<28} killed {killed:>3} of {counted:>3}  "
+            f"  {stratum:<16} killed {killed:>3} of {counted:>3} non-equivalent "
             f"({low:.0%}-{high:.0%})  {dict(statuses)}"
         )
     low, high = wilson(total_killed, total)
+    summary["strata"] = strata
     summary["killed"], summary["counted"] = total_killed, total
     summary["interval"] = [round(low, 3), round(high, 3)]
+    summary["seconds"] = round(time.monotonic() - started)
     print(
-        f"  sample: killed {total_killed} of {total} ({total_killed / max(total, 1):.0%}, "
-        f"95% Wilson {low:.0%}-{high:.0%}) in {summary['seconds']} s"
+        f"  sample (seed {seed}, commit {commit}): killed {total_killed} of {total} non-equivalent "
+        f"({total_killed / max(total, 1):.0%}, 95% Wilson {low:.0%}-{high:.0%}), every kill confirmed, "
+        f"in {summary['seconds']} s"
     )
-    estimate, margin = stratified(summary["modules"], population(list(codes)))
+    estimate, margin = stratified(strata, population(every))
     summary["stratified"] = {"estimate": round(estimate, 3), "margin95": round(margin, 3)}
     print(
-        f"  all mutants (weighted by each module's mutant count): "
-        f"{estimate:.0%} +- {margin:.0%} (95%)"
+        f"  all mutants (each stratum weighted by its size): {estimate:.0%} +- {margin:.0%} (95%)"
     )
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=dict))
     with open(work / "survivors.txt", "w") as handle:
-        for name, status in survivors:
-            shown = subprocess.run(
-                [*mutmut, "show", name], cwd=work, capture_output=True, text=True
-            )
-            handle.write(f"=== {name} ({status})\n{shown.stdout}\n")
+        for name, status, diff in survivors:
+            handle.write(f"=== {name} ({status})\n{diff}\n")
     print(f"  survivors' diffs: {work / 'survivors.txt'}")
+    if not args.report_only:
+        scope = args.target + (f" ({','.join(sorted(modules))})" if modules else "")
+        if args.tests:
+            scope += " (own tests)"
+        row = HistoryRow(
+            datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
+            commit,
+            scope,
+            seed,
+            len(names),
+            total_killed,
+            total,
+        )
+        append_history(row)
+        print(f"  history: a row added to {DOC.relative_to(ROOT)}")
     return 0
 
 

@@ -13,6 +13,8 @@ machine module needs the same few things, which live here:
   (derandomized, no example database, so every CI run is the same run) and
   a long one for campaigns; neither has a deadline (a step maps files and
   may start processes).
+* `bounded_shrinking`: the campaign's bound on Hypothesis's shrink phase
+  (`SHRINK_SECONDS`); a failure whose shrink was cut says so in a note.
 * `rarely`: a rule that acts on about one draw in `odds`. Hypothesis picks
   uniformly among the rules whose `precondition` holds and has no rule
   weights, so a rule that ends a run (close, kill) would otherwise end most
@@ -23,9 +25,11 @@ machine module needs the same few things, which live here:
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -73,6 +77,66 @@ def register_profiles(
     settings.register_profile(long_name, **{**common, **long})
 
 
+# How long the campaign lets Hypothesis shrink one failure. Its own bound is
+# five minutes; one arena-machine failure took 132 s to shrink, most of a
+# quick campaign, for an example that was already readable after a few.
+SHRINK_SECONDS: Final = 30.0
+# What Hypothesis reports when its shrink deadline stops it (engine.py).
+_SHRINK_STOPPED: Final = "stopped because it is making very slow progress"
+
+
+@dataclass
+class ShrinkBound:
+    """One bounded run's record: `cut` once Hypothesis stopped shrinking at the bound."""
+
+    seconds: float
+    cut: bool = False
+
+    def note(self) -> str:
+        return (
+            f"shrinking was cut after {self.seconds:g} s (the campaign's bound, "
+            f"fault_injection.kit.machines.SHRINK_SECONDS): the example shown is the "
+            f"smallest found by then, not a minimal one; rerun the unit to shrink further"
+        )
+
+
+@contextlib.contextmanager
+def bounded_shrinking(seconds: float = SHRINK_SECONDS) -> Iterator[ShrinkBound]:
+    """Hypothesis runs inside stop shrinking a failure after `seconds`; the failure says so.
+
+    The bound is Hypothesis's own shrink deadline
+    (`hypothesis.internal.conjecture.engine.MAX_SHRINKING_SECONDS`, five
+    minutes, left module-level so that it can be changed), set for the runs
+    inside and restored after. When it stops a shrink, Hypothesis reports a
+    warning through its reporter; that warning sets `cut` and the exception
+    the run raises gets `ShrinkBound.note()` as a note, which the campaign's
+    failure report prints with the traceback. Other reports pass through.
+    """
+    from hypothesis.internal.conjecture import engine
+    from hypothesis.reporting import current_reporter, with_reporter
+
+    bound = ShrinkBound(seconds)
+    outer = current_reporter()
+
+    def reporter(value: object) -> None:
+        if _SHRINK_STOPPED in str(value):
+            bound.cut = True
+        else:
+            outer(value)
+
+    previous = engine.MAX_SHRINKING_SECONDS
+    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
+    try:
+        with with_reporter(reporter):
+            yield bound
+    except BaseException as error:
+        if bound.cut:
+            error.add_note(bound.note())
+        raise
+    finally:
+        engine.MAX_SHRINKING_SECONDS = previous
+
+
 def one_in(odds: int) -> st.SearchStrategy[bool]:
     """True about once in `odds` draws; shrinks to False."""
     return st.sampled_from([False] * (odds - 1) + [True])
@@ -112,4 +176,13 @@ def rarely(odds: int | str, **arguments: Any) -> Callable[[Callable[..., Any]], 
     return decorate
 
 
-__all__ = ["DEFAULT_HEALTH_CHECKS", "Tally", "one_in", "rarely", "register_profiles"]
+__all__ = [
+    "DEFAULT_HEALTH_CHECKS",
+    "SHRINK_SECONDS",
+    "ShrinkBound",
+    "Tally",
+    "bounded_shrinking",
+    "one_in",
+    "rarely",
+    "register_profiles",
+]

@@ -51,10 +51,21 @@ CallHook = Callable[[str, int], None]
 
 
 class CountingOs(OsFacade):
-    """An `OsFacade` that counts every call made through it, per site (unlocks included); fails nothing."""
+    """An `OsFacade` that counts every call made through it, per site (unlocks included); fails nothing.
+
+    It also keeps the descriptors opened through it and not yet closed
+    through it, each with the identity (device, inode) of what it named
+    when opened: `held_descriptors()` answers those still open on the same
+    object. A leak check built on it sees what *this seam's* users opened
+    and kept, never the rest of the process (another test's descriptors
+    closed later by gc under xdist neither fail nor mask it). A descriptor
+    closed some other way, or closed and reused for another file, is not
+    held: the identity check tells them apart.
+    """
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self._opened: dict[int, tuple[int, int]] = {}  # fd -> (st_dev, st_ino) at open
 
     def _enter(self, site_name: str) -> None:
         self.calls[site_name] += 1
@@ -62,6 +73,41 @@ class CountingOs(OsFacade):
     def total(self) -> int:
         """Calls made through this facade, all sites together."""
         return sum(self.calls.values())
+
+    # -- descriptors held -----------------------------------------------------------------
+
+    def _track(self, fd: int) -> int:
+        info = os.fstat(fd)
+        self._opened[fd] = (info.st_dev, info.st_ino)
+        return fd
+
+    def held_descriptors(self) -> list[int]:
+        """Descriptors opened through this seam and still open on what they named then."""
+        held = []
+        for fd, identity in sorted(self._opened.items()):
+            try:
+                info = os.fstat(fd)
+            except OSError:
+                continue  # closed outside the seam
+            if (info.st_dev, info.st_ino) == identity:
+                held.append(fd)
+        return held
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        return self._track(super().open(path, flags, mode))
+
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        return self._track(super().open_at(dir_fd, name, flags, mode))
+
+    def open_directory(self, path: str) -> int:
+        return self._track(super().open_directory(path))
+
+    def pidfd_open(self, pid: int) -> int:
+        return self._track(super().pidfd_open(pid))
+
+    def close(self, fd: int) -> None:
+        super().close(fd)  # EBADF raises and leaves `fd` to the identity check
+        self._opened.pop(fd, None)
 
 
 class FaultyOs(CountingOs):

@@ -390,6 +390,8 @@ def _run_lockstep_unit(unit: Unit, context: Context, progress: Progress) -> dict
     from hypothesis import seed as hypothesis_seed
     from hypothesis.stateful import run_state_machine_as_test
 
+    from shmring.fault_injection.kit.machines import bounded_shrinking
+
     short, _, round_ = unit.name.rpartition("/")
     module_name, class_name, examples, steps = _lockstep_machine(short)
     machine = getattr(importlib.import_module(module_name), class_name)
@@ -408,7 +410,8 @@ def _run_lockstep_unit(unit: Unit, context: Context, progress: Progress) -> dict
         print_blob=True,
     )
     progress(0, None)
-    run_state_machine_as_test(counted, settings=chosen)
+    with bounded_shrinking():  # a cut shrink says so in the failure's notes
+        run_state_machine_as_test(counted, settings=chosen)
     progress(1, 1)
     return {
         f"{short} steps": counter["steps"],

@@ -1,0 +1,185 @@
+"""The mutation runner's arithmetic and bookkeeping, without running mutmut (issue 29).
+
+`model_tests/mutation.py` draws a fresh stratified sample per run, scores
+confirmed kills over non-equivalent mutants with a Wilson interval and
+appends a history row to docs/mutation.md. Each piece is a plain function,
+checked here on made-up mutant names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shmring.model_tests import mutation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _names() -> list[str]:
+    """Made-up mutmut names: 3 strata of 40, 10 and 2 mutants."""
+    names = [f"shmring.impl.codec.encode.x_encode__mutmut_{i}" for i in range(1, 31)]
+    names += [f"shmring.impl.codec.decode.xǁDecoderǁrun__mutmut_{i}" for i in range(1, 11)]
+    names += [f"shmring.impl.errors.x_describe_errno__mutmut_{i}" for i in range(1, 11)]
+    names += [f"shmring.impl.names.x_validate__mutmut_{i}" for i in range(1, 3)]
+    return names
+
+
+# -- the Wilson interval ----------------------------------------------------------------------
+
+
+def test_wilson_interval_matches_known_values() -> None:
+    low, high = mutation.wilson(34, 41)  # the issue's outside measurement: about [69, 92]%
+    assert (round(low, 3), round(high, 3)) == (0.687, 0.915)
+    low, high = mutation.wilson(5, 10)
+    assert low == pytest.approx(0.2366, abs=1e-4) and high == pytest.approx(0.7634, abs=1e-4)
+    low, high = mutation.wilson(10, 10)  # all killed: the upper bound is 1, the lower well below
+    assert high == 1.0 and low == pytest.approx(0.7225, abs=1e-4)
+    assert mutation.wilson(0, 0) == (0.0, 1.0)
+    low, high = mutation.wilson(0, 20)
+    assert low == 0.0 and high == pytest.approx(0.1611, abs=1e-4)
+
+
+# -- the sample --------------------------------------------------------------------------------
+
+
+def test_strata_are_the_subpackages_and_top_level_modules() -> None:
+    assert mutation.stratum_of("shmring.impl.codec.encode.x_encode__mutmut_3") == "codec"
+    assert mutation.stratum_of("shmring.impl.registered.arena.xǁArenaReaderǁclose__mutmut_4") == (
+        "registered"
+    )
+    assert mutation.stratum_of("shmring.impl.errors.x_describe_errno__mutmut_1") == "errors"
+    assert mutation.stratum_of("shmring.spec.layout.x_align__mutmut_6") == "layout"
+
+
+def test_allocation_is_proportional_covers_every_stratum_and_adds_up() -> None:
+    sizes = {"codec": 40, "errors": 10, "names": 2}
+    assert mutation.allocate(sizes, 13) == {"codec": 10, "errors": 2, "names": 1}
+    assert mutation.allocate(sizes, 3) == {"codec": 1, "errors": 1, "names": 1}
+    # Fewer than strata: in proportion still (the largest stratum takes both).
+    assert mutation.allocate(sizes, 2) == {"codec": 2, "errors": 0, "names": 0}
+    assert mutation.allocate(sizes, 100) == sizes  # never more than a stratum has
+    for total in range(0, 53):
+        share = mutation.allocate(sizes, total)
+        assert sum(share.values()) == total
+        assert all(0 <= share[name] <= sizes[name] for name in sizes)
+
+
+def test_draw_is_stratified_and_the_same_for_the_same_seed() -> None:
+    names = _names()
+    first = mutation.draw(names, 13, 2718)
+    assert len(first) == 13 and len(set(first)) == 13
+    assert mutation.draw(list(reversed(names)), 13, 2718) == first  # order of discovery aside
+    strata = [mutation.stratum_of(name) for name in first]
+    assert (strata.count("codec"), strata.count("errors"), strata.count("names")) == (10, 2, 1)
+    others = {tuple(mutation.draw(names, 13, seed)) for seed in range(20)}
+    assert len(others) > 15  # another seed, another sample
+    assert mutation.draw(names, 0, 1) == sorted(names, key=lambda n: (mutation.stratum_of(n), n))
+    only = mutation.draw(names, 5, 7, {"errors"})
+    assert len(only) == 5 and {mutation.stratum_of(name) for name in only} == {"errors"}
+
+
+def test_a_fresh_seed_is_drawn_per_run() -> None:
+    seeds = {mutation.fresh_seed() for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= seed < 2**32 for seed in seeds)
+
+
+# -- equivalents -------------------------------------------------------------------------------
+
+_DIFF = """--- shmring/impl/registered/arena.py
++++ shmring/impl/registered/arena.py
+@@ -1,4 +1,4 @@
+ def __init__(self, directory, name, os_facade=DEFAULT_OS):
+-            if info.st_size < RING_HEADER_LENGTH:
++            if info.st_size <= RING_HEADER_LENGTH:
+                 raise CorruptFrameError(...)
+"""
+
+
+def test_equivalents_match_by_function_and_changed_line_not_by_number() -> None:
+    known = mutation.load_equivalents()
+    name = "shmring.impl.registered.arena.xǁArenaReaderǁ__init____mutmut_18"
+    assert mutation.function_of(name) == "impl.registered.arena.ArenaReader.__init__"
+    assert mutation.function_of("shmring.impl.errors.x_describe_errno__mutmut_1") == (
+        "impl.errors.describe_errno"
+    )
+    renumbered = name.replace("_18", "_41")
+    assert mutation.equivalent_to(name, _DIFF, known) is not None
+    assert mutation.equivalent_to(renumbered, _DIFF, known) is not None
+    other_change = _DIFF.replace("<= RING", "> RING")
+    assert mutation.equivalent_to(name, other_change, known) is None
+    other_function = name.replace("__init__", "close")
+    assert mutation.equivalent_to(other_function, _DIFF, known) is None
+
+
+def test_every_checked_in_equivalent_has_a_reason_and_names_a_line_that_exists() -> None:
+    known = mutation.load_equivalents()
+    assert known
+    for entry in known:
+        assert entry.reason.strip()
+        module = entry.function.split(".")
+        for cut in range(len(module), 0, -1):
+            path = ROOT.joinpath(*module[:cut]).with_suffix(".py")
+            if path.exists():
+                break
+        assert entry.before in path.read_text(), f"stale equivalent: {entry}"
+
+
+def test_an_equivalent_without_a_reason_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "equivalents.toml"
+    path.write_text(
+        '[[equivalent]]\nfunction = "impl.x.f"\nbefore = "a"\nafter = "b"\nreason = ""\n'
+    )
+    with pytest.raises(ValueError, match="without a reason"):
+        mutation.load_equivalents(path)
+
+
+# -- the history -------------------------------------------------------------------------------
+
+
+def test_history_rows_go_to_the_end_of_the_history_table(tmp_path: Path) -> None:
+    doc = tmp_path / "mutation.md"
+    doc.write_text("# Mutation score\n\nText.\n")
+    first = mutation.HistoryRow("2026-12-02 07:00", "abc1234", "impl", 17, 45, 34, 41)
+    mutation.append_history(first, doc)
+    text = doc.read_text()
+    assert text.startswith("# Mutation score\n\nText.\n")
+    assert mutation.HISTORY_HEADING in text
+    row = "| 2026-12-02 07:00 | `abc1234` | impl | 17 | 45 | 34 / 41 | 83% | 69%-91% |"
+    assert text.rstrip().endswith(row)
+    # A section after the table: the next row still lands in the table.
+    doc.write_text(text + "\n## Later\n\nMore text.\n")
+    second = mutation.HistoryRow("2026-12-02 08:00", "def5678+dirty", "impl", 99, 20, 20, 20)
+    mutation.append_history(second, doc)
+    lines = doc.read_text().splitlines()
+    table = [line for line in lines if line.startswith("| 2026")]
+    assert table == [
+        row,
+        "| 2026-12-02 08:00 | `def5678+dirty` | impl | 99 | 20 | 20 / 20 | 100% | 84%-100% |",
+    ]
+    assert lines.index(table[1]) == lines.index(row) + 1
+    assert lines[-1] == "More text." and lines.count(mutation.HISTORY_HEADING) == 1
+
+
+def test_the_project_document_has_the_history_table() -> None:
+    lines = (ROOT / "docs" / "mutation.md").read_text().splitlines()
+    assert mutation.HISTORY_HEADING in lines
+    at = lines.index(mutation.HISTORY_HEADING)
+    assert (
+        list(mutation.HISTORY_HEADER) == [line for line in lines[at:] if line.startswith("|")][:2]
+    )
+
+
+def test_pytest_failure_summary_is_read_for_the_failing_test() -> None:
+    output = (
+        "..F\n"
+        "=========================== short test summary info ============================\n"
+        "FAILED shmring/model_tests/test_codec.py::test_round_trip[3] - AssertionError: x\n"
+        "1 failed, 2 passed in 1.00s\n"
+    )
+    assert mutation.failed_tests(output) == [
+        "shmring/model_tests/test_codec.py::test_round_trip[3]"
+    ]
+    assert mutation.classify(1) == "killed" and mutation.classify(0) == "survived"
+    assert mutation.classify(None) == "not checked" and mutation.classify(33) == "no tests"
