@@ -24,6 +24,10 @@ A key is at most `layout.MAX_KEY_LENGTH` UTF-8 bytes: the implementation
 refuses a longer one (InvalidKeyError) before any step here, so the ring's
 "key too long: not admitted" rule is never met through a connector.
 
+Descriptors are unbounded here. A get the implementation cannot finish for
+want of them (ResourceExhaustedError) is no step of the model: it changes
+nothing, so the key stays deliverable, exactly once (issue 22, defect 2).
+
 A get with a descriptor reads only the route and place the descriptor names
 (a ring descriptor never falls back); a get by key looks at both routes. A
 ring frame that carries a pool reference is claimed like any ring frame;
