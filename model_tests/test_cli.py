@@ -46,7 +46,7 @@ def test_failing_section_exits_non_zero_and_prints_why(
     status = cli.main(["check", "--only", "model", "--report", str(report), "--database", "none"])
     assert status == 1
     out = capsys.readouterr().out
-    assert "model FAILED" in out
+    assert "FAILED: model:all" in out
     assert "put(k) -> ring vs fallback" in out
     data = json.loads(report.read_text())
     assert data["passed"] is False
