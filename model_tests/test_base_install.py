@@ -128,3 +128,17 @@ def test_a_feature_without_its_extra_names_the_extra() -> None:
         "torch torch True",
         "cuda cuda True",
     ], done.stdout
+
+
+def test_check_sections_that_move_tensors_name_the_torch_extra() -> None:
+    done = _run(
+        """
+        from shmring.cli import main
+        sys.exit(main(["check", "--only", "model", "--only", "faults", "--database", "none"]))
+        """
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("shmring check: faults need torch"), line
+    assert "pip install 'shmring[torch]'" in line and "--only model" in line, line
+    assert done.stdout == ""

@@ -317,3 +317,29 @@ def test_layout_guard_reports_each_kind_of_site(source: str, expected: list[str]
 )
 def test_layout_guard_leaves_other_code_alone(source: str) -> None:
     assert layout_findings(source) == []
+
+
+# -- install and CI, as a new user meets them ----------------------------------------
+
+
+def test_license_is_an_spdx_string_with_its_file() -> None:
+    """No setuptools license-table deprecation warning: PEP 639's SPDX string and LICENSE."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    fences = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    first_two = [fence.strip() for fence in fences[:2]]
+    assert first_two == [
+        "bash .ci/setup && .venv/bin/shmring check",
+        "bash .ci/setup && .venv/bin/python -m pytest",
+    ], first_two
+    run = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert first_two[1] in run, "CI must run the README's test command"
+    assert "bash .ci/install_check" in run  # the wheel, installed alone, from outside the clone
+    setup = (ROOT / ".ci" / "setup").read_text()
+    assert " -q " not in setup and ">/dev/null" not in setup  # pip's progress is shown

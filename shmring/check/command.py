@@ -97,7 +97,12 @@ def check(args: argparse.Namespace) -> int:
 INTERRUPTED_REPORT = os.path.join(".shmring", "interrupted-report.json")
 
 # Sections whose units move tensors: they need the torch extra (shmring.impl.extras).
-SECTION_EXTRAS = {"lockstep": ("torch",), "faults": ("torch",), "fuzz": ("torch",)}
+SECTION_EXTRAS = {
+    "lockstep": ("torch",),
+    "faults": ("torch",),
+    "fuzz": ("torch",),
+    "interleavings": ("torch",),
+}
 
 
 def default_workers() -> int:
