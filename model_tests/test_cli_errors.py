@@ -162,9 +162,10 @@ def test_ctrl_c_exits_130_and_says_where_the_partial_report_is(tmp_path: Path) -
     assert "Traceback" not in err + out, err
     last = err.strip().splitlines()[-1]
     partial = tmp_path / ".shmring" / "interrupted-report.json"
-    assert last.startswith("shmring check: interrupted; the partial report") and str(
-        Path(".shmring") / "interrupted-report.json"
-    ) in last, last
+    assert (
+        last.startswith("shmring check: interrupted; the partial report")
+        and str(Path(".shmring") / "interrupted-report.json") in last
+    ), last
     report = json.loads(partial.read_text())
     assert report["interrupted"] is True and report["passed"] is True
 
@@ -172,9 +173,10 @@ def test_ctrl_c_exits_130_and_says_where_the_partial_report_is(tmp_path: Path) -
 def test_stat_lists_every_scope_and_speaks_json(tmp_path: Path) -> None:
     root = str(tmp_path)
     assert cli.main(["stat", "--shm-root", root]) == 0
-    with shmring.Connector("statone", shm_root=root) as one, shmring.Connector(
-        "stattwo", shm_root=root
-    ) as two:
+    with (
+        shmring.Connector("statone", shm_root=root) as one,
+        shmring.Connector("stattwo", shm_root=root) as two,
+    ):
         one.put("a", "b", "k", {"x": 1})
         two.put("a", "b", "k", {"x": 2})
         done = _shmring("stat", "--shm-root", root, cwd=tmp_path)

@@ -126,3 +126,31 @@ def test_every_cited_code_name_resolves() -> None:
     assert len(cited) > 100  # the docs do cite code
     stale = sorted({f"{where}: {name}" for where, name in cited if resolves(name) is False})
     assert not stale, "stale code names:\n" + "\n".join(stale)
+
+
+def test_generated_figures_match_the_code() -> None:
+    """docs/generate.py --check: every figure between gen markers is what the code says now."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (ROOT / "docs" / "campaigns.md").read_text()
+    assert (
+        "<!-- gen:units_table -->" in text
+        and "<!-- gen:explore_ci_budget -->" in (ROOT / "docs" / "model.md").read_text()
+    )
+
+
+def test_docs_index_sends_each_reader_somewhere_that_exists() -> None:
+    index = (ROOT / "docs" / "index.md").read_text()
+    for reader in ("a user of the transport", "a campaign runner", "a reviewer of the model"):
+        assert reader in index
+    for page in re.findall(r"`([a-z-]+\.md)`", index):
+        assert (ROOT / "docs" / page).is_file(), page
+    assert "docs/index.md" in (ROOT / "README.md").read_text()
