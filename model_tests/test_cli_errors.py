@@ -152,12 +152,17 @@ def test_ctrl_c_exits_130_and_says_where_the_partial_report_is(tmp_path: Path) -
         text=True,
         start_new_session=True,  # the signal goes to its group, as a terminal's ^C does
     )
-    assert child.stderr is not None
-    header = child.stderr.readline()
-    assert header.startswith("shmring check: budget=deep"), header
-    time.sleep(2.0)
-    os.killpg(child.pid, signal.SIGINT)
-    out, err = child.communicate(timeout=120)
+    try:
+        assert child.stderr is not None
+        header = child.stderr.readline()
+        assert header.startswith("shmring check: budget=deep"), header
+        time.sleep(2.0)
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:  # never leave a deep campaign running
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
     assert child.returncode == 130, (out, err)
     assert "Traceback" not in err + out, err
     last = err.strip().splitlines()[-1]
