@@ -43,7 +43,19 @@ def test_failing_section_exits_non_zero_and_prints_why(
     monkeypatch.delitem(sections.UNITS, "model")  # one unit, through the runner
     monkeypatch.setitem(sections.RUNNERS, "model", broken)
     report = tmp_path / "report.json"
-    status = cli.main(["check", "--only", "model", "--report", str(report), "--database", "none"])
+    status = cli.main(
+        [
+            "check",
+            "--only",
+            "model",
+            "--workers",
+            "1",
+            "--report",
+            str(report),
+            "--database",
+            "none",
+        ]
+    )
     assert status == 1
     out = capsys.readouterr().out
     assert "FAILED: model:all" in out
