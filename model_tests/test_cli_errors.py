@@ -142,7 +142,7 @@ def test_workers_default_to_the_usable_cores() -> None:
 
 def test_ctrl_c_exits_130_and_says_where_the_partial_report_is(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "shmring.cli", "check", "--only", "model", "--budget", "deep"]
         + ["--workers", "2", "--database", "none"],
         cwd=tmp_path,
@@ -151,18 +151,18 @@ def test_ctrl_c_exits_130_and_says_where_the_partial_report_is(tmp_path: Path) -
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # the signal goes to its group, as a terminal's ^C does
-    )
-    try:
-        assert child.stderr is not None
-        header = child.stderr.readline()
-        assert header.startswith("shmring check: budget=deep"), header
-        time.sleep(2.0)
-        os.killpg(child.pid, signal.SIGINT)
-        out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:  # never leave a deep campaign running
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+    ) as child:
+        try:
+            assert child.stderr is not None
+            header = child.stderr.readline()
+            assert header.startswith("shmring check: budget=deep"), header
+            time.sleep(2.0)
+            os.killpg(child.pid, signal.SIGINT)
+            out, err = child.communicate(timeout=300)
+        finally:
+            if child.poll() is None:  # never leave a deep campaign running
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
     assert child.returncode == 130, (out, err)
     assert "Traceback" not in err + out, err
     last = err.strip().splitlines()[-1]

@@ -240,12 +240,21 @@ def _execute_pool(
                 pool = _pool(workers, context)
     except KeyboardInterrupt:
         # Ctrl-C reaches the whole process group: the workers ignore it (no
-        # tracebacks from them) and are stopped here; the caller reports.
-        for process in list(getattr(pool, "_processes", {}).values()):
+        # tracebacks from them) and are stopped here, without waiting on the
+        # pool's bookkeeping; the caller reports what had finished.
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for process in processes:
             process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
         raise
-    finally:
+    except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
     return results
 
 
