@@ -14,7 +14,7 @@ dry run lists the same files and removes nothing.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..spec.layout import STAMP_OFFSET
 from . import discovery
@@ -23,6 +23,7 @@ from .errors import ShmringError
 from .frame_io import SharedWords
 from .liveness import Liveness
 from .names import (
+    DIRECTORY_PREFIX,
     STAMP_FILE_NAME,
     deployment_directory,
     file_owner,
@@ -31,6 +32,7 @@ from .names import (
     parse_pool_slot_file_name,
     parse_ring_file_name,
     read_segment_owner,
+    validate_scope,
 )
 from .os_seam import DEFAULT_OS, OPEN_FLAGS_READONLY, OsFacade
 from .ring.reader import RingReader
@@ -222,6 +224,40 @@ def collect(
         return gone
     finally:
         where.close()
+
+
+def list_scopes(shm_root: str = "/dev/shm", uid: int | None = None) -> list[str]:
+    """Every scope of `uid` (default: this one) with a deployment directory under shm_root, sorted.
+
+    What `shmring stat` without `--scope` walks: a directory named
+    ``shmring-<uid>-<scope>`` owned by that uid whose scope is valid.
+    """
+    owner = os.getuid() if uid is None else uid
+    prefix = f"{DIRECTORY_PREFIX}{owner}-"
+    found = []
+    try:
+        entries = list(os.scandir(shm_root))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != owner:
+                continue
+            scope = entry.name[len(prefix) :]
+            validate_scope(scope)
+        except (OSError, ShmringError):
+            continue
+        found.append(scope)
+    return sorted(found)
+
+
+def status_as_dict(scope: str, status: DeploymentStatus) -> dict[str, object]:
+    """`shmring stat --json`: the status's fields, with the scope and the edges spelled out."""
+    return {"scope": scope, **asdict(status)}
 
 
 def format_status(status: DeploymentStatus) -> str:

@@ -22,6 +22,25 @@ class ConfigurationError(ShmringError, ValueError):
     """A configuration value is invalid (ring size, budget, scope, option type)."""
 
 
+class MissingExtraError(ConfigurationError, ImportError):
+    """A feature was used whose optional dependency (a `shmring[...]` extra) is not installed.
+
+    The message names the feature, the missing module and the command that
+    installs it: ``pip install 'shmring[video]'``. It is an ImportError too,
+    so code that probes an optional import with ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, feature: str, module: str, extra: str, detail: str = "") -> None:
+        self.feature = feature
+        self.module = module
+        self.extra = extra
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(
+            f"{feature} needs {module}, which is not installed{suffix}: "
+            f"pip install 'shmring[{extra}]'"
+        )
+
+
 class ClosedError(ShmringError, RuntimeError):
     """The object was closed by its owner and cannot be used any more."""
 
@@ -195,6 +214,7 @@ __all__ = [
     "ForkedError",
     "FrameTooLargeError",
     "InvalidKeyError",
+    "MissingExtraError",
     "NoSpaceError",
     "ProducerGoneError",
     "RegistrationError",

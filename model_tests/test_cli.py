@@ -43,10 +43,22 @@ def test_failing_section_exits_non_zero_and_prints_why(
     monkeypatch.delitem(sections.UNITS, "model")  # one unit, through the runner
     monkeypatch.setitem(sections.RUNNERS, "model", broken)
     report = tmp_path / "report.json"
-    status = cli.main(["check", "--only", "model", "--report", str(report), "--database", "none"])
+    status = cli.main(
+        [
+            "check",
+            "--only",
+            "model",
+            "--workers",
+            "1",
+            "--report",
+            str(report),
+            "--database",
+            "none",
+        ]
+    )
     assert status == 1
     out = capsys.readouterr().out
-    assert "model FAILED" in out
+    assert "FAILED: model:all" in out
     assert "put(k) -> ring vs fallback" in out
     data = json.loads(report.read_text())
     assert data["passed"] is False

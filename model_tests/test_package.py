@@ -119,7 +119,10 @@ def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
     for package in config["packages"]:
         folder = _folder(package, config["package-dir"])
         prefix = package.replace(".", "/")
-        expected |= {f"{prefix}/{p.name}" for p in folder.glob("*.py")}
+        # The test suite stays in the clone (setup.py's build hook): it reads the clone.
+        expected |= {
+            f"{prefix}/{p.name}" for p in folder.glob("*.py") if not p.name.startswith("test_")
+        }
         expected |= {f"{prefix}/{name}" for name in config.get("package-data", {}).get(package, [])}
     # Built from a copy: setuptools reuses the checkout's build/lib, where a
     # module that was moved or deleted would linger and ship again.
@@ -151,9 +154,12 @@ def test_wheel_holds_exactly_the_source_tree(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("shmring-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {
-            name for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")
-        }
+        archive_names = archive.namelist()
+        metadata = archive.read("shmring-0.1.0.dist-info/METADATA").decode()
+        shipped = {name for name in archive_names if not name.split("/")[0].endswith(".dist-info")}
+    assert "License-Expression: Apache-2.0" in metadata, metadata[:800]
+    assert not [name for name in shipped if name.rpartition("/")[2].startswith("test_")]
+    assert "shmring-0.1.0.dist-info/licenses/LICENSE" in archive_names, archive_names
     assert shipped == expected, (
         f"missing {sorted(expected - shipped)}, extra {sorted(shipped - expected)}"
     )
@@ -311,3 +317,29 @@ def test_layout_guard_reports_each_kind_of_site(source: str, expected: list[str]
 )
 def test_layout_guard_leaves_other_code_alone(source: str) -> None:
     assert layout_findings(source) == []
+
+
+# -- install and CI, as a new user meets them ----------------------------------------
+
+
+def test_license_is_an_spdx_string_with_its_file() -> None:
+    """No setuptools license-table deprecation warning: PEP 639's SPDX string and LICENSE."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_the_test_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    fences = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    first_two = [fence.strip() for fence in fences[:2]]
+    assert first_two == [
+        "bash .ci/setup && .venv/bin/shmring check",
+        "bash .ci/setup && .venv/bin/python -m pytest",
+    ], first_two
+    run = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert first_two[1] in run, "CI must run the README's test command"
+    assert "bash .ci/install_check" in run  # the wheel, installed alone, from outside the clone
+    setup = (ROOT / ".ci" / "setup").read_text()
+    assert " -q " not in setup and ">/dev/null" not in setup  # pip's progress is shown

@@ -136,15 +136,9 @@ def test_stat_needs_only_the_transport(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# distribution -> the module it provides, for the runtime dependencies.
-RUNTIME_MODULES = {
-    "numpy": "numpy",
-    "msgspec": "msgspec",
-    "torch": "torch",
-    "av": "av",
-    "cuda-python": "cuda",
-    "xxhash": "xxhash",
-}
+# distribution -> the module it provides, for the base install and the extras.
+RUNTIME_MODULES = {"numpy": "numpy", "msgspec": "msgspec", "xxhash": "xxhash"}
+EXTRA_MODULES = {"torch": "torch", "av": "av", "cuda-python": "cuda"}
 # Payload types the codec registers when the application has them (never required).
 OPTIONAL_IN_IMPL = {"vllm", "PIL"}
 
@@ -169,10 +163,18 @@ def _third_party_imports(paths: list[Path]) -> set[str]:
 def test_runtime_dependencies_are_what_the_transport_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = {_requirement_name(r) for r in project["dependencies"]}
-    check = {_requirement_name(r) for r in project["optional-dependencies"]["check"]}
     assert runtime == set(RUNTIME_MODULES), runtime
+    extras = project["optional-dependencies"]
+    assert {e: [_requirement_name(r) for r in extras[e]] for e in ("torch", "video", "cuda")} == {
+        "torch": ["torch"],
+        "video": ["av"],
+        "cuda": ["cuda-python"],
+    }
+    assert extras["all"] == ["shmring[torch,video,cuda,check]"]
+    check = {_requirement_name(r) for r in extras["check"]}
     assert check == {"hypothesis", "pytest", "crosshair-tool", "rich"}, check
     # The transport, the model and the top-level package (API and CLI), lazy imports included.
     transport = [*(ROOT / "impl").rglob("*.py"), *(ROOT / "spec").rglob("*.py")]
     imported = _third_party_imports([*transport, *(ROOT / "shmring").glob("*.py")])
-    assert imported == set(RUNTIME_MODULES.values()) | OPTIONAL_IN_IMPL, imported
+    expected = set(RUNTIME_MODULES.values()) | set(EXTRA_MODULES.values()) | OPTIONAL_IN_IMPL
+    assert imported == expected, imported

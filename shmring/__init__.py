@@ -6,7 +6,10 @@ re-exports the implementation's public API.
 Importing ``shmring`` is cheap: every name loads on first use, so
 ``import shmring`` (and so ``import shmring.spec``) imports no part of the
 implementation, nor msgspec, numpy or torch; the codec imports torch only
-when a payload holds a tensor.
+when a payload holds a tensor. The base install is numpy, msgspec and
+xxhash; torch, PyAV, cuda-python and the checking toolkit are extras
+(`shmring.impl.extras`), and a feature used without its extra raises
+`MissingExtraError` naming it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ _LAZY: dict[str, str] = {
     "ForkedError": "shmring.impl.errors",
     "FrameTooLargeError": "shmring.impl.errors",
     "InvalidKeyError": "shmring.impl.errors",
+    "MissingExtraError": "shmring.impl.errors",
     "NoSpaceError": "shmring.impl.errors",
     "ProducerGoneError": "shmring.impl.errors",
     "RegistrationError": "shmring.impl.errors",
@@ -90,6 +94,7 @@ if TYPE_CHECKING:
         ForkedError,
         FrameTooLargeError,
         InvalidKeyError,
+        MissingExtraError,
         NoSpaceError,
         ProducerGoneError,
         RegistrationError,
@@ -132,6 +137,7 @@ __all__ = [
     "FrameTooLargeError",
     "GetStatus",
     "InvalidKeyError",
+    "MissingExtraError",
     "NoSpaceError",
     "ProducerGoneError",
     "RegistrationError",

@@ -20,10 +20,14 @@ and with failures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from shmring import __version__
 from shmring.check import ToolkitMissingError, require_toolkit
 from shmring.check.sections import BUDGETS, SECTIONS
 
@@ -31,7 +35,10 @@ DEFAULT_DATABASE = os.path.join(".shmring", "hypothesis")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shmring", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="shmring", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"shmring {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     check = commands.add_parser("check", help="run the model-checking and fault-injection campaign")
@@ -45,7 +52,10 @@ def _parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed for the randomised sections (default 0)"
     )
     check.add_argument(
-        "--workers", type=int, default=1, help="run units in N processes (default 1)"
+        "--workers",
+        type=int,
+        default=None,
+        help="run units in N processes (default: the usable cores, os.sched_getaffinity)",
     )
     check.add_argument(
         "--only",
@@ -109,12 +119,34 @@ def _parser() -> argparse.ArgumentParser:
     stat = commands.add_parser(
         "stat", help="show a deployment's producers, ring occupancy and fallback usage"
     )
-    stat.add_argument("--scope", required=True, help="the deployment scope")
+    stat.add_argument(
+        "--scope", help="the deployment scope (default: every scope of this uid under --shm-root)"
+    )
     stat.add_argument("--shm-root", default="/dev/shm", help="where the deployment directory lives")
+    stat.add_argument("--json", action="store_true", help="print the status as JSON")
     return parser
 
 
+def _program(argv: Sequence[str] | None) -> str:
+    """How the user ran us, for the reproducers we print (`.venv/bin/shmring`, `python -m ...`)."""
+    if argv is not None:  # called from Python (tests, embedding): the installed command's name
+        return "shmring"
+    invoked = sys.argv[0] if sys.argv and sys.argv[0] else "shmring"
+    if os.path.basename(invoked) in ("cli.py", "__main__.py"):
+        return f"{shlex.quote(sys.executable)} -m shmring.cli"
+    return shlex.quote(invoked)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `shmring` command: exit 0 all held, 1 a check failed, 2 usage error, 130 interrupted."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("shmring: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("check", "report"):
         # Check-only commands: the toolkit is the `check` extra, not a dependency.
@@ -128,20 +160,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from shmring.check import command
 
+        args.program = _program(argv)
         return command.check(args) if args.command == "check" else command.merge(args)
     from shmring.impl import admin
     from shmring.impl.errors import ShmringError
 
     try:
         if args.command == "stat":
-            print(admin.format_status(admin.deployment_status(args.scope, args.shm_root)))
-            return 0
+            return _stat(admin, args)
         removed = admin.collect(args.scope, args.shm_root, dry_run=args.dry_run)
     except ShmringError as error:
         print(f"shmring {args.command}: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(
+            f"shmring {args.command}: {error.filename or args.shm_root}: {error.strerror}: "
+            "check --shm-root and the permissions",
+            file=sys.stderr,
+        )
+        return 2
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(removed)} file(s)" + "".join(f"\n  {name}" for name in removed))
+    return 0
+
+
+def _stat(admin: Any, args: argparse.Namespace) -> int:
+    """`shmring stat`: one scope, or every scope of this uid (like `ipcs`); text or --json."""
+    scopes = [args.scope] if args.scope else admin.list_scopes(args.shm_root)
+    statuses = [(scope, admin.deployment_status(scope, args.shm_root)) for scope in scopes]
+    if args.json:
+        documents = [admin.status_as_dict(scope, status) for scope, status in statuses]
+        print(json.dumps(documents[0] if args.scope else documents, indent=2))
+        return 0
+    if not statuses:
+        print(f"no shmring scopes of uid {os.getuid()} under {args.shm_root}")
+        return 0
+    for scope, status in statuses:
+        if not args.scope:
+            print(f"scope {scope}:")
+        print(admin.format_status(status))
     return 0
 
 

@@ -6,7 +6,10 @@ the ring does not take. The routing rules, in the order a put applies them:
 
 1. The ring is disabled (capacity 0) or its setup failed for this edge
    (ENOSPC, EPERM, a discovery failure, ...): fallback. A failed setup is
-   remembered; the edge is not retried.
+   remembered in `failed_edges` and the edge's puts take the fallback; the
+   implementation tries the setup again after `ring_retry_seconds`
+   (doubling up to a minute), which this model leaves out: a retried setup
+   that succeeds is a fresh ring on the edge, as at its first put.
 2. The ring says NOT_ADMITTED for the payload's frame (too large) but would
    admit a pool reference for the key: the pool (`spec.pool`). A slot takes
    the payload and the ring carries a small reference frame for the key, so

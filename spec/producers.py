@@ -13,9 +13,11 @@ A producer leaves in one of two ways:
   retired) and removes its markers. Other producers of its process go on.
 * `process_producer_exit`: its process dies (SIGKILL, crash), and with it
   every producer of that process (`spec.discovery.process_exit_process`).
-  Its files and markers stay behind until a receiver prunes the markers or
-  `gc` removes the files, but nothing it published is ever delivered again,
-  not even to a new producer that reuses its keys or its pid.
+  Nothing it published is ever delivered again, not even to a new producer
+  that reuses its keys or its pid; its files and markers are removed by the
+  first scan of the deployment that finds it dead (any connector's
+  scan: `discovery.process_refresh`, `discovery.process_reclaim`), or by
+  `shmring gc`.
 """
 
 from __future__ import annotations

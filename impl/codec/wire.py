@@ -24,6 +24,7 @@ from ...spec.layout import (
     codec_dimensions_format,
 )
 from ..errors import UnsupportedPayloadError
+from ..extras import import_extra
 
 # -- ext codes and limits ---------------------------------------------------------
 
@@ -114,7 +115,7 @@ def load_torch() -> Any:
     """Import torch (and numpy) on first use (only a frame that holds a tensor gets here)."""
     global _torch
     if _torch is None:
-        import torch
+        torch = import_extra("torch", "a tensor payload")
 
         load_numpy()
         _torch_codes.update(

@@ -40,10 +40,9 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import torch
 
 from ...spec.layout import (
     ARENA_KEY_LENGTH,
@@ -73,6 +72,7 @@ from ..errors import (
     CorruptFrameError,
     StaleDescriptorError,
 )
+from ..extras import import_extra
 from ..liveness import is_holder_alive
 from ..names import (
     arena_file_name,
@@ -98,6 +98,11 @@ from .registration import (
     host_view,
 )
 from .views import borrow
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 # Default arena: the largest ring capacity (frames up to a quarter of it are admitted).
 DEFAULT_ARENA_CAPACITY: Final = 64 * 1024 * 1024

@@ -8,7 +8,7 @@ machine without a GPU. So the transport talks to CUDA only through a
 
 * `CudaRuntimeDriver` is the real one, on cuda-python's runtime bindings
   (`cuda.bindings.runtime`, imported when a driver is made, so this module
-  loads without cuda-python; a missing one is a `ConfigurationError`) plus
+  loads without cuda-python; a missing one is a `MissingExtraError` naming the `cuda` extra) plus
   torch for the copy, on one transfer stream per source device. A failed
   call raises `RegistrationError` carrying the CUDA error name
   (`cudaErrorHostMemoryNotRegistered`, ...); where torch reports a failure
@@ -51,7 +51,7 @@ from ...spec.registration import (
     DRIVER_CALLS,
     FAULT_EVERY,
 )
-from ..errors import ConfigurationError, RegistrationError
+from ..errors import ConfigurationError, MissingExtraError, RegistrationError
 
 if TYPE_CHECKING:
     import torch
@@ -84,13 +84,15 @@ def driver_error(call: str, cuda_error: str | None, detail: str = "") -> Registr
 
 
 def load_runtime() -> Any:
-    """`cuda.bindings.runtime`, or ConfigurationError naming the requirement when it is missing."""
+    """`cuda.bindings.runtime`, or MissingExtraError (a ConfigurationError) naming the `cuda` extra."""
     try:
         from cuda.bindings import runtime
     except ImportError as error:
-        raise ConfigurationError(
-            f"the registered transfer path needs {CUDA_PYTHON_REQUIREMENT} "
-            f"(cuda.bindings): {type(error).__name__}: {error}"
+        raise MissingExtraError(
+            "the registered transfer path's CUDA driver",
+            f"{CUDA_PYTHON_REQUIREMENT} (cuda.bindings)",
+            "cuda",
+            f"{type(error).__name__}: {error}",
         ) from error
     return runtime
 

@@ -10,12 +10,16 @@ reinterprets (`copy_source`), nothing is widened on the device.
 
 from __future__ import annotations
 
-from typing import Final
-
-import torch
+from typing import TYPE_CHECKING, Final
 
 from ..errors import RegistrationError, UnsupportedPayloadError
+from ..extras import import_extra
 from .cuda_driver import CudaDriver
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 # What travels for each torch dtype: the numpy dtype name of the bits. bfloat16
 # has no numpy dtype; its bits travel as uint16 and a dtype view restores it.

@@ -43,9 +43,7 @@ import contextlib
 import errno
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
-
-import torch
+from typing import TYPE_CHECKING, Final
 
 from ...spec.registration import (
     SEGMENT_ALLOCATED,
@@ -68,6 +66,7 @@ from ..errors import (
     RegistryPoisonedError,
     describe_errno,
 )
+from ..extras import import_extra
 from ..names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from ..os_seam import DEFAULT_OS, OsFacade
 from .cuda_driver import CudaDriver
@@ -85,6 +84,11 @@ from .host_copy import (
     wire_dtype_of,
 )
 from .shm_file import ShmFile
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 # Published names a producer remembers before it checks which receivers took.
 _PUBLISHED_NAMES_PRUNE_AT: Final = 256

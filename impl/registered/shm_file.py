@@ -10,12 +10,17 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..directory import Directory, as_directory
 from ..errors import ClosedError
+from ..extras import import_extra
 from ..os_seam import DEFAULT_OS, OPEN_FLAGS_CREATE, OsFacade
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 
 class ShmFile:

@@ -40,8 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 from .. import lifecycle
@@ -53,6 +52,7 @@ from ..errors import (
     RegistrationError,
     RegistryPoisonedError,
 )
+from ..extras import import_extra
 from ..names import (
     DEFAULT_SHM_ROOT,
     registered_segment_file_name,
@@ -86,6 +86,11 @@ from .transfer_descriptor import (
     TransferOptions,
 )
 from .transfer_receiver import TransferReceiver, restore_tensor
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 logger = logging.getLogger("shmring.transfer")
 

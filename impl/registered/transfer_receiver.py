@@ -11,13 +11,13 @@ again. With `enable_borrowed_frames` the arrays are borrowed views
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .. import lifecycle
 from ..errors import ClosedError, CorruptFrameError, ForkedError
+from ..extras import import_extra
 from ..names import DEFAULT_SHM_ROOT, deployment_directory, validate_scope
 from ..os_seam import DEFAULT_OS, OsFacade
 from .arena import ArenaFrameDescriptor, ArenaReader
@@ -28,6 +28,11 @@ from .transfer_descriptor import (
     TransferOptions,
 )
 from .views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+
+if TYPE_CHECKING:
+    import torch
+else:  # the `torch` extra: a MissingExtraError naming it when absent
+    torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
 
 
 def restore_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:

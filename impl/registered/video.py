@@ -23,12 +23,17 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import av
 import numpy as np
 
 from ..errors import ConfigurationError
+from ..extras import import_extra
+
+if TYPE_CHECKING:
+    import av
+else:  # the `video` extra: a MissingExtraError naming it when absent
+    av = import_extra("av", "the video encoder (shmring.impl.registered.video)")
 
 FRAME_INPUT_BORROWED: Final = "borrowed"  # from_numpy_buffer when eligible, else the copy
 FRAME_INPUT_COPY: Final = "copy"  # from_ndarray of a contiguous rgb24 copy

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -209,7 +210,7 @@ def _execute_pool(
     results: list[UnitResult] = []
     preload(plan.sections)
     context = multiprocessing.get_context("fork")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = _pool(workers, context)
     running: dict[Future[UnitResult], Unit] = {}
     try:
         while True:
@@ -236,10 +237,35 @@ def _execute_pool(
                     notify(unit, result, 1.0)
                 running.clear()
                 pool.shutdown(wait=True, cancel_futures=True)
-                pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    finally:
+                pool = _pool(workers, context)
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the whole process group: the workers ignore it (no
+        # tracebacks from them) and are stopped here, without waiting on the
+        # pool's bookkeeping; the caller reports what had finished.
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for process in processes:
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        raise
+    except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
     return results
+
+
+def _ignore_interrupt() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _pool(workers: int, context: Any) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_ignore_interrupt
+    )
 
 
 def _died(unit: Unit, context: Context, error: BaseException) -> UnitResult:
@@ -382,7 +408,30 @@ def merge(reports: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any]
     return merged, warnings
 
 
+class NotAReportError(ValueError):
+    """A file given as a report is not a `shmring check --report` JSON report."""
+
+
+_REPORT_KEYS = ("format", "budget", "seed", "section_names", "units", "seconds", "workers")
+
+
 def load_report(path: str) -> dict[str, Any]:
+    """A report written by `shmring check --report`; NotAReportError for anything else."""
     with open(path, encoding="utf-8") as handle:
-        report: dict[str, Any] = json.load(handle)
+        try:
+            report = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise NotAReportError(f"{path} is not JSON ({error})") from error
+    if not isinstance(report, dict):
+        raise NotAReportError(
+            f"{path} is not a shmring check report (a JSON {type(report).__name__}, "
+            "not an object): pass files written by `shmring check --report`"
+        )
+    missing = [key for key in _REPORT_KEYS if key not in report]
+    if missing or report.get("format") != REPORT_FORMAT or not isinstance(report["units"], list):
+        raise NotAReportError(
+            f"{path} is not a shmring check report of format {REPORT_FORMAT} "
+            f"(missing {', '.join(missing) or 'nothing'}, format={report.get('format')!r}): "
+            "pass files written by `shmring check --report`"
+        )
     return report

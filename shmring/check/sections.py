@@ -127,6 +127,7 @@ class Context:
     budget: str  # one of BUDGETS
     seed: int  # the campaign seed; units derive their own from it
     database: str | None = None  # Hypothesis example database spec (see open_database)
+    program: str = "shmring"  # the command the user ran (`.venv/bin/shmring`): reruns name it
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def derived_seed(seed: int, *parts: object) -> int:
 def rerun_command(context: Context, unit_id: str) -> str:
     """The command that reruns only this unit."""
     return (
-        f"shmring check --budget {context.budget} --seed {context.seed} "
+        f"{context.program} check --budget {context.budget} --seed {context.seed} "
         f"--unit {shlex.quote(unit_id)}"
     )
 
