@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import fcntl
 import functools
 import mmap
@@ -196,34 +197,35 @@ def claim_segment(
         )
     finally:
         # A kept mapping holds a duplicate of this open file description, and so
-        # does a mapping an interrupted claim's frame still holds: unlock first.
-        _unlock_and_close(held, True, os_facade)
+        # does a mapping an interrupted claim's frame still holds: unlock, then close.
+        # Inline and retried (issue 24): a signal handler's exception can come at the
+        # entry of any call, and a descriptor lost here keeps the lock for good.
+        pending: BaseException | None = None
+        tries = 3
+        while tries:
+            tries -= 1
+            try:
+                _unlock_and_close(held, os_facade)
+                break
+            except BaseException as error:  # noqa: BLE001 - raised below, once it is released
+                if pending is None:
+                    pending = error
+        if pending is not None:
+            try:
+                raise pending
+            finally:
+                pending = None  # no frame -> exception -> traceback -> frame cycle
 
 
-def _unlock_and_close(fd: int, unlock: bool, os_facade: OsFacade) -> None:
-    """Drop the segment's lock and close `fd`, whatever is raised meanwhile (issue 24).
-
-    An exception raised during the unlock (a signal handler's) would leave
-    the lock held for as long as a kept mapping lives, and every later
-    retire of the segment deferred: the unlock is tried again, the
-    descriptor closed, and the first such exception raised after both.
-    """
-    pending: BaseException | None = None
-    for _ in range(3 if unlock else 0):
-        try:
-            os_facade.flock(fd, fcntl.LOCK_UN)
-            break
-        except BaseException as error:  # noqa: BLE001 - raised below, once the lock is gone
-            pending = pending or error
+def _unlock_and_close(fd: int, os_facade: OsFacade) -> None:
+    """Drop the segment's lock and close `fd`; again after an interrupted try (EBADF: done)."""
     try:
-        close_locked(os_facade, fd)  # drops the lock (when nothing else shares the open file)
-    except BaseException as error:  # noqa: BLE001
-        pending = pending or error
-    if pending is not None:
-        try:
-            raise pending
-        finally:
-            pending = None  # no frame -> exception -> traceback -> frame cycle
+        os_facade.flock(fd, fcntl.LOCK_UN)
+    except OSError as error:
+        if error.errno == errno.EBADF:
+            return  # an interrupted earlier try closed it
+        raise
+    os_facade.close(fd)
 
 
 def _claim_locked(
