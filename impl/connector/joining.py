@@ -27,7 +27,7 @@ from ..directory import DeploymentDirectory, open_deployment_directory
 from ..discovery import DiscoveryCache, Membership, Registrar, Stamp
 from ..errors import ConfigurationError, ShmringError
 from ..fallback import FallbackWriter
-from ..liveness import Liveness
+from ..liveness import Liveness, hold_liveness_file, release_liveness_file
 from ..names import ConnectorIdentity, live_file_name
 from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
 from .config import ConnectorConfig
@@ -48,6 +48,7 @@ class Deployment:
     writer: FallbackWriter  # the producer's per-key segments, with the budget
     live_path: str | None = None  # our live file, once created (removed at close)
     left: bool = False  # `leave` ran and closed what it could
+    os_facade: OsFacade | None = None  # for our liveness file's release at `leave`
 
     @classmethod
     def join(
@@ -72,6 +73,12 @@ class Deployment:
         directory = membership.directory
         assert isinstance(directory, DeploymentDirectory)
         try:
+            hold_liveness_file(directory, os_facade)
+        except BaseException:
+            membership.leave()
+            directory.close()
+            raise
+        try:
             try:
                 stamp: Stamp | None = Stamp.open(directory, os_facade)
             except (OSError, ShmringError) as error:
@@ -79,8 +86,11 @@ class Deployment:
                 # scans. The fallback still carries everything.
                 logger.warning("shmring: discovery stamp unavailable in %s: %s", directory, error)
                 stamp = None
-            liveness = Liveness(os_facade, identity, on_exhausted=on_exhausted)
+            liveness = Liveness(os_facade, identity, on_exhausted=on_exhausted, directory=directory)
             discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
+            # What dead members left (a restarted container's predecessors,
+            # in any pid namespace) goes now, not at some receiver's scan.
+            discovery.reclaim_at_join()
             discovery.rescan_seconds = config.rescan_seconds
             registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
             writer = FallbackWriter(
@@ -92,10 +102,13 @@ class Deployment:
                 spare_min=config.fallback_spare_min_bytes,
             )
         except BaseException:
+            release_liveness_file(directory, os_facade)
             membership.leave()
             directory.close()
             raise
-        return cls(directory, membership, stamp, liveness, discovery, registrar, writer)
+        return cls(
+            directory, membership, stamp, liveness, discovery, registrar, writer, os_facade=os_facade
+        )
 
     # -- the live file ---------------------------------------------------------------
 
@@ -144,6 +157,8 @@ class Deployment:
         self.liveness.close()
         if self.stamp is not None:
             self.stamp.close()
+        if self.membership.joined and self.os_facade is not None:
+            release_liveness_file(self.directory, self.os_facade)
         self.membership.leave()
         if self.live_path is None and not self.left:
             self.directory.close()

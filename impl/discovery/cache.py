@@ -69,6 +69,25 @@ class DiscoveryCache:
         # dropped (`release`) once a producer is found closed or dead.
         self.producers: dict[Edge, set[ConnectorIdentity]] = {}
 
+    def reclaim_at_join(self) -> int:
+        """Remove what dead producers left (markers aside: the scan prunes them); answer how many.
+
+        At a connector's join: the leftovers of a scope whose members all
+        died (a restarted container, pids counted from 1 again in a new pid
+        namespace) give their space back before this member's first put.
+        A failure is counted and left to the scans.
+        """
+        try:
+            removed = reclaim_dead_files(
+                self.directory, self.directory.names(), self._os, self._liveness
+            )
+        except (OSError, ShmringError) as error:
+            self.reclaim_errors += 1
+            self.last_reclaim_error = f"{type(error).__name__}: {error}"
+            return 0
+        self.reclaimed += removed
+        return removed
+
     def refresh(self) -> bool:
         """Rescan if the stamp moved (or `rescan_seconds` passed); answer whether it scanned.
 
