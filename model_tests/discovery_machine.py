@@ -215,6 +215,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_producer(slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
+        # Its join reclaims what dead members left (`spec.discovery.process_join`).
+        if discovery_spec.process_join(dep):
+            TALLY.label("join reclaimed a dead member's files")
         TALLY.label("producer started")
         if slot in self.used_slots:
             TALLY.label("producer restarted in a used slot")
@@ -239,6 +242,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_sibling_producer(of={host}, slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
+        # Its join reclaims what dead members left (`spec.discovery.process_join`).
+        if discovery_spec.process_join(dep):
+            TALLY.label("join reclaimed a dead member's files")
         TALLY.label("second connector in the same process")
         if slot in self.used_slots:
             TALLY.label("producer restarted in a used slot")

@@ -74,8 +74,16 @@ class Member:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.process = subprocess.Popen(
             [
-                "unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                sys.executable, "-c", _MEMBER, scope, shm_root,
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                sys.executable,
+                "-c",
+                _MEMBER,
+                scope,
+                shm_root,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

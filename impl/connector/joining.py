@@ -90,7 +90,7 @@ class Deployment:
             discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
             # What dead members left (a restarted container's predecessors,
             # in any pid namespace) goes now, not at some receiver's scan.
-            discovery.reclaim_at_join()
+            discovery.refresh_at_join()
             discovery.rescan_seconds = config.rescan_seconds
             registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
             writer = FallbackWriter(
@@ -107,7 +107,14 @@ class Deployment:
             directory.close()
             raise
         return cls(
-            directory, membership, stamp, liveness, discovery, registrar, writer, os_facade=os_facade
+            directory,
+            membership,
+            stamp,
+            liveness,
+            discovery,
+            registrar,
+            writer,
+            os_facade=os_facade,
         )
 
     # -- the live file ---------------------------------------------------------------

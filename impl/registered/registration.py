@@ -58,6 +58,7 @@ from ...spec.registration import (
     UNREGISTER_ATTEMPTS,
 )
 from ..directory import (
+    PathDirectory,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
@@ -68,6 +69,7 @@ from ..errors import (
     RegistryPoisonedError,
     describe_errno,
 )
+from ..liveness import hold_liveness_file, release_liveness_file
 from ..names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from ..os_seam import DEFAULT_OS, OsFacade
 from .cuda_driver import CudaDriver
@@ -206,6 +208,8 @@ class Registry:
     and it stands for "this process", which only a restart clears.
     """
 
+    _holds_liveness: bool = False  # our liveness file is held for `directory` (to close)
+
     _closed = False
     _poison_cause: str | None = None
 
@@ -244,7 +248,12 @@ class Registry:
     @property
     def directory(self) -> str:
         if self._directory is None:
-            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
+            path = ensure_deployment_directory(self.scope, self._os, self._shm_root)
+            # Our files there are judged by our liveness file's lock from
+            # any pid namespace (`liveness.hold_liveness_file`), held to close.
+            hold_liveness_file(PathDirectory(path, self._os), self._os)
+            self._holds_liveness = True
+            self._directory = path
         return self._directory
 
     def segments(self) -> list[RegisteredSegment]:
@@ -497,6 +506,9 @@ class Registry:
         self._published_paths = []
         self._closed = True
         if self._directory is not None:
+            if self._holds_liveness:
+                self._holds_liveness = False
+                release_liveness_file(PathDirectory(self._directory, self._os), self._os)
             remove_deployment_directory_if_empty(self._directory, self._os)
         return len(self.retained())
 

@@ -46,6 +46,7 @@ import torch
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 from ..directory import (
+    PathDirectory,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
@@ -55,6 +56,7 @@ from ..errors import (
     RegistrationError,
     RegistryPoisonedError,
 )
+from ..liveness import hold_liveness_file, release_liveness_file
 from ..names import (
     DEFAULT_SHM_ROOT,
     registered_segment_file_name,
@@ -117,6 +119,8 @@ class TransferSender:
     Published memory belongs to the receiver.
     """
 
+    _holds_liveness: bool = False  # our liveness file is held for `directory` (to close)
+
     _closed = False
     _arena: RegisteredArena | None = None
     _registry: Registry | None = None
@@ -151,7 +155,12 @@ class TransferSender:
     @property
     def directory(self) -> str:
         if self._directory is None:
-            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
+            path = ensure_deployment_directory(self.scope, self._os, self._shm_root)
+            # Our files there are judged by our liveness file's lock from
+            # any pid namespace (`liveness.hold_liveness_file`), held to close.
+            hold_liveness_file(PathDirectory(path, self._os), self._os)
+            self._holds_liveness = True
+            self._directory = path
         return self._directory
 
     @property
@@ -377,6 +386,9 @@ class TransferSender:
         if self._registry is not None:
             self._registry.close()
         if self._directory is not None:
+            if self._holds_liveness:
+                self._holds_liveness = False
+                release_liveness_file(PathDirectory(self._directory, self._os), self._os)
             remove_deployment_directory_if_empty(self._directory, self._os)
         if poisoned is not None:
             raise poisoned
