@@ -99,7 +99,9 @@ def own_pid_namespace(os_facade: OsFacade) -> Namespace:
     cached = _namespace_cache
     if cached is not None and cached[0] == pid:
         return cached[1]
-    info = os_facade.stat("/proc/self/ns/pid")
+    # The namespace file's own inode (the link followed): not a file of a
+    # deployment, so not a fault site of the seam.
+    info = os.stat("/proc/self/ns/pid")
     try:
         seen = int(os.readlink("/proc/self"))
     except (OSError, ValueError):
@@ -160,11 +162,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def _directory_key(directory: Directory) -> tuple[int, int]:
+def _directory_key(directory: Directory, os_facade: OsFacade) -> tuple[int, int]:
     identity = getattr(directory, "identity", None)
     if identity is not None:
         return identity  # type: ignore[no-any-return]
-    info = directory.stat(".")
+    info = os_facade.stat(directory.path)
     return (info.st_dev, info.st_ino)
 
 
@@ -179,7 +181,7 @@ def hold_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
     """
     namespace = own_pid_namespace(os_facade)
     name = liveness_file_name(current_producer_identity(os_facade))
-    key = _directory_key(directory)
+    key = _directory_key(directory, os_facade)
     with _held_lock:
         held = _held.get(key)
         if held is not None:
@@ -211,7 +213,7 @@ def hold_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
 def release_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
     """Drop one hold; the last removes the file, then closes it (releasing the lock)."""
     try:
-        key = _directory_key(directory)
+        key = _directory_key(directory, os_facade)
     except OSError:
         return
     with _held_lock:
@@ -230,10 +232,10 @@ def release_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
                 os_facade.close(held.fd)
 
 
-def holds_liveness_file(directory: Directory) -> bool:
+def holds_liveness_file(directory: Directory, os_facade: OsFacade) -> bool:
     """Whether this process holds its liveness file in `directory` (tests and stat)."""
     with _held_lock:
-        return _directory_key(directory) in _held
+        return _directory_key(directory, os_facade) in _held
 
 
 def _parse_namespace(content: bytes) -> Namespace | None:

@@ -56,7 +56,7 @@ def environments(
             continue
         used.add((namespace, pid, start))
         alive = draw(st.booleans())
-        producer = producers_spec.initialize_producer((pid, start, 0), 64, 64)
+        producer = producers_spec.initialize_producer((pid, start, 0), 4096, 1 << 20)
         producer.namespace = namespace
         producer.alive = alive
         if alive:
@@ -84,7 +84,7 @@ def test_model_verdict_is_safe_and_complete_in_every_namespace(
 
 
 def test_model_pid_verdict_from_another_namespace_is_unsafe() -> None:
-    producer = producers_spec.initialize_producer((1, 500, 0), 64, 64)
+    producer = producers_spec.initialize_producer((1, 500, 0), 4096, 1 << 20)
     producer.namespace = 1
     tables = {0: {1: 3}, 1: {1: 500}}  # pid 1 of the root namespace started at boot
     assert producers_spec.is_table_faithful([producer], tables)
@@ -181,6 +181,8 @@ def test_lock_path_pid_reuse_a_successor_and_a_stale_identity(directory: str) ->
         assert not liveness.is_alive(live)  # its holder exited: the kernel released the lock
     finally:
         liveness.close()
+        for identity in (dead, live):
+            os.unlink(os.path.join(directory, liveness_file_name(identity)))
 
 
 def test_a_liveness_file_being_made_is_alive_then_dead(directory: str) -> None:
@@ -196,6 +198,7 @@ def test_a_liveness_file_being_made_is_alive_then_dead(directory: str) -> None:
         assert not liveness.is_alive(identity)
     finally:
         liveness.close()
+        os.unlink(path)
 
 
 def test_own_liveness_file_is_held_counted_and_removed(directory: str) -> None:
@@ -204,7 +207,7 @@ def test_own_liveness_file_is_held_counted_and_removed(directory: str) -> None:
     hold_liveness_file(where, DEFAULT_OS)
     hold_liveness_file(where, DEFAULT_OS)
     try:
-        assert holds_liveness_file(where)
+        assert holds_liveness_file(where, DEFAULT_OS)
         with open(os.path.join(directory, name), "rb") as handle:
             content = handle.read()
         info = os.stat("/proc/self/ns/pid")
@@ -231,4 +234,4 @@ def test_own_liveness_file_is_held_counted_and_removed(directory: str) -> None:
     finally:
         release_liveness_file(where, DEFAULT_OS)
     assert not os.path.exists(os.path.join(directory, name))
-    assert not holds_liveness_file(where)
+    assert not holds_liveness_file(where, DEFAULT_OS)
