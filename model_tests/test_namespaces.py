@@ -42,7 +42,8 @@ _MEMBER = r"""
 import json, os, sys
 from shmring.impl.connector import Connector
 scope, shm_root = sys.argv[1], sys.argv[2]
-connector = Connector(scope, shm_root=shm_root, pool_budget_bytes=0)
+capacity = int(sys.argv[3]) if len(sys.argv) > 3 else 4 << 20
+connector = Connector(scope, shm_root=shm_root, pool_budget_bytes=0, ring_capacity=capacity)
 def say(**fields):
     sys.stdout.write(json.dumps(fields) + "\n"); sys.stdout.flush()
 say(event="started", pid=os.getpid())
@@ -51,7 +52,7 @@ for line in sys.stdin:
     if verb == "put":
         for key in args:
             connector.put("a", "b", key, {"key": key, "payload": key * 100})
-        say(event="put", keys=args)
+        say(event="put", keys=args, files=sorted(os.listdir(connector.directory)))
     elif verb == "get":
         got = {}
         for key in args:
@@ -69,7 +70,9 @@ for line in sys.stdin:
 class Member:
     """A connector in a child pid namespace (`_MEMBER`), driven over pipes."""
 
-    def __init__(self, scope: str, shm_root: str = DEFAULT_SHM_ROOT) -> None:
+    def __init__(
+        self, scope: str, shm_root: str = DEFAULT_SHM_ROOT, capacity: int = 4 << 20
+    ) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.process = subprocess.Popen(
@@ -255,3 +258,55 @@ def test_producer_killed_in_its_namespace_is_dead_outside(
             receiver.get("a", "b", "another")
             time.sleep(0.05)
         assert not _owned_files(scope) & owned, _owned_files(scope)
+
+
+# The container-restart case, in a private mount namespace holding a small
+# tmpfs (room for one deployment's ring, not two) as the shm root.
+_RESTART = r"""
+import json, os, signal, subprocess, sys, time
+sys.path[:0] = sys.argv[3].split(os.pathsep)
+from shmring.model_tests.test_namespaces import Member
+root, scope = sys.argv[1], sys.argv[2]
+ring = 8 << 20
+first = Member(scope, root, ring)
+first.send("put k0 k1 k2")
+before = first.expect("put")["files"]
+os.kill(first.process.pid, signal.SIGKILL)  # unshare --kill-child: the whole container dies
+first.process.wait(60)
+second = Member(scope, root, ring)
+second.send("put k3")
+after = second.expect("put")["files"]
+second.send("close")
+second.expect("closed")
+second.stop()
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_container_restart_reclaims_the_dead_members_files_at_the_first_join(
+    scope: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "shm"
+    root.mkdir()
+    env = dict(os.environ)
+    path = os.pathsep.join(p for p in sys.path if p)
+    script = (
+        f"mount -t tmpfs -o size=12m,mode=1777 tmpfs {root} && "
+        f"{sys.executable} -c '{_RESTART}' {root} {scope} {path}"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WAIT_S * 2,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    old_rings = [n for n in result["before"] if n.startswith("ring.")]
+    assert old_rings, result
+    # The new container's first join removed the dead one's ring, live and
+    # liveness files (markers wait for a receiver's scan); its own ring fit.
+    assert not set(old_rings) & set(result["after"]), result
+    assert not any(n.startswith("live.1.") and n in result["before"] for n in result["after"])
+    assert [n for n in result["after"] if n.startswith("ring.")], result
