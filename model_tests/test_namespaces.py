@@ -310,3 +310,30 @@ def test_container_restart_reclaims_the_dead_members_files_at_the_first_join(
     assert not set(old_rings) & set(result["after"]), result
     assert not any(n.startswith("live.1.") and n in result["before"] for n in result["after"])
     assert [n for n in result["after"] if n.startswith("ring.")], result
+
+
+def test_a_pid_namespace_without_its_own_proc_is_a_configuration_error(
+    scope: str, members: list[Member]
+) -> None:
+    """/proc of the parent namespace: no start time of ours could be read; refused."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    script = (
+        "import sys\n"
+        "from shmring.impl.connector import Connector\n"
+        "from shmring.impl.errors import ConfigurationError\n"
+        "try:\n"
+        "    Connector(sys.argv[1], pool_budget_bytes=0).put('a', 'b', 'k', b'x')\n"
+        "except ConfigurationError as error:\n"
+        "    print('refused:', error)\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", script, scope],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WAIT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "/proc is not mounted" in done.stdout, done.stdout
+    assert not any(name.startswith(("ring.", "live.", "marker.")) for name in _owned_files(scope))
