@@ -235,3 +235,20 @@ def test_own_liveness_file_is_held_counted_and_removed(directory: str) -> None:
         release_liveness_file(where, DEFAULT_OS)
     assert not os.path.exists(os.path.join(directory, name))
     assert not holds_liveness_file(where, DEFAULT_OS)
+
+
+def test_a_liveness_file_that_cannot_be_made_leaves_the_connector_working(scope: str) -> None:
+    """ENOSPC at the liveness file: a warning, no file; (pid, start time) judges us."""
+    import errno
+
+    from shmring.fault_injection.kit.seams import FaultyOs
+    from shmring.impl.connector import Connector
+
+    seam = FaultyOs()
+    seam.fail_open(liveness_file_name(current_producer_identity()), errno.ENOSPC)
+    with Connector(scope, pool_budget_bytes=0, os_facade=seam) as producer:
+        producer.put("a", "b", "k", b"payload")
+        names = os.listdir(producer.directory)
+        assert liveness_file_name(current_producer_identity()) not in names
+        with Connector(scope, pool_budget_bytes=0) as receiver:
+            assert receiver.get("a", "b", "k").value == b"payload"

@@ -48,7 +48,7 @@ class Deployment:
     writer: FallbackWriter  # the producer's per-key segments, with the budget
     live_path: str | None = None  # our live file, once created (removed at close)
     left: bool = False  # `leave` ran and closed what it could
-    os_facade: OsFacade | None = None  # for our liveness file's release at `leave`
+    os_facade: OsFacade | None = None  # set while we hold our liveness file (released at `leave`)
 
     @classmethod
     def join(
@@ -72,8 +72,14 @@ class Deployment:
         membership = Membership.join(None, os_facade, ensure_directory=ensure)
         directory = membership.directory
         assert isinstance(directory, DeploymentDirectory)
+        holds_liveness = False
         try:
             hold_liveness_file(directory, os_facade)
+            holds_liveness = True
+        except OSError as error:
+            # Without it (nothing is left of it) observers in our own pid
+            # namespace still judge us by (pid, start time); others cannot.
+            logger.warning("shmring: cannot hold our liveness file in %s: %s", directory, error)
         except BaseException:
             membership.leave()
             directory.close()
@@ -102,20 +108,14 @@ class Deployment:
                 spare_min=config.fallback_spare_min_bytes,
             )
         except BaseException:
-            release_liveness_file(directory, os_facade)
+            if holds_liveness:
+                release_liveness_file(directory, os_facade)
             membership.leave()
             directory.close()
             raise
-        return cls(
-            directory,
-            membership,
-            stamp,
-            liveness,
-            discovery,
-            registrar,
-            writer,
-            os_facade=os_facade,
-        )
+        deployment = cls(directory, membership, stamp, liveness, discovery, registrar, writer)
+        deployment.os_facade = os_facade if holds_liveness else None
+        return deployment
 
     # -- the live file ---------------------------------------------------------------
 
@@ -164,8 +164,9 @@ class Deployment:
         self.liveness.close()
         if self.stamp is not None:
             self.stamp.close()
-        if self.membership.joined and self.os_facade is not None:
-            release_liveness_file(self.directory, self.os_facade)
+        if self.os_facade is not None:
+            os_facade, self.os_facade = self.os_facade, None
+            release_liveness_file(self.directory, os_facade)
         self.membership.leave()
         if self.live_path is None and not self.left:
             self.directory.close()

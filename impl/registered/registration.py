@@ -251,8 +251,11 @@ class Registry:
             path = ensure_deployment_directory(self.scope, self._os, self._shm_root)
             # Our files there are judged by our liveness file's lock from
             # any pid namespace (`liveness.hold_liveness_file`), held to close.
-            hold_liveness_file(PathDirectory(path, self._os), self._os)
-            self._holds_liveness = True
+            try:
+                hold_liveness_file(PathDirectory(path, self._os), self._os)
+                self._holds_liveness = True
+            except OSError:  # then judged by (pid, start time): our own pid namespace only
+                pass
             self._directory = path
         return self._directory
 
