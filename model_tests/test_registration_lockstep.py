@@ -13,18 +13,11 @@ import pytest
 import torch
 
 from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
-from shmring.impl.liveness import is_liveness_file_name
 from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registered.registration import Registry
 from shmring.impl.registered.views import copy_segment
 from shmring.model_tests.registration_machine import DriverMachine, RegistryMachine, profile
 from shmring.spec import registration as spec
-
-
-def _files(directory: str) -> list[str]:
-    """The directory's files but our process's liveness file (held while a sender is open)."""
-    return [name for name in os.listdir(directory) if not is_liveness_file_name(name)]
-
 
 DriverMachine.TestCase.settings = profile(max_examples=30, stateful_step_count=30)
 RegistryMachine.TestCase.settings = profile(max_examples=40, stateful_step_count=30)
@@ -131,7 +124,7 @@ def test_register_or_copy_failure_removes_segment(
     assert raised.value.cuda_error == "cudaErrorMemoryAllocation"
     assert registry.segments() == []
     assert driver.registered_ranges() == {}
-    assert _files(registry.directory) == []
+    assert os.listdir(registry.directory) == []
 
 
 def test_multi_field_transfer_publishes_all_or_none(
@@ -141,7 +134,7 @@ def test_multi_field_transfer_publishes_all_or_none(
     fields = [torch.full((32,), i, dtype=torch.uint8) for i in range(3)]
     with pytest.raises(RegistrationError):
         registry.transfer(fields)
-    assert _files(registry.directory) == []  # the first two fields were removed too
+    assert os.listdir(registry.directory) == []  # the first two fields were removed too
     assert registry.statistics().segments_published == 0
     published = registry.transfer(fields)
     assert [copy_segment(registry.directory, p.name, "uint8", (32,))[0] for p in published] == [
@@ -172,7 +165,7 @@ def test_closed_registry_refuses(registry: Registry) -> None:
 
 def test_close_unlinks_names_no_receiver_took(registry: Registry) -> None:
     registry.transfer([torch.zeros(8, dtype=torch.uint8)])
-    assert len(_files(registry.directory)) == 1
+    assert len(os.listdir(registry.directory)) == 1
     directory = registry.directory
     registry.close()
     assert not os.path.exists(directory)

@@ -16,7 +16,6 @@ from shmring.impl.errors import (
     StaleDescriptorError,
     UnsupportedPayloadError,
 )
-from shmring.impl.liveness import is_liveness_file_name
 from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registered.transfer import (
     CARRIER_ARENA,
@@ -28,12 +27,6 @@ from shmring.impl.registered.transfer import (
     restore_tensor,
 )
 from shmring.impl.registered.views import lease_owner_of
-
-
-def _files(directory: str) -> list[str]:
-    """The directory's files but our process's liveness file (held while a sender is open)."""
-    return [name for name in os.listdir(directory) if not is_liveness_file_name(name)]
-
 
 REGISTERED = TransferOptions(
     enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384
@@ -84,7 +77,7 @@ def test_defaults_take_the_plain_copy_path(scope: str) -> None:
         (array,) = receiver.receive(descriptor).values()
         assert array.tolist() == list(range(6))
         assert lease_owner_of(array) is None  # a copy, owned by the receiver
-        assert _files(sender.directory) == []
+        assert os.listdir(sender.directory) == []
 
 
 def test_cpu_tensors_without_a_host_capable_driver_take_the_plain_path(scope: str) -> None:
@@ -179,7 +172,7 @@ def test_multi_field_failure_publishes_none(
         sender.send({"a": arena_field, "b": segment_field})
     arena = sender.arena
     assert arena is not None and arena.head == 0  # the arena frame was not published
-    assert _files(sender.directory) == [arena.name]  # the segment was removed
+    assert os.listdir(sender.directory) == [arena.name]  # the segment was removed
     assert sender.registry is not None and not sender.registry.poisoned
     descriptor = sender.send({"a": arena_field, "b": segment_field})
     assert arena.head > 0 and len(descriptor.fields) == 2

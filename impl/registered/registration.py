@@ -58,7 +58,6 @@ from ...spec.registration import (
     UNREGISTER_ATTEMPTS,
 )
 from ..directory import (
-    PathDirectory,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
@@ -69,7 +68,6 @@ from ..errors import (
     RegistryPoisonedError,
     describe_errno,
 )
-from ..liveness import hold_liveness_file, release_liveness_file
 from ..names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from ..os_seam import DEFAULT_OS, OsFacade
 from .cuda_driver import CudaDriver
@@ -208,8 +206,6 @@ class Registry:
     and it stands for "this process", which only a restart clears.
     """
 
-    _holds_liveness: bool = False  # our liveness file is held for `directory` (to close)
-
     _closed = False
     _poison_cause: str | None = None
 
@@ -248,15 +244,7 @@ class Registry:
     @property
     def directory(self) -> str:
         if self._directory is None:
-            path = ensure_deployment_directory(self.scope, self._os, self._shm_root)
-            # Our files there are judged by our liveness file's lock from
-            # any pid namespace (`liveness.hold_liveness_file`), held to close.
-            try:
-                hold_liveness_file(PathDirectory(path, self._os), self._os)
-                self._holds_liveness = True
-            except OSError:  # then judged by (pid, start time): our own pid namespace only
-                pass
-            self._directory = path
+            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
         return self._directory
 
     def segments(self) -> list[RegisteredSegment]:
@@ -509,9 +497,6 @@ class Registry:
         self._published_paths = []
         self._closed = True
         if self._directory is not None:
-            if self._holds_liveness:
-                self._holds_liveness = False
-                release_liveness_file(PathDirectory(self._directory, self._os), self._os)
             remove_deployment_directory_if_empty(self._directory, self._os)
         return len(self.retained())
 

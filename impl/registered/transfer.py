@@ -46,7 +46,6 @@ import torch
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 from ..directory import (
-    PathDirectory,
     ensure_deployment_directory,
     remove_deployment_directory_if_empty,
 )
@@ -56,7 +55,6 @@ from ..errors import (
     RegistrationError,
     RegistryPoisonedError,
 )
-from ..liveness import hold_liveness_file, release_liveness_file
 from ..names import (
     DEFAULT_SHM_ROOT,
     registered_segment_file_name,
@@ -119,8 +117,6 @@ class TransferSender:
     Published memory belongs to the receiver.
     """
 
-    _holds_liveness: bool = False  # our liveness file is held for `directory` (to close)
-
     _closed = False
     _arena: RegisteredArena | None = None
     _registry: Registry | None = None
@@ -155,15 +151,7 @@ class TransferSender:
     @property
     def directory(self) -> str:
         if self._directory is None:
-            path = ensure_deployment_directory(self.scope, self._os, self._shm_root)
-            # Our files there are judged by our liveness file's lock from
-            # any pid namespace (`liveness.hold_liveness_file`), held to close.
-            try:
-                hold_liveness_file(PathDirectory(path, self._os), self._os)
-                self._holds_liveness = True
-            except OSError:  # then judged by (pid, start time): our own pid namespace only
-                pass
-            self._directory = path
+            self._directory = ensure_deployment_directory(self.scope, self._os, self._shm_root)
         return self._directory
 
     @property
@@ -389,9 +377,6 @@ class TransferSender:
         if self._registry is not None:
             self._registry.close()
         if self._directory is not None:
-            if self._holds_liveness:
-                self._holds_liveness = False
-                release_liveness_file(PathDirectory(self._directory, self._os), self._os)
             remove_deployment_directory_if_empty(self._directory, self._os)
         if poisoned is not None:
             raise poisoned
