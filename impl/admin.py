@@ -125,7 +125,7 @@ def deployment_status(
 def _status(where: Directory, os_facade: OsFacade) -> DeploymentStatus:
     directory = where.path
     names = sorted(where.names())
-    liveness = Liveness(os_facade)
+    liveness = Liveness(os_facade, directory=where)
     try:
         owners: dict[str, tuple[int, int] | None] = {}
         segments = segment_bytes = spares = spare_bytes = slots = slot_bytes = 0

@@ -16,6 +16,22 @@ would have a live view's bytes handed back to the producer. So
 collector read a check that ran out of descriptors (ResourceExhaustedError)
 as alive, and only a process surely gone is dead (then for good).
 
+Across pid namespaces. Containers sharing one ``/dev/shm`` (a pod's
+containers on one memory-backed emptyDir, docker's ``--ipc=container:``) each
+have their own pid namespace, where a recorded (pid, start time) names
+another process or none: a pid verdict would find a live producer dead. So
+every process that joins a deployment holds, for as long as it is a member,
+an open-file-description lock (``F_OFD_SETLK``) on its own *liveness file*
+``live.<pid>.<start time>`` (`hold_liveness_file`), which records the pid
+namespace it was made in (``pidns <st_dev>:<st_ino>`` of
+``/proc/self/ns/pid``). The kernel drops that lock when the process dies,
+in every namespace, so an observer anywhere sharing the files tests it
+(``F_OFD_GETLK``, which takes nothing): held is alive, free is dead. Where
+the observer is in the recorded pid namespace, (pid, start time) through a
+pidfd stays the verdict (the fast path, as before). A producer with no
+liveness file (a bare `RingChannel`, or one of an older version) is judged
+by its pid alone: supported within one pid namespace only.
+
 Used by discovery (`spec.discovery`: which markers are stale, whose files
 the garbage collector reclaims), the fallback claim (OWNER_GONE), and the
 ring engine's dead-holder policy (`is_holder_alive`,
@@ -29,15 +45,207 @@ import contextlib
 import errno
 import os
 import select
+import threading
+import time
 from collections.abc import Callable
-from typing import Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
 from ..spec.layout import FRAME_HOLDER_NONE
-from .errors import ResourceExhaustedError, is_exhaustion
-from .names import ProducerIdentity, parse_start_time, process_of, read_proc_stat
-from .os_seam import OsFacade
+from .errors import ConfigurationError, ResourceExhaustedError, is_exhaustion
+from .names import (
+    ProducerIdentity,
+    current_producer_identity,
+    live_file_name,
+    parse_start_time,
+    process_of,
+    read_proc_stat,
+)
+from .os_seam import (
+    FILE_MODE,
+    OPEN_FLAGS_CREATE,
+    OPEN_FLAGS_EXISTING,
+    OPEN_FLAGS_READONLY,
+    OsFacade,
+)
+
+if TYPE_CHECKING:
+    from .directory import Directory
 
 _DEAD_PROCESS_STATES: Final = (b"Z", b"X", b"x")
+
+# -- the liveness file: a lock held for a member's whole life ----------------------
+
+_NAMESPACE_PREFIX: Final = b"pidns "
+# A liveness file is created, then locked, then written: one found unlocked
+# and still empty is being made for this long (then its maker died making it).
+LIVENESS_FILE_GRACE_SECONDS: Final = 5.0
+_MAX_LIVENESS_FILE: Final = 256
+
+Namespace = tuple[int, int]  # (st_dev, st_ino) of /proc/self/ns/pid
+
+_namespace_cache: tuple[int, Namespace] | None = None
+
+
+def own_pid_namespace(os_facade: OsFacade) -> Namespace:
+    """(st_dev, st_ino) of this process's pid namespace (recomputed after a fork).
+
+    ConfigurationError when /proc is not this namespace's (a pid namespace
+    made without mounting its own /proc): /proc/<pid> then names another
+    process, and no start time read from it could be trusted.
+    """
+    global _namespace_cache
+    pid = os.getpid()
+    cached = _namespace_cache
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    # The namespace file's own inode (the link followed): not a file of a
+    # deployment, so not a fault site of the seam.
+    info = os.stat("/proc/self/ns/pid")
+    try:
+        seen = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        seen = pid
+    if seen != pid:
+        raise ConfigurationError(
+            f"/proc is not mounted for this pid namespace (/proc/self is {seen}, our pid is "
+            f"{pid}); remedy: mount a /proc of the container's own pid namespace (unshare "
+            f"--mount-proc, or the container runtime's default)"
+        )
+    namespace = (info.st_dev, info.st_ino)
+    _namespace_cache = (pid, namespace)
+    return namespace
+
+
+def liveness_file_name(process: tuple[int, ...]) -> str:
+    """``live.<pid>.<start time>``: the process's liveness file (no instance part)."""
+    return live_file_name(process_of(process))
+
+
+def is_liveness_file_name(name: str) -> bool:
+    """Whether `name` is a process's liveness file (a connector's live file has an instance)."""
+    parts = name.split(".")
+    return len(parts) == 3 and parts[0] == "live" and parts[1].isdigit() and parts[2].isdigit()
+
+
+def liveness_files_last(names: list[str]) -> list[str]:
+    """`names` with the liveness files last: a dead owner's other files go before its verdict."""
+    return sorted(names, key=is_liveness_file_name)
+
+
+@dataclass
+class _Held:
+    fd: int
+    name: str
+    count: int
+    directory: Directory
+
+
+_held_lock = threading.Lock()
+_held: dict[tuple[int, int], _Held] = {}  # by the directory's (st_dev, st_ino)
+_held_pid = os.getpid()
+
+
+def _forget_held_after_fork() -> None:
+    # A child's copy of the descriptor would keep its parent's lock (the same
+    # open file description) held after the parent died: close it. The
+    # parent's own descriptor keeps the parent's lock.
+    global _held_pid
+    for held in _held.values():
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+    _held.clear()
+    _held_pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
+def _directory_key(directory: Directory, os_facade: OsFacade) -> tuple[int, int]:
+    identity = getattr(directory, "identity", None)
+    if identity is not None:
+        return identity  # type: ignore[no-any-return]
+    info = os_facade.stat(directory.path)
+    return (info.st_dev, info.st_ino)
+
+
+def hold_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
+    """Hold this process's liveness file in `directory` (counted: `release_liveness_file`).
+
+    Created (O_EXCL, 0600), locked (F_OFD_SETLK, exclusive), then written
+    with our pid namespace. A file of that name whose lock another open
+    file description holds belongs to another process with our (pid, start
+    time): one in another pid namespace started in the same clock tick.
+    That is refused (ConfigurationError) rather than shared.
+    """
+    namespace = own_pid_namespace(os_facade)
+    name = liveness_file_name(current_producer_identity(os_facade))
+    key = _directory_key(directory, os_facade)
+    with _held_lock:
+        held = _held.get(key)
+        if held is not None:
+            held.count += 1
+            return
+        try:
+            fd = directory.open(name, OPEN_FLAGS_CREATE, FILE_MODE)
+        except FileExistsError:  # ours, left by a release that failed
+            fd = directory.open(name, OPEN_FLAGS_EXISTING, FILE_MODE)
+        try:
+            try:
+                os_facade.ofd_lock(fd)
+            except BlockingIOError:
+                raise ConfigurationError(
+                    f"another process holds the liveness file {name!r} of our identity (pid, "
+                    f"start time): a process in another pid namespace started in the same "
+                    f"clock tick; remedy: restart one of them"
+                ) from None
+            os_facade.ftruncate(fd, 0)
+            os_facade.write(fd, _NAMESPACE_PREFIX + b"%d:%d\n" % namespace)
+        except BaseException:
+            os_facade.close(fd)
+            with contextlib.suppress(OSError):
+                directory.unlink(name)
+            raise
+        _held[key] = _Held(fd, name, 1, directory)
+
+
+def release_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
+    """Drop one hold; the last removes the file, then closes it (releasing the lock)."""
+    try:
+        key = _directory_key(directory, os_facade)
+    except OSError:
+        return
+    with _held_lock:
+        held = _held.get(key)
+        if held is None:
+            return
+        held.count -= 1
+        if held.count > 0:
+            return
+        del _held[key]
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                directory.unlink(held.name)
+        finally:
+            with contextlib.suppress(OSError):
+                os_facade.close(held.fd)
+
+
+def holds_liveness_file(directory: Directory, os_facade: OsFacade) -> bool:
+    """Whether this process holds its liveness file in `directory` (tests and stat)."""
+    with _held_lock:
+        return _directory_key(directory, os_facade) in _held
+
+
+def _parse_namespace(content: bytes) -> Namespace | None:
+    if not content.startswith(_NAMESPACE_PREFIX) or not content.endswith(b"\n"):
+        return None
+    dev, _, ino = content[len(_NAMESPACE_PREFIX) : -1].partition(b":")
+    try:
+        return (int(dev), int(ino))
+    except ValueError:
+        return None
 
 
 def read_process_status(pid: int, os_facade: OsFacade) -> tuple[int, bytes] | None:
@@ -85,11 +293,21 @@ def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
     return status is not None and status[1] not in _DEAD_PROCESS_STATES
 
 
+# What the first look at a producer's liveness file found (`Liveness._files`).
+_FAST_PATH: Final = -1  # none, or made in our pid namespace: (pid, start time) answers
+
+
 class Liveness:
-    """Which producers are still running, by (pid, start time).
+    """Which producers are still running: the kernel's lock verdict, or (pid, start time).
+
+    With a `directory`, a producer whose liveness file there was made in
+    another pid namespace is alive exactly while that file's lock is held
+    (the descriptor is kept, so each later question is one F_OFD_GETLK);
+    otherwise, and without a directory, (pid, start time) answers.
 
     Not thread-safe; the owning connector serializes calls. Holds one pidfd
-    per live producer it was asked about; `forget` and `close` release them.
+    (or liveness file descriptor) per live producer it was asked about;
+    `forget` and `close` release them.
     """
 
     _closed: bool = False
@@ -99,9 +317,15 @@ class Liveness:
         os_facade: OsFacade,
         own_identity: tuple[int, ...] | None = None,
         on_exhausted: Callable[[], int] | None = None,
+        directory: Directory | None = None,
     ) -> None:
         self._os = os_facade
         self._own = process_of(own_identity) if own_identity is not None else None
+        self._directory = directory
+        # Per producer: a kept liveness file descriptor (another pid namespace),
+        # or _FAST_PATH. In least recently opened order, like the pidfds.
+        self._files: dict[ProducerIdentity, int] = {}
+        self._namespace: Namespace | None = None
         # Called when /proc cannot be opened for want of descriptors: the
         # owner releases what it caches and answers how many it released.
         self.on_exhausted = on_exhausted
@@ -125,6 +349,12 @@ class Liveness:
             return True
         if producer in self._dead:
             return False
+        if self._directory is not None:
+            verdict = self._lock_verdict(producer)
+            if verdict is not None:
+                if not verdict:
+                    self._mark_dead(producer)
+                return verdict
         pidfd = self._pidfds.get(producer)
         if pidfd is not None:
             try:
@@ -188,6 +418,58 @@ class Liveness:
                 self._pidfds[producer] = pidfd
         return True
 
+    def _lock_verdict(self, producer: ProducerIdentity) -> bool | None:
+        """The liveness file's answer, or None where (pid, start time) answers.
+
+        Every doubt (an OS error, a file being made) answers alive.
+        """
+        fd = self._files.get(producer)
+        if fd is None:
+            fd = self._open_liveness_file(producer)
+            if fd is None:
+                return True  # cannot tell now (asked again next time)
+            if fd == _FAST_PATH:
+                self._files[producer] = _FAST_PATH
+                return None
+            self._files[producer] = fd
+        elif fd == _FAST_PATH:
+            return None
+        try:
+            if self._os.ofd_lock_held(fd):
+                return True
+            # Free: its holder died, or is between creating and locking it
+            # (then the file is still empty, and young).
+            info = self._os.fstat(fd)
+            if info.st_size == 0 and time.time() - info.st_mtime < LIVENESS_FILE_GRACE_SECONDS:
+                return True
+        except OSError:
+            return True
+        return False
+
+    def _open_liveness_file(self, producer: ProducerIdentity) -> int | None:
+        """A kept descriptor of a liveness file made in another pid namespace,
+        _FAST_PATH (none there, or made in ours), or None (cannot tell now)."""
+        assert self._directory is not None
+        try:
+            if self._namespace is None:
+                self._namespace = own_pid_namespace(self._os)
+            fd = self._directory.open(liveness_file_name(producer), OPEN_FLAGS_READONLY)
+        except FileNotFoundError:
+            return _FAST_PATH
+        except OSError as error:
+            if is_exhaustion(error):
+                self.shed(len(self._pidfds) + len(self._files) // 2 + 1)
+            return None
+        try:
+            content = self._os.read(fd, _MAX_LIVENESS_FILE)
+        except OSError:
+            self._os.close(fd)
+            return None
+        if _parse_namespace(content) == self._namespace:
+            self._os.close(fd)
+            return _FAST_PATH
+        return fd  # another namespace's, or not written yet: its lock answers
+
     @property
     def pidfd_count(self) -> int:
         """Pidfds held now (each is a descriptor)."""
@@ -202,6 +484,11 @@ class Liveness:
         closed = 0
         while self._pidfds and closed < count:
             producer = next(iter(self._pidfds))
+            self.forget(producer)
+            closed += 1
+        for producer in [p for p, fd in self._files.items() if fd != _FAST_PATH]:
+            if closed >= count:
+                break
             self.forget(producer)
             closed += 1
         return closed
@@ -244,6 +531,9 @@ class Liveness:
         pidfd = self._pidfds.pop(process, None)
         if pidfd is not None:
             self._os.close(pidfd)
+        fd = self._files.pop(process, None)
+        if fd is not None and fd != _FAST_PATH:
+            self._os.close(fd)
 
     def close(self) -> None:
         """Close every pidfd. Idempotent."""
@@ -253,6 +543,23 @@ class Liveness:
             _, pidfd = self._pidfds.popitem()
             with contextlib.suppress(OSError):
                 self._os.close(pidfd)
+        while self._files:
+            _, fd = self._files.popitem()
+            if fd != _FAST_PATH:
+                with contextlib.suppress(OSError):
+                    self._os.close(fd)
 
 
-__all__ = ["Liveness", "is_holder_alive", "read_process_status"]
+__all__ = [
+    "LIVENESS_FILE_GRACE_SECONDS",
+    "Liveness",
+    "hold_liveness_file",
+    "holds_liveness_file",
+    "is_holder_alive",
+    "is_liveness_file_name",
+    "liveness_file_name",
+    "liveness_files_last",
+    "own_pid_namespace",
+    "read_process_status",
+    "release_liveness_file",
+]

@@ -22,6 +22,7 @@ import fcntl
 import mmap
 import os
 import select
+import struct
 import weakref
 from typing import Final, TypeAlias
 
@@ -69,6 +70,8 @@ OPEN_FLAGS_EXISTING: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 OPEN_FLAGS_READONLY: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A deployment directory is held open by descriptor; never through a symlink.
 OPEN_FLAGS_DIRECTORY: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# struct flock (l_type, l_whence, l_start, l_len, l_pid), native layout; l_pid is 0 for OFD locks.
+_FLOCK_FORMAT: Final = "hhqqi4x"
 
 
 class OsFacade:
@@ -213,6 +216,29 @@ class OsFacade:
         """`fcntl.flock`; callers on a receive path always pass LOCK_NB."""
         self._enter(SITE_FLOCK)
         fcntl.flock(fd, operation)
+
+    def ofd_lock(self, fd: int, *, exclusive: bool = True) -> None:
+        """Take an open-file-description lock on all of `fd`'s file without waiting.
+
+        BlockingIOError when another open file description holds a
+        conflicting one. Unlike a POSIX record lock it is not dropped when
+        this process closes another descriptor of the file, and unlike
+        either it is released by the kernel when the last descriptor of the
+        description closes, at any death, in every pid namespace.
+        """
+        self._enter(SITE_FLOCK)
+        kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK_FORMAT, kind, os.SEEK_SET, 0, 0, 0))
+
+    def ofd_lock_held(self, fd: int) -> bool:
+        """Whether another open file description holds a lock on `fd`'s file (F_OFD_GETLK).
+
+        Takes nothing: the kernel answers whether a write lock could be placed.
+        """
+        self._enter(SITE_FLOCK)
+        probe = struct.pack(_FLOCK_FORMAT, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe)
+        return bool(struct.unpack(_FLOCK_FORMAT, answer)[0] != fcntl.F_UNLCK)
 
     # -- directories ---------------------------------------------------------
 

@@ -215,6 +215,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_producer(slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
+        # Its join reclaims what dead members left (`spec.discovery.process_join`).
+        if discovery_spec.process_join(dep):
+            TALLY.label("join reclaimed a dead member's files")
         TALLY.label("producer started")
         if slot in self.used_slots:
             TALLY.label("producer restarted in a used slot")
@@ -239,6 +242,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
         self.live_in_slot[slot] = identity
         note(f"start_sibling_producer(of={host}, slot={slot}) -> {identity}")
         discovery_spec.process_start_producer(dep, identity)
+        # Its join reclaims what dead members left (`spec.discovery.process_join`).
+        if discovery_spec.process_join(dep):
+            TALLY.label("join reclaimed a dead member's files")
         TALLY.label("second connector in the same process")
         if slot in self.used_slots:
             TALLY.label("producer restarted in a used slot")
@@ -292,6 +298,36 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             model_descriptor = entry[0].descriptor
             self._get_by_key(receiver, model_descriptor.edge, model_descriptor.key)
         return entry
+
+    @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
+    @rule(receiver=st.sampled_from(RECEIVERS), data=st.data())
+    def ask_liveness_through_pid_reuse(self, receiver: str, data: st.DataObject) -> None:
+        """The real verdict (the receiver's `Liveness`) against the model's, pid reuse included.
+
+        A live producer; a stale identity naming its live pid (another start
+        time: a same-pid successor seen from its predecessor's record, or the
+        reverse); killed producers, whose pids may be reused by now. Asked in
+        a drawn order, so a verdict cached by pid alone answers one wrongly.
+        """
+        TALLY.step("ask_liveness_through_pid_reuse")
+        dep = self._model()
+        live = data.draw(st.sampled_from(self._alive()))
+        stale = (live[0], live[1] + data.draw(st.sampled_from((-1, 1))), *live[2:])
+        killed = [
+            p for p, state in sorted(dep.producers.items()) if not state.alive and not state.closed
+        ]
+        asked = [live, stale, *killed[:2]]
+        order = data.draw(st.permutations(asked))
+        deployment = self.receivers[receiver]._deployment
+        if deployment is None:
+            return
+        for identity in order:
+            state = dep.producers.get(identity)
+            expected = state is not None and state.alive
+            assert deployment.liveness.is_alive(identity) == expected, (
+                f"liveness of {identity}: model {expected}, implementation {not expected}"
+            )
+        TALLY.label("stale identity naming a live pid judged dead")
 
     @precondition(lambda self: self.dep is not None and bool(self.live_in_slot))
     @rarely("LIFECYCLE_ODDS", data=st.data())

@@ -282,6 +282,17 @@ def process_refresh(dep: DeploymentState, name: str) -> bool:
     return scanned
 
 
+def process_join(dep: DeploymentState) -> set[ProducerId]:
+    """A member joins (its first put or get): dead members' files go; answers whose.
+
+    Markers stay (pruning moves the stamp; a receiver's scan does it). So a
+    scope whose members all died (a restarted container, pids from 1 again
+    in a new pid namespace) gives its space back at the next join, before
+    any receiver looks.
+    """
+    return process_reclaim(dep)
+
+
 def process_reclaim(dep: DeploymentState) -> set[ProducerId]:
     """Remove every file of producers that are not alive; answers whose files went.
 

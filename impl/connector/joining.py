@@ -27,7 +27,7 @@ from ..directory import DeploymentDirectory, open_deployment_directory
 from ..discovery import DiscoveryCache, Membership, Registrar, Stamp
 from ..errors import ConfigurationError, ShmringError
 from ..fallback import FallbackWriter
-from ..liveness import Liveness
+from ..liveness import Liveness, hold_liveness_file, release_liveness_file
 from ..names import ConnectorIdentity, live_file_name
 from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
 from .config import ConnectorConfig
@@ -48,6 +48,7 @@ class Deployment:
     writer: FallbackWriter  # the producer's per-key segments, with the budget
     live_path: str | None = None  # our live file, once created (removed at close)
     left: bool = False  # `leave` ran and closed what it could
+    os_facade: OsFacade | None = None  # set while we hold our liveness file (released at `leave`)
 
     @classmethod
     def join(
@@ -69,6 +70,7 @@ class Deployment:
                 ) from error
 
         membership: Membership | None = None
+        holds_liveness = False
         try:
             # Inside the try (issue 24): an exception (a signal handler's) right after the
             # join returned must still leave the membership, or its lock keeps the directory.
@@ -76,14 +78,24 @@ class Deployment:
             directory = membership.directory
             assert isinstance(directory, DeploymentDirectory)
             try:
+                hold_liveness_file(directory, os_facade)
+                holds_liveness = True
+            except OSError as error:
+                # Without it (nothing is left of it) observers in our own pid
+                # namespace still judge us by (pid, start time); others cannot.
+                logger.warning("shmring: cannot hold our liveness file in %s: %s", directory, error)
+            try:
                 stamp: Stamp | None = Stamp.open(directory, os_facade)
             except (OSError, ShmringError) as error:
                 # Discovery is unavailable: no rings of ours, and every get
                 # scans. The fallback still carries everything.
                 logger.warning("shmring: discovery stamp unavailable in %s: %s", directory, error)
                 stamp = None
-            liveness = Liveness(os_facade, identity, on_exhausted=on_exhausted)
+            liveness = Liveness(os_facade, identity, on_exhausted=on_exhausted, directory=directory)
             discovery = DiscoveryCache(directory, os_facade, liveness, stamp)
+            # What dead members left (a restarted container's predecessors,
+            # in any pid namespace) goes now, not at some receiver's scan.
+            discovery.refresh_at_join()
             discovery.rescan_seconds = config.rescan_seconds
             registrar = Registrar(directory, os_facade, stamp, identity) if stamp else None
             writer = FallbackWriter(
@@ -97,9 +109,12 @@ class Deployment:
             deployment = cls(directory, membership, stamp, liveness, discovery, registrar, writer)
         except BaseException:
             if membership is not None:
+                if holds_liveness:
+                    release_liveness_file(membership.directory, os_facade)  # type: ignore[arg-type]
                 membership.leave()
                 membership.directory.close()
             raise
+        deployment.os_facade = os_facade if holds_liveness else None
         return deployment
 
     # -- the live file ---------------------------------------------------------------
@@ -149,6 +164,9 @@ class Deployment:
         self.liveness.close()
         if self.stamp is not None:
             self.stamp.close()
+        if self.os_facade is not None:
+            os_facade, self.os_facade = self.os_facade, None
+            release_liveness_file(self.directory, os_facade)
         self.membership.leave()
         if self.live_path is None and not self.left:
             self.directory.close()

@@ -69,6 +69,28 @@ class DiscoveryCache:
         # dropped (`release`) once a producer is found closed or dead.
         self.producers: dict[Edge, set[ConnectorIdentity]] = {}
 
+    def refresh_at_join(self) -> None:
+        """The first scan, at a connector's join: dead members' leftovers go now.
+
+        A scope whose members all died (a restarted container, its pids
+        counted from 1 again in a new pid namespace) gives its space back at
+        the next member's join, a producer's included, not at some
+        receiver's first get (`spec.discovery.process_join`). Files go
+        (`reclaim_dead_files`); stale markers stay for a receiver's scan to
+        prune, which moves the stamp. With none stale this is the scan a
+        receiver's first get would have made (no stamp seen yet), so a get
+        before the stamp moves scans nothing more; with some, the first get
+        scans again and prunes them. A failure is counted and left to the
+        next refresh.
+        """
+        stamp = self._stamp
+        try:
+            current = stamp.load() if stamp is not None else -1
+            self._scan(current, prune=False)
+        except (OSError, ShmringError) as error:
+            self.reclaim_errors += 1
+            self.last_reclaim_error = f"{type(error).__name__}: {error}"
+
     def refresh(self) -> bool:
         """Rescan if the stamp moved (or `rescan_seconds` passed); answer whether it scanned.
 
@@ -95,7 +117,7 @@ class DiscoveryCache:
         period = self.rescan_seconds
         return period is not None and time.monotonic() - self._scanned_at >= period
 
-    def _scan(self, scanned_at: int) -> None:
+    def _scan(self, scanned_at: int, *, prune: bool = True) -> None:
         self.scans += 1
         self._scanned_at = time.monotonic()
         found: dict[Edge, set[ConnectorIdentity]] = {}
@@ -123,8 +145,8 @@ class DiscoveryCache:
             self.last_reclaim_error = repr(error)
         seen: int | None = scanned_at
         stamp = self._stamp
-        if stamp is None:
-            seen = None
+        if stamp is None or (stale and not prune):
+            seen = None  # the next refresh scans (and prunes)
         elif stale:
             pruned_at = stamp.prune_and_bump(self.directory, stale, scanned_at)
             if pruned_at is not None:

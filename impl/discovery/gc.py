@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from ..directory import DeploymentDirectory, Directory, as_directory
 from ..errors import DirectoryReplacedError, ResourceExhaustedError
 from ..fallback.claim import remove_if_orphaned
-from ..liveness import Liveness
+from ..liveness import Liveness, liveness_files_last
 from ..names import (
     MEMBERS_FILE_NAME,
     STAMP_FILE_NAME,
@@ -100,7 +100,7 @@ def reclaim_dead_files(
     removed = 0
     dead: set[ProducerIdentity] = set()
     segments: list[str] = []
-    for name in names:
+    for name in liveness_files_last(list(names)):
         if parse_marker_file_name(name) is not None:
             continue
         owner = file_owner(name)
@@ -132,14 +132,14 @@ def remove_dead_files(
     where = as_directory(directory, os_facade)
     own = liveness is None
     if liveness is None:
-        liveness = Liveness(os_facade)
+        liveness = Liveness(os_facade, directory=where)
     removed = 0
     try:
         try:
             names = where.names()
         except FileNotFoundError:
             return 0
-        for name in names:
+        for name in liveness_files_last(names):
             owner = file_owner(name)
             if owner is not None:
                 if not liveness.is_alive(owner):
