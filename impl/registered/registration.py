@@ -232,9 +232,6 @@ class Registry:
         self._os = os_facade
         self._shm_root = shm_root
         self._held = HeldDirectory(scope, os_facade, shm_root)
-        # Verified now, once: a directory not ours is refused at construction, and
-        # a segment's first system call is its own (the lockstep fault plans count them).
-        self._held.get()
         self._segments: dict[int, RegisteredSegment] = {}
         self._ranges: list[RegisteredRange] = []
         self._published_names: list[str] = []
