@@ -292,8 +292,13 @@ class HeldDirectory:
     def get(self) -> DeploymentDirectory:
         """The verified directory, opened again if the one held was removed (one fstat)."""
         held = self._held
-        if held is not None and held.fd >= 0 and not held.is_removed():
-            return held
+        if held is not None and held.fd >= 0:
+            try:
+                removed = held.is_removed()
+            except OSError:
+                removed = False  # cannot tell (an injected fault): the verified one is kept
+            if not removed:
+                return held
         if held is not None:
             held.close()
             self._held = None
