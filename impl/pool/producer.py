@@ -39,7 +39,7 @@ from ...spec.pool import compute_class, compute_slot_charge
 from ..directory import Directory
 from ..liveness import is_holder_alive
 from ..names import ConnectorIdentity, pool_slot_file_name
-from ..os_seam import OsFacade
+from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
 from .refs import encode_ref
 from .slots import (
     SlotMapping,
@@ -284,11 +284,21 @@ class PoolProducer:
 
     def _empty_if_unheld(self, slot: OwnedSlot) -> None:
         words, fd = slot.mapping.words, slot.mapping.fd
-        if words is None or fd < 0 or self._file_lost(slot):
+        if words is None or self._file_lost(slot):
             return
-        if load_slot_state_acquire(words) in (POOL_SLOT_FREE, POOL_SLOT_DONE):
-            with contextlib.suppress(OSError):
+        if load_slot_state_acquire(words) not in (POOL_SLOT_FREE, POOL_SLOT_DONE):
+            return
+        with contextlib.suppress(OSError):
+            if fd >= 0:
                 self._os.ftruncate(fd, 0)
+                return
+            # A slot keeps no descriptor (mapped, then closed: issue 22 defect 5):
+            # open it by name through the directory descriptor just to empty it.
+            fd = self._dir.open(slot.name, OPEN_FLAGS_EXISTING)
+            try:
+                self._os.ftruncate(fd, 0)
+            finally:
+                self._os.close(fd)
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(
