@@ -281,7 +281,9 @@ def test_a_pool_producer_reusing_a_claimed_slot_is_found() -> None:
 # (PUBLISHED) and is switched out at its carrier's load; R0 claims v0 borrowed (slot
 # CLAIMED, carrier DONE) and is switched out before its release; P sees the carrier
 # gone and reuses the slot under the claim.
-STATE_BEFORE_CARRIER_SCHEDULE = "P*3 R0*25 P*2"
+STATE_BEFORE_CARRIER_SCHEDULE = (
+    "P*3 R0*26 P*2"  # the reader stats the slot before touching it (issue 22)
+)
 
 
 def test_a_pool_reuse_check_that_loads_the_state_before_the_carrier_fails_its_schedule() -> None:
