@@ -29,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ..fault_injection.kit.machines import register_profiles
 from ..fault_injection.kit.seams import FaultyOs
 from ..impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
+from ..impl.names import current_producer_identity
 from ..impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
 from ..impl.registered.cuda_driver import CudaDriver, SimulatedCudaDriver
 from ..impl.registered.registration import RegisteredSegment, Registry
@@ -229,6 +230,10 @@ class RegistryMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # The process's identity is read from /proc once per process (then
+        # cached): read it now, so an armed `open` fault counts the registry's
+        # own opens whichever test ran first in this process.
+        current_producer_identity()
         self.scope = f"t{uuid.uuid4().hex[:12]}"
         self.os = FaultyOs()
         self.driver = self.driver_factory()

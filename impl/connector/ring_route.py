@@ -370,6 +370,10 @@ class RingRoute:
 
     def joined(self, deployment: Deployment) -> None:
         self._deployment = deployment
+        # The join's own scan (`refresh_at_join`) is what later scans compare
+        # with (`scanned`): without it the first stamp move after the join
+        # would look like a change of every edge.
+        self._known = dict(deployment.discovery.producers)
 
     # -- producer: prepare / publish / retire ------------------------------------------
 
