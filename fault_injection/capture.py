@@ -20,8 +20,9 @@ Each child prints one JSON line:
 
 * a victim: joins that succeeded, joins that landed in a directory not its
   own (checked on the connector's directory descriptor), typed errors by
-  class name, bare ``OSError``s (not shmring errors) with their errno, and
-  its pool puts;
+  class name, bare ``OSError``s (not shmring errors) with their errno and
+  where they came from, its own keys not delivered back or delivered
+  changed, and its pool puts;
 * the attacker: how often its mkdir won, and every file name it saw in a
   directory it made (a victim's file there is a capture).
 """
@@ -36,6 +37,7 @@ import pwd
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
 from typing import Any, Final
 
@@ -82,6 +84,8 @@ def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
     joins = foreign = 0
     typed: Counter[str] = Counter()
     bare: Counter[str] = Counter()
+    bare_where: Counter[str] = Counter()  # where each bare error came from, for the report
+    wrong: Counter[str] = Counter()  # a key of ours not delivered, or delivered changed
     edge = (f"v{index}", "out")
     deadline = time.monotonic() + seconds
     count = pool_puts = 0
@@ -106,19 +110,40 @@ def _victim(scope: str, index: int, seconds: float) -> dict[str, Any]:
                 info = os.fstat(where.fd)
                 if info.st_uid != uid or info.st_mode & 0o077:
                     foreign += 1
-                for key in (f"k{count}", f"big{count}", f"seg{count}"):
-                    connector.get(edge, key)
+                expected = {
+                    f"k{count}": {"n": count},
+                    f"big{count}": {"b": b"x" * _SLOT_PAYLOAD},
+                    f"seg{count}": {"b": b"s" * _SEGMENT_PAYLOAD},
+                }
+                for key, value in expected.items():
+                    delivery = connector.get(edge, key)
+                    if not delivery.delivered or delivery.value != value:
+                        wrong[f"{key.rstrip('0123456789')} {delivery.status.name}"] += 1
         except ShmringError as error:
             typed[type(error).__name__] += 1
         except OSError as error:
-            bare[errno.errorcode.get(error.errno or 0, str(error.errno))] += 1
+            name = errno.errorcode.get(error.errno or 0, str(error.errno))
+            bare[name] += 1
+            bare_where[f"{name} at {_innermost_shmring_frame(error)}"] += 1
     return {
         "joins": joins,
         "foreign": foreign,
         "typed": dict(typed),
         "bare": dict(bare),
+        "bare_where": dict(bare_where),
+        "wrong": dict(wrong),
         "pool_puts": pool_puts,
     }
+
+
+def _innermost_shmring_frame(error: BaseException) -> str:
+    """`file:line function` of the three deepest traceback frames inside the package."""
+    frames = [
+        f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.name}"
+        for frame in traceback.extract_tb(error.__traceback__)
+        if f"{os.sep}impl{os.sep}" in frame.filename or f"{os.sep}spec{os.sep}" in frame.filename
+    ]
+    return " < ".join(reversed(frames[-3:])) or "?"
 
 
 # The attacker runs with the system's Python and the standard library only:
@@ -133,8 +158,11 @@ while time.monotonic() < deadline:
         os.mkdir(path, 0o777)
     except OSError:
         continue
+    try:
+        os.chmod(path, 0o777)  # past the umask: open to everyone, as in the probe
+    except OSError:
+        continue  # already gone: a root victim's teardown removed it and made its own
     won += 1
-    os.chmod(path, 0o777)  # past the umask: open to everyone, as in the probe
     for _ in range(20):  # hold it a moment, looking for what victims put in it
         try:
             names = os.listdir(path)
@@ -224,6 +252,8 @@ def run_probe(scope: str, seconds: float, shm_root: str = "/dev/shm") -> dict[st
         "pool_puts": sum(v["pool_puts"] for v in victims),
         "typed": sum((Counter(v["typed"]) for v in victims), Counter()),
         "bare": sum((Counter(v["bare"]) for v in victims), Counter()),
+        "bare_where": sum((Counter(v["bare_where"]) for v in victims), Counter()),
+        "wrong": sum((Counter(v["wrong"]) for v in victims), Counter()),
         "attacker_won": attacker["won"],
         "attacker_saw": attacker["seen"],
     }

@@ -34,3 +34,8 @@ def test_capture_race_the_attacker_never_sees_a_victim_file(probe: dict) -> None
 
 def test_capture_race_victims_get_only_typed_errors(probe: dict) -> None:
     assert probe["bare"] == {}, probe
+
+
+def test_capture_race_every_key_put_in_a_join_comes_back_unchanged(probe: dict) -> None:
+    assert probe["wrong"] == {}, probe
+    assert "CorruptFrameError" not in probe["typed"], probe  # our own frames, never garbled

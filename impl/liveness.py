@@ -418,10 +418,11 @@ class Liveness:
                 self._pidfds[producer] = pidfd
         return True
 
-    def _lock_verdict(self, producer: ProducerIdentity) -> bool | None:
+    def _lock_verdict(self, producer: ProducerIdentity, look_again: bool = True) -> bool | None:
         """The liveness file's answer, or None where (pid, start time) answers.
 
-        Every doubt (an OS error, a file being made) answers alive.
+        Every doubt (an OS error, a file being made, one replaced twice while
+        asked) answers alive.
         """
         fd = self._files.get(producer)
         if fd is None:
@@ -442,9 +443,27 @@ class Liveness:
             info = self._os.fstat(fd)
             if info.st_size == 0 and time.time() - info.st_mtime < LIVENESS_FILE_GRACE_SECONDS:
                 return True
+            if not self._still_named(producer, info):
+                if not look_again:
+                    return True
+                # The member left (its file unlinked with the lock dropped),
+                # and may have joined again (a new file): the kept inode's
+                # free lock says nothing. Look again by name.
+                self._files.pop(producer, None)
+                self._os.close(fd)
+                return self._lock_verdict(producer, look_again=False)
         except OSError:
             return True
         return False
+
+    def _still_named(self, producer: ProducerIdentity, info: os.stat_result) -> bool:
+        """Whether the producer's liveness file name still names the inode `info` describes."""
+        assert self._directory is not None
+        try:
+            named = self._directory.stat(liveness_file_name(producer))
+        except FileNotFoundError:
+            return False
+        return (named.st_dev, named.st_ino) == (info.st_dev, info.st_ino)
 
     def _open_liveness_file(self, producer: ProducerIdentity) -> int | None:
         """A kept descriptor of a liveness file made in another pid namespace,

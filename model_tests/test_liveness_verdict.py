@@ -201,6 +201,37 @@ def test_a_liveness_file_being_made_is_alive_then_dead(directory: str) -> None:
         os.unlink(path)
 
 
+def test_a_kept_liveness_file_replaced_or_removed_is_not_a_death(directory: str) -> None:
+    """A first look that caught a member's file still empty keeps its descriptor;
+    when that member leaves (its file unlinked, the lock dropped) and the same
+    process joins again (a new file), the old inode's free lock is no verdict.
+    Seen from outside: two same-uid processes churning connectors in one scope found a
+    live sibling dead and removed its fallback temporary mid-put (issue 22)."""
+    me = current_producer_identity()[:2]
+    path = os.path.join(directory, liveness_file_name(me))
+    namespace = os.stat("/proc/self/ns/pid")
+    for rejoins in (True, False):
+        with open(path, "wb"):
+            pass  # created, not yet locked nor written: the observer's first look
+        liveness = Liveness(DEFAULT_OS, directory=PathDirectory(directory))
+        try:
+            assert liveness.is_alive(me)
+            with open(path, "wb") as handle:  # the member wrote it, then left
+                handle.write(b"pidns %d:%d\n" % (namespace.st_dev, namespace.st_ino))
+            os.unlink(path)
+            if rejoins:
+                hold_liveness_file(PathDirectory(directory), DEFAULT_OS)  # a new file, held
+            try:
+                assert liveness.is_alive(me), rejoins
+                assert liveness.is_alive(me), rejoins  # and it stays so
+            finally:
+                if rejoins:
+                    release_liveness_file(PathDirectory(directory), DEFAULT_OS)
+        finally:
+            liveness.close()
+    assert not os.path.exists(path)
+
+
 def test_own_liveness_file_is_held_counted_and_removed(directory: str) -> None:
     where = PathDirectory(directory)
     name = liveness_file_name(current_producer_identity())
