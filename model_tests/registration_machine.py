@@ -238,6 +238,11 @@ class RegistryMachine(RuleBasedStateMachine):
         self.os = FaultyOs()
         self.driver = self.driver_factory()
         self.registry = TrackingRegistry(self.scope, self.driver, os_facade=self.os)
+        # Likewise the registry's verified directory descriptor, opened (one
+        # `open`) by its first file: the model counts segment files only.
+        # Opening it is tested where it is the subject (test_directory_fd,
+        # the hostile-world and capture probes).
+        _ = self.registry.files
         self.model = spec.initialize_registry()
         self.payloads: dict[int, bytes] = {}
         self.seed = 0
