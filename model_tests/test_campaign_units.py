@@ -363,3 +363,70 @@ def test_a_worker_that_dies_fails_its_unit_and_the_others_still_run(
     assert failure.rerun.endswith("--unit crash:dies")
     # whatever shared the broken pool failed with it or ran again in a fresh pool; nothing is lost
     assert sum(result.counts.get("ran", 0) for result in results.values()) >= 1
+
+
+# -- per-rule statistics (issue 28) ------------------------------------------------------------
+
+
+def _machine_rules(machine: type[Any]) -> set[str]:
+    import inspect
+
+    from hypothesis import stateful
+
+    return {
+        name
+        for name, method in inspect.getmembers(machine, inspect.isfunction)
+        if getattr(method, stateful.RULE_MARKER, None) is not None
+        or getattr(method, stateful.INITIALIZE_RULE_MARKER, None) is not None
+    }
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_lockstep_rule_statistics_count_every_rule_and_add_up_to_the_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shown: bool
+) -> None:
+    from shmring.model_tests.registration_machine import DriverMachine
+
+    capsys.readouterr()
+    extra = ["--statistics"] if shown else []
+    status, report = _check(tmp_path, "rules", "--unit", "lockstep:driver/0", *extra)
+    assert status == 0, report["failures"]
+    counts = _unit_counts(report)["lockstep:driver/0"]
+    rules = {
+        key.removeprefix(sections.RULE_COUNT_PREFIX + "driver."): value
+        for key, value in counts.items()
+        if key.startswith(sections.RULE_COUNT_PREFIX)
+    }
+    assert set(rules) == _machine_rules(DriverMachine)  # a rule never run is there, as 0
+    assert sum(rules.values()) == counts["steps"] > 0  # one rule per step, nothing else
+    assert sum(1 for runs in rules.values() if runs) > 1
+    out = capsys.readouterr().out
+    table = out.split("lockstep driver:")[0]
+    assert "rule:" not in table  # the summary table stays short
+    assert ("lockstep driver: " in out) is shown
+    if shown:
+        busiest = max(rules, key=lambda rule: rules[rule])
+        assert f"│ {busiest} " in out and f"{counts['steps']:,} rule runs" in out
+
+
+def test_counted_rules_still_print_a_failing_rule_by_its_own_name(tmp_path: Path) -> None:
+    """The counting wrapper keeps the reproduction a user copies: `state.<rule>(...)`."""
+    from hypothesis import settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+
+    class Failing(RuleBasedStateMachine):
+        @rule(value=st.integers(0, 10))
+        def grow(self, value: int) -> None:
+            assert value < 7, "deliberately failing"
+
+        @rule()
+        def idle(self) -> None:
+            pass
+
+    runs: dict[str, int] = {}
+    counted = sections._counting(Failing, {"steps": 0, "examples": 0}, runs)
+    with pytest.raises(AssertionError, match="deliberately failing") as raised:
+        run_state_machine_as_test(counted, settings=settings(database=None, max_examples=200))
+    assert "state.grow(value=7)" in "\n".join(getattr(raised.value, "__notes__", []))
+    assert set(runs) == {"grow", "idle"} and runs["grow"] > 0

@@ -89,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--report", metavar="FILE", help="write a JSON report here")
     check.add_argument(
+        "--statistics",
+        action="store_true",
+        help="also print how often each lockstep rule ran (always in the JSON report)",
+    )
+    check.add_argument(
         "--database",
         metavar="DB",
         default=DEFAULT_DATABASE,
@@ -105,6 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     merge.add_argument("--report", metavar="FILE", help="write the merged JSON report here")
     merge.add_argument(
         "-v", "--verbose", action="store_true", help="print the captured log records"
+    )
+    merge.add_argument(
+        "--statistics", action="store_true", help="also print how often each lockstep rule ran"
     )
 
     gc = commands.add_parser(

@@ -21,7 +21,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shmring.check import schedule
-from shmring.check.sections import SECTIONS, Context, DatabaseError, SectionResult, open_database
+from shmring.check.sections import (
+    RULE_COUNT_PREFIX,
+    SECTIONS,
+    Context,
+    DatabaseError,
+    SectionResult,
+    open_database,
+)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -90,7 +97,14 @@ def check(args: argparse.Namespace) -> int:
         return 130
     elapsed = time.perf_counter() - started
     report = schedule.build_report(plan, results, elapsed, workers=workers)
-    return _finish(report, elapsed, args.report, args.verbose, schedule.section_results)
+    return _finish(
+        report,
+        elapsed,
+        args.report,
+        args.verbose,
+        schedule.section_results,
+        getattr(args, "statistics", False),
+    )
 
 
 # Where an interrupted run without --report leaves what it had done.
@@ -245,11 +259,18 @@ def _run_with_progress(console: Any, plan: Any, workers: int, done_units: list[A
 
 
 def _finish(
-    report: dict[str, Any], elapsed: float, path: str | None, verbose: bool, sums: Any
+    report: dict[str, Any],
+    elapsed: float,
+    path: str | None,
+    verbose: bool,
+    sums: Any,
+    statistics: bool = False,
 ) -> int:
     results = schedule.unit_results(report)
     sections = sums(report["section_names"], results)
     _print_table(sections, elapsed)
+    if statistics:
+        _print_rule_statistics(sections)
     if verbose:
         for result in results:
             if result.logs:
@@ -297,7 +318,14 @@ def merge(args: argparse.Namespace) -> int:
             return 2
     for warning in warnings:
         print(f"shmring report merge: {warning}", file=sys.stderr)
-    status = _finish(merged, merged["seconds"], args.report, args.verbose, schedule.section_results)
+    status = _finish(
+        merged,
+        merged["seconds"],
+        args.report,
+        args.verbose,
+        schedule.section_results,
+        getattr(args, "statistics", False),
+    )
     return status if not warnings else max(status, 1)
 
 
@@ -310,7 +338,11 @@ def _print_table(results: list[SectionResult], elapsed: float) -> None:
     table.add_column("logs", justify="right")
     table.add_column("what was checked")
     for result in results:
-        counts = ", ".join(f"{key}={value:,}" for key, value in result.counts.items())
+        counts = ", ".join(
+            f"{key}={value:,}"
+            for key, value in result.counts.items()
+            if not key.startswith(RULE_COUNT_PREFIX)
+        )
         table.add_row(
             result.name,
             "ok" if result.failure is None else "FAILED",
@@ -324,3 +356,32 @@ def _print_table(results: list[SectionResult], elapsed: float) -> None:
 
 
 TABLE_WIDTH = 80
+
+
+def rule_statistics(results: list[SectionResult]) -> dict[str, dict[str, int]]:
+    """machine -> rule -> how often it ran, from the sections' counts (lockstep only)."""
+    machines: dict[str, dict[str, int]] = {}
+    for result in results:
+        for key, value in result.counts.items():
+            if key.startswith(RULE_COUNT_PREFIX):
+                machine, _, rule = key[len(RULE_COUNT_PREFIX) :].partition(".")
+                machines.setdefault(machine, {})[rule] = value
+    return machines
+
+
+def _print_rule_statistics(results: list[SectionResult]) -> None:
+    """One table per lockstep machine: each rule's runs and share, a rule never run marked."""
+    machines = rule_statistics(results)
+    if not machines:
+        print("no lockstep rule statistics (no lockstep unit ran)")
+        return
+    for machine, rules in sorted(machines.items()):
+        total = sum(rules.values())
+        table = Table(title=f"lockstep {machine}: {total:,} rule runs")
+        table.add_column("rule")
+        table.add_column("runs", justify="right")
+        table.add_column("share", justify="right")
+        for rule, runs in sorted(rules.items(), key=lambda item: (-item[1], item[0])):
+            share = f"{runs / total:.1%}" if total else "-"
+            table.add_row(rule, f"{runs:,}" if runs else "0 (never ran)", share)
+        Console(width=TABLE_WIDTH).print(table)

@@ -331,8 +331,17 @@ def _short(class_name: str) -> str:
     return class_name.removesuffix("Machine").removesuffix("Lockstep").lower()
 
 
-def _counting(machine: type[Any], counter: dict[str, int]) -> type[Any]:
-    """A subclass that counts examples and steps (invariants run after every step)."""
+# Per-rule statistics in a unit's counts: "rule:<machine>.<rule>" (a rule that
+# never fired counts 0). The summary table leaves them out; `--statistics`
+# prints them, and the JSON report keeps them (merged shards add them up).
+RULE_COUNT_PREFIX = "rule:"
+
+
+def _counting(
+    machine: type[Any], counter: dict[str, int], rules: dict[str, int] | None = None
+) -> type[Any]:
+    """A subclass that counts examples and steps (invariants run after every step),
+    and into `rules` how often each rule (and initialize rule) ran."""
     from hypothesis.stateful import invariant
 
     class Counted(machine):  # type: ignore[misc, valid-type]
@@ -345,9 +354,58 @@ def _counting(machine: type[Any], counter: dict[str, int]) -> type[Any]:
             counter["steps"] -= 1  # the invariant also ran once after initialisation
             super().teardown()
 
+    if rules is not None:
+        for name, method in _counted_rules(machine, rules).items():
+            setattr(Counted, name, method)
     Counted.__name__ = machine.__name__
     Counted.__qualname__ = machine.__qualname__
     return Counted
+
+
+def _counted_rules(machine: type[Any], rules: dict[str, int]) -> dict[str, Any]:
+    """Each rule of `machine` again, counting its calls into `rules[name]`.
+
+    Hypothesis finds a rule by the `Rule` record its decorator leaves on the
+    method (`hypothesis.stateful.RULE_MARKER`, with arguments, targets and
+    preconditions); the counted method carries a copy naming itself, so the
+    rule draws, prints and shrinks as before (the pinned Hypothesis; an
+    unknown record shape counts nothing rather than fail the campaign).
+    """
+    import dataclasses
+    import functools
+    import inspect
+
+    from hypothesis import stateful
+
+    markers = [
+        getattr(stateful, "RULE_MARKER", None),
+        getattr(stateful, "INITIALIZE_RULE_MARKER", None),
+    ]
+    counted: dict[str, Any] = {}
+    for name, method in inspect.getmembers(machine, inspect.isfunction):
+        for marker in markers:
+            record = getattr(method, marker, None) if marker else None
+            if record is None or not dataclasses.is_dataclass(record):
+                continue
+            rules.setdefault(name, 0)
+
+            def make(original: Any, key: str) -> Any:
+                @functools.wraps(original)
+                def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+                    rules[key] += 1
+                    return original(self, *args, **kwargs)
+
+                return run
+
+            wrapper = make(record.function, name)
+            try:
+                copy = dataclasses.replace(record, function=wrapper)
+            except (TypeError, ValueError):
+                rules.pop(name, None)
+                continue
+            setattr(wrapper, marker, copy)
+            counted[name] = wrapper
+    return counted
 
 
 def _lockstep_rounds(budget: str) -> int:
@@ -397,8 +455,9 @@ def _run_lockstep_unit(unit: Unit, context: Context, progress: Progress) -> dict
     module_name, class_name, examples, steps = _lockstep_machine(short)
     machine = getattr(importlib.import_module(module_name), class_name)
     counter = {"steps": 0, "examples": 0}
+    rules: dict[str, int] = {}
     counted = hypothesis_seed(derived_seed(context.seed, "lockstep", short, int(round_)))(
-        _counting(machine, counter)
+        _counting(machine, counter, rules)
     )
     chosen = settings(
         max_examples=math.ceil(examples / LOCKSTEP_ROUNDS_PER_SCALE),
@@ -419,6 +478,7 @@ def _run_lockstep_unit(unit: Unit, context: Context, progress: Progress) -> dict
         f"{short} examples": counter["examples"],
         "steps": counter["steps"],
         "examples": counter["examples"],
+        **{f"{RULE_COUNT_PREFIX}{short}.{name}": count for name, count in sorted(rules.items())},
     }
 
 
