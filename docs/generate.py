@@ -3,9 +3,10 @@
 A generated figure sits between markers, ``<!-- gen:NAME -->`` and
 ``<!-- /gen -->`` (inline or spanning lines), and this script rewrites what
 is between them from the code: the unit counts of `shmring check` per
-section and budget, the model explorer's bounds, the Connector's defaults.
-Nothing is measured here (no timings): what a run measures, its own table
-prints. CI runs ``python docs/generate.py --check`` through
+section and budget, the model explorer's bounds, the Connector's defaults,
+and docs/performance.md's one-screen summary, computed from the checked-in
+JSON of the bench run it names (`SUMMARY_RUN`). Nothing is measured here (no
+timings): what a run measures, its own table prints. CI runs ``python docs/generate.py --check`` through
 model_tests/test_docs_names.py, which fails when a figure drifted.
 
     python docs/generate.py          # rewrite the figures
@@ -81,7 +82,54 @@ def _config(name: str, unit: str = "") -> Callable[[], str]:
     return value
 
 
+# The bench run docs/performance.md's summary is computed from: the latest full
+# side-by-side `bench_ring.py` run on a quiet machine (its .png is the plot).
+SUMMARY_RUN = "benchmarks/results/host_ring_2026-12-01_session6"
+SUMMARY_PEERS = (
+    ("shm-per-key", "the seed's pattern: a segment per message"),
+    ("zmq-ipc", "ZeroMQ over ipc://"),
+    ("iceoryx2", "iceoryx2 publish-subscribe"),
+    ("mp.Pipe", "multiprocessing.Pipe"),
+)
+SUMMARY_LATENCY = ("64 B", "tree", "64 KiB")
+SUMMARY_THROUGHPUT = ("1 MiB", "16 MiB")
+
+
+def _performance_summary() -> str:
+    import json
+
+    run = json.loads((ROOT / f"{SUMMARY_RUN}.json").read_text(encoding="utf-8"))
+    latency, throughput = run["latency_us"], run["throughput_mib_s"]
+
+    def ratio(table: dict, case: str, ours: str, peer: str, inverse: bool) -> str:
+        mine, theirs = table.get(case, {}).get(ours), table.get(case, {}).get(peer)
+        if not mine or not theirs:
+            return "-"
+        value = theirs["median"] / mine["median"] if inverse else mine["median"] / theirs["median"]
+        return f"{value:.2f}x"
+
+    head = [f"{case} p50" for case in SUMMARY_LATENCY] + [f"{c} MiB/s" for c in SUMMARY_THROUGHPUT]
+    load = run["host"].get("load_average_1m") or ["?"]
+    lines = [
+        "",
+        f"From `{SUMMARY_RUN}.json` (`{run['command']}`, {run['date'][:16].replace('T', ' ')} UTC,"
+        f" {run['host']['cpus']} CPUs, load {load[0]:.2f}); latency: ours / peer's one-way"
+        " median, below 1 is faster; throughput: peer's / ours, below 1 is faster too.",
+        "",
+        "| ours / peer | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
+    ]
+    for ours in ("connector", "ring"):
+        for peer, what in SUMMARY_PEERS:
+            cells = [ratio(latency, case, ours, peer, False) for case in SUMMARY_LATENCY]
+            cells += [ratio(throughput, case, ours, peer, True) for case in SUMMARY_THROUGHPUT]
+            lines.append(f"| {ours} / {peer} ({what}) | " + " | ".join(cells) + " |")
+    lines += ["", f"![latency and throughput per transport](../{SUMMARY_RUN}.png)", ""]
+    return "\n".join(lines)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "performance_summary": _performance_summary,
     "units_table": _units_table,
     "quick_units": _quick_units,
     "fault_units": _fault_units,
