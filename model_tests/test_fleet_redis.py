@@ -29,15 +29,17 @@ from shmring import cli
 from shmring.check import sections
 
 REDIS_SERVER = shutil.which("redis-server")
+FAILING_FROM = 5_000
 
 
 class FleetProbeMachine(RuleBasedStateMachine):
-    """Fails when a drawn value lands in a narrow band: found by search, not at once."""
+    """Fails on a large drawn value: found by search (Hypothesis tries the simplest
+    example first, which holds), then shrunk to the smallest failing value."""
 
-    # Per run: examples started, and at which one the first failure came (shrinking,
-    # which starts more, comes after it).
+    # Per run: examples started, and (at which example, on which value) the first
+    # failure came (shrinking, which starts more, comes after it).
     examples: list[int] = []
-    first_failure: list[int | None] = []
+    first_failure: list[tuple[int, int] | None] = []
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,9 +47,9 @@ class FleetProbeMachine(RuleBasedStateMachine):
 
     @rule(value=st.integers(0, 10_000))
     def draw(self, value: int) -> None:
-        if 9_000 <= value <= 9_200:
+        if value >= FAILING_FROM:
             if FleetProbeMachine.first_failure[-1] is None:
-                FleetProbeMachine.first_failure[-1] = FleetProbeMachine.examples[-1]
+                FleetProbeMachine.first_failure[-1] = (FleetProbeMachine.examples[-1], value)
             raise AssertionError(f"deliberately failing plan: value={value}")
 
     @rule()
@@ -164,7 +166,10 @@ def test_a_failure_one_shard_found_is_replayed_first_by_the_other(
     runs = dict(
         zip(["1/2", "2/2", "replay", "alone"], FleetProbeMachine.first_failure, strict=True)
     )
-    finder_first, replayed_first, searched_first = runs[finder], runs["replay"], runs["alone"]
-    assert replayed_first == 1, runs  # the saved example, first
-    assert searched_first is not None and searched_first > 1, runs
-    assert finder_first is not None and finder_first > 1, runs  # the finder searched too
+    found, replayed, searched = runs[finder], runs["replay"], runs["alone"]
+    assert found is not None and replayed is not None and searched is not None, runs
+    # The replaying run's very first example is the finder's shrunk one (the
+    # smallest failing value); the finder and the run without the database
+    # start from the simplest example, which holds, and search.
+    assert replayed == (1, FAILING_FROM), runs
+    assert found[0] > 1 and searched[0] > 1, runs
