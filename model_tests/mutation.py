@@ -416,10 +416,17 @@ def failed_tests(output: str) -> list[str]:
 
 
 def tests_reaching(work: Path, name: str) -> list[str]:
-    """The tests mutmut's stats run saw reaching the mutant's function."""
+    """The tests mutmut's stats run saw reaching the mutant's function, shortest first.
+
+    The confirmation runs them with `-x` under CONFIRM_TIMEOUT_S: in name
+    order, a function reached by hundreds of tests (several minutes of them)
+    ran out of time before its failing test, and a real kill read as "not
+    confirmed" (docs/mutation.md). Shortest first, as mutmut runs them.
+    """
     stats = json.loads((work / "mutants" / "mutmut-stats.json").read_text())
     reached = stats["tests_by_mangled_function_name"].get(name.partition("__mutmut_")[0], [])
-    return sorted(reached)
+    durations = stats.get("duration_by_test", {})
+    return sorted(reached, key=lambda test: (durations.get(test, float("inf")), test))
 
 
 def confirm_kill(work: Path, name: str) -> str | None:

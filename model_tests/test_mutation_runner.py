@@ -183,3 +183,21 @@ def test_pytest_failure_summary_is_read_for_the_failing_test() -> None:
     ]
     assert mutation.classify(1) == "killed" and mutation.classify(0) == "survived"
     assert mutation.classify(None) == "not checked" and mutation.classify(33) == "no tests"
+
+
+def test_a_kill_is_confirmed_with_the_reaching_tests_shortest_first(tmp_path: Path) -> None:
+    """In name order a function reached by hundreds of tests ran out of the confirmation's
+    time before its failing test (2026-12-02: 11 of 12 kills "not confirmed")."""
+    import json
+
+    (tmp_path / "mutants").mkdir()
+    stats = {
+        "tests_by_mangled_function_name": {
+            "shmring.impl.names.x_validate_scope": ["a::slow", "b::quick", "c::unknown", "d::mid"],
+        },
+        "duration_by_test": {"a::slow": 200.0, "b::quick": 0.1, "d::mid": 3.0},
+    }
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(json.dumps(stats))
+    reaching = mutation.tests_reaching(tmp_path, "shmring.impl.names.x_validate_scope__mutmut_14")
+    assert reaching == ["b::quick", "d::mid", "a::slow", "c::unknown"]
+    assert mutation.tests_reaching(tmp_path, "shmring.impl.names.x_other__mutmut_1") == []
