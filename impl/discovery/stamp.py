@@ -124,8 +124,12 @@ class Stamp:
         buf = self._buf
         if buf is None:
             raise ClosedError(f"stamp is closed: path={self.path!r}")
-        self._os.flock(self._fd, fcntl.LOCK_EX)
         try:
+            # Taken inside the try: an exception from a signal handler the
+            # moment flock returns still unlocks (a lock left held on this
+            # descriptor blocked the process's next bump on another one for
+            # good: issue 24's storm). Unlocking an unheld lock is a no-op.
+            self._os.flock(self._fd, fcntl.LOCK_EX)
             value: int = buf[_STAMP_WORD] + 1
             buf[_STAMP_WORD] = value
         finally:
