@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ...spec.layout import (
     DATA_FRAME_TYPE,
@@ -64,6 +64,9 @@ from ..frame_io import (
 from ..liveness import is_holder_alive
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..os_seam import OsFacade
+
+if TYPE_CHECKING:
+    from ..directory import Directory
 from .frames import walk_frames
 from .mapping import _UNLOCK, _data_offset, _FrameShapes
 
@@ -87,6 +90,9 @@ class RingProducer:
     _buf: memoryview | None = None
     _capacity: int = 0
     _os: OsFacade
+    # Where holders' liveness files are (the host ring's directory): a holder of
+    # another pid namespace is judged by them (`liveness.is_holder_alive`).
+    _dir: Directory | None = None
     _fd: int = -1  # the ring file, locked while retiring (only the host ring retires)
     _locks: int = 0
     _publish_hook: PublishHook | None = None
@@ -308,7 +314,9 @@ class RingProducer:
                     if (
                         not free_dead_holders
                         or state != FRAME_STATE_CLAIMED
-                        or is_holder_alive(load_frame_holder_pid(words, offset), self._os)
+                        or is_holder_alive(
+                            load_frame_holder_pid(words, offset), self._os, self._dir
+                        )
                     ):
                         break
                     store_frame_state_release(words, offset, FRAME_STATE_DONE)
