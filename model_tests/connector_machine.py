@@ -141,6 +141,7 @@ EVENT_LABELS = (
     "cohort committed",
     "pending cohort member not delivered",
     "forked child refused",
+    "ring replaced after a neighbour's unlink",
 )
 TALLY = Tally()  # labels reached and rules run in this process
 
@@ -407,6 +408,40 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if previous_route is not None and previous_route is not expected.route:
             TALLY.label("re-put across routes")
         return (expected.descriptor, got)
+
+    @precondition(
+        lambda self: self.model is not None and not self.model.closed and self.model.rings
+    )
+    @rule(target=descriptors, data=st.data(), key=st.sampled_from(KEYS), size=SIZES)
+    def neighbour_unlinks_ring(self, data: st.DataObject, key: str, size: int) -> Any:
+        """Issue 22, defect 4 (`spec.environment` UNLINK_RING): a neighbour unlinks a live ring.
+
+        The real file goes (a neighbour's `unlink`, not the seam); the
+        producer's next put on the edge, right after, notices and re-creates
+        the ring with every unclaimed frame moved (`spec.connector._replace_ring`).
+        Later gets, re-puts, cleanups and the invariant check the moved
+        frames and positions against the model.
+        """
+        TALLY.step("neighbour_unlinks_ring")
+        connector, model = self._conn()
+        edge = data.draw(st.sampled_from(sorted(model.rings)), label="edge")
+        ring = connector.ring(edge)
+        assert ring is not None, f"model has a ring on {edge}, the implementation none"
+        before = connector.health()
+        note(f"neighbour unlinks the ring of {edge}: {ring.path}")
+        os.unlink(ring.path)
+        connector_spec.process_neighbour_unlink_ring(model, edge)
+        replaced, lost = model.health.rings_replaced, model.health.ring_frames_lost
+        pair = self._put(edge, key, size, None)
+        after = connector.health()
+        assert (
+            after.rings_replaced - before.rings_replaced == model.health.rings_replaced - replaced
+        )
+        assert after.ring_frames_lost - before.ring_frames_lost == (
+            model.health.ring_frames_lost - lost
+        ), f"frames lost: model {model.health.ring_frames_lost - lost}"
+        TALLY.label("ring replaced after a neighbour's unlink")
+        return multiple() if pair is None else pair
 
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS), size=SIZES)

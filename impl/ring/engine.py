@@ -97,6 +97,8 @@ class RingProducer:
     _locks: int = 0
     _publish_hook: PublishHook | None = None
     _closed: bool = False  # the owner closed the ring (`spec.ring.RingState.closed`)
+    # Frames a replacement moved (closed rings only): old position -> (new ring, position).
+    forwarded: dict[int, tuple[RingProducer, int]] = {}  # noqa: RUF012 - replaced, never mutated
     # When the dead-holder policy runs at a reserve. False: only when the put is
     # short of room (the host ring: a live holder costs no system call on puts
     # that fit). True: at every reclaim (the arena, whose `reclaim` promises it).
@@ -148,7 +150,9 @@ class RingProducer:
         """
         words = self._words
         if self._closed or words is None or position < self._tail or position >= self._head:
-            return False
+            forwarded = self.forwarded.get(position) if self._closed else None
+            # A frame moved to the ring that replaced this one (issue 22): ask there.
+            return forwarded is not None and forwarded[0].frame_pending(forwarded[1])
         state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
         return state in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED)
 
