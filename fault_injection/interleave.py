@@ -909,11 +909,12 @@ def explore_interrupts(
 
 
 def registered_scenarios() -> tuple[Scenario, ...]:
-    """Every scenario the command line knows: the interleavings', then the interrupts'."""
+    """Every scenario the command line knows: the interleavings', the interrupts', liveness'."""
     from .interleave_interrupts import INTERRUPT_SCENARIOS
+    from .interleave_liveness import LIVENESS_SCENARIOS
     from .interleave_scenarios import SCENARIOS
 
-    return (*SCENARIOS, *INTERRUPT_SCENARIOS)
+    return (*SCENARIOS, *INTERRUPT_SCENARIOS, *LIVENESS_SCENARIOS)
 
 
 def _is_registered(scenario: Scenario) -> bool:
