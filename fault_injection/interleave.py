@@ -154,6 +154,9 @@ class Scheduler:
         self.check: Callable[[str], None] | None = None  # run at every schedule point
         self.interruption: Interruption | None = None  # raise there, once
         self.interrupted: str | None = None  # where it was raised: "R0 at 'unlock' (point 7)"
+        # A world whose environment acts otherwise (a neighbour unlinking a
+        # file): called there with the stop point's label instead of raising.
+        self.environment: Callable[[str], None] | None = None
         self.stop_labels: dict[str, list[str]] = {}  # per actor: each stop point's label
         self._finished = threading.Event()
 
@@ -205,6 +208,9 @@ class Scheduler:
             and planned.point == actor.points
         ):
             self.interrupted = f"{actor.name} at '{label}' (its stop point {actor.points})"
+            if self.environment is not None:
+                self.environment(label)
+                return
             raise Interrupt(f"interrupted at {label!r}")
 
     def wait_for_unlock(self, label: str) -> None:
@@ -909,12 +915,13 @@ def explore_interrupts(
 
 
 def registered_scenarios() -> tuple[Scenario, ...]:
-    """Every scenario the command line knows: the interleavings', the interrupts', liveness'."""
+    """Every scenario the command line knows (interleavings, interrupts, liveness, neighbours)."""
     from .interleave_interrupts import INTERRUPT_SCENARIOS
     from .interleave_liveness import LIVENESS_SCENARIOS
+    from .interleave_neighbours import NEIGHBOUR_SCENARIOS
     from .interleave_scenarios import SCENARIOS
 
-    return (*SCENARIOS, *INTERRUPT_SCENARIOS, *LIVENESS_SCENARIOS)
+    return (*SCENARIOS, *INTERRUPT_SCENARIOS, *LIVENESS_SCENARIOS, *NEIGHBOUR_SCENARIOS)
 
 
 def _is_registered(scenario: Scenario) -> bool:

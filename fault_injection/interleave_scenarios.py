@@ -107,6 +107,11 @@ class Observer:
         self.view = memoryview(self._map)
         self._words = SharedWords(self.view)
 
+    @property
+    def fd(self) -> int:
+        """The observer's descriptor of the file (to fstat it)."""
+        return self._fd
+
     def head(self) -> int:
         return frame_io.load_head_acquire(self._words)
 
