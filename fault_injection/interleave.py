@@ -953,7 +953,66 @@ def run_interleavings(
     """The `shmring check` section: every registered scenario under `budget`."""
     from .interleave_scenarios import SCENARIOS
 
-    return explore_scenarios(SCENARIOS, budget, seed, progress)
+    counts = explore_scenarios(SCENARIOS, budget, seed, progress)
+    counts.update(explore_environment(budget, seed))
+    return counts
+
+
+def explore_environment(budget: str, seed: int) -> dict[str, int]:
+    """The environment's scenarios under `budget` (raises InterleavingFailure on a failure).
+
+    Interrupts: every stop point of `interrupt_*` at one preemption less than
+    the budget's bound, every failure one of `KNOWN_OPEN` (counted) or a new
+    one (raised). The liveness verdict: bounded and PCT as the other
+    scenarios. A neighbour's unlink and truncation: every stop point it may
+    act at, at one preemption less than the bound.
+    """
+    from .interleave_interrupts import (
+        INTERRUPT_SCENARIOS,
+        KNOWN_OPEN,
+        KNOWN_OPEN_PREEMPTED,
+        findings,
+    )
+    from .interleave_liveness import LIVENESS_SCENARIOS
+    from .interleave_neighbours import NEIGHBOUR_SCENARIOS, explore_neighbour
+
+    preemptions, cap, random_schedules = BUDGETS[budget]
+    environment = max(preemptions - 1, 0)
+    counts: dict[str, int] = {}
+    points = schedules = known = 0
+    for scenario in INTERRUPT_SCENARIOS:
+        report = explore_interrupts(
+            scenario, preemptions=environment, max_schedules=cap, keep_going=True
+        )
+        allowed = KNOWN_OPEN[scenario.name] | (
+            KNOWN_OPEN_PREEMPTED[scenario.name] if environment else set()
+        )
+        found = findings(report)
+        new = [found[key] for key in found if key not in allowed]
+        if new:
+            raise InterleavingFailure(new[0])
+        points += report.stop_points
+        schedules += report.schedules
+        known += len(found)
+    counts["interrupted stop points"] = points
+    counts["interrupted schedules"] = schedules
+    counts["interrupt findings open (KNOWN_OPEN)"] = known
+    for scenario in LIVENESS_SCENARIOS:
+        for report in (
+            explore_bounded(scenario, preemptions, max_schedules=cap),
+            explore_random(scenario, random_schedules, depth=3, seed=seed),
+        ):
+            if report.failure is not None:
+                raise InterleavingFailure(report.failure)
+            counts[f"{scenario.name} schedules"] = (
+                counts.get(f"{scenario.name} schedules", 0) + report.schedules
+            )
+    for scenario in NEIGHBOUR_SCENARIOS:
+        report = explore_neighbour(scenario, environment, max_schedules=cap)
+        if report.failure is not None:
+            raise InterleavingFailure(report.failure)
+        counts[f"{scenario.name} schedules"] = report.schedules
+    return counts
 
 
 def explore_scenarios(
