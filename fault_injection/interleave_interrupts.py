@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from ..impl.errors import ShmringError
 from ..impl.frame_io import SharedWords
+from ..impl.ring.producer import RingChannel
 from ..impl.ring.reader import RingReader
 from ..impl.ring.results import ReceiveStatus
 from ..spec.layout import FRAME_KEY_OFFSET, FRAME_STATE_PUBLISHED, RING_HEADER_LENGTH
@@ -160,9 +161,20 @@ class InterruptedRingWorld(RingWorld):
     """The ring: producer puts and re-puts, a reader's in-place and lease gets."""
 
     def __init__(
-        self, scheduler: Scheduler, readers: int, preload: int, reader_class: type[Any]
+        self,
+        scheduler: Scheduler,
+        readers: int,
+        preload: int,
+        reader_class: type[Any],
+        channel_class: type[Any],
     ) -> None:
-        super().__init__(scheduler, readers, preload=preload, reader_class=reader_class)
+        super().__init__(
+            scheduler,
+            readers,
+            preload=preload,
+            reader_class=reader_class,
+            channel_class=channel_class,
+        )
         self.interrupts = Interrupts(scheduler, self.directory)
 
     def put_op(self, who: str, key: str, version: int) -> Any:
@@ -220,14 +232,18 @@ class InterruptedRingWorld(RingWorld):
         _require(not left, f"files left after every close: {left}")
 
 
-def interrupt_ring(reader_class: type[Any] = RingReader) -> Scenario:
+def interrupt_ring(
+    reader_class: type[Any] = RingReader, channel_class: type[Any] = RingChannel
+) -> Scenario:
     """A re-put and a put against an in-place and a lease get; each stop point raising.
 
-    `reader_class`: a deliberately broken reader (the scenario's name says which).
+    `reader_class`, `channel_class`: deliberately broken ones (the scenario's name says which).
     """
 
     def build(scheduler: Scheduler) -> InterruptedRingWorld:
-        world = InterruptedRingWorld(scheduler, readers=1, preload=1, reader_class=reader_class)
+        world = InterruptedRingWorld(
+            scheduler, readers=1, preload=1, reader_class=reader_class, channel_class=channel_class
+        )
         (reader,) = world.readers
         attempt = world.interrupts.attempt
 
@@ -244,11 +260,13 @@ def interrupt_ring(reader_class: type[Any] = RingReader) -> Scenario:
         world.actors = [("P", producer), ("R0", consumer)]
         return world
 
-    name = (
-        "interrupt_ring"
-        if reader_class is RingReader
-        else f"interrupt_ring[{reader_class.__name__}]"
-    )
+    odd = [
+        cls.__name__
+        for cls in (reader_class, channel_class)
+        if cls not in (RingReader, RingChannel)
+    ]
+    name = "interrupt_ring" + (f"[{','.join(odd)}]" if odd else "")
+
     return Scenario(name, build, "ring re-put and put, in-place and lease gets; each point raises")
 
 

@@ -23,14 +23,21 @@ from shmring.fault_injection.interleave import (
     replay,
     run_schedule,
 )
+from shmring.impl import frame_io
 from shmring.impl.pool import consumer
 from shmring.impl.pool.slots import (
     load_slot_generation,
     load_slot_state_acquire,
     store_slot_state_release,
 )
+from shmring.impl.ring.producer import RingChannel
 from shmring.impl.ring.reader import RingReader
-from shmring.spec.layout import POOL_SLOT_CLAIMED, POOL_SLOT_DONE
+from shmring.spec.layout import (
+    FRAME_STATE_RETIRED,
+    POOL_SLOT_CLAIMED,
+    POOL_SLOT_DONE,
+    RING_HEADER_LENGTH,
+)
 
 
 def _explore(scenario: interleave.Scenario, **options: Any) -> interleave.Report:
@@ -130,6 +137,26 @@ def test_a_swallowed_interrupt_is_found() -> None:
     report = explore_interrupts(interrupts.interrupt_ring(SwallowingReader), actors=["R0"])
     assert report.failure is not None
     assert "swallowed the interrupt" in report.failure
+
+
+class RollsBackPublishedChannel(RingChannel):
+    """On an interrupt, retires the frame the put wrote: a published put then leaves nothing."""
+
+    def put(self, key: str, payload: Any) -> Any:
+        before = frame_io.load_head_acquire(self._words)
+        try:
+            return super().put(key, payload)
+        except Interrupt:
+            if frame_io.load_head_acquire(self._words) > before:
+                offset = RING_HEADER_LENGTH + before % self.capacity
+                frame_io.store_frame_state_release(self._words, offset, FRAME_STATE_RETIRED)
+            raise
+
+
+def test_an_interrupted_put_that_loses_what_it_published_is_found() -> None:
+    report = _explore(interrupts.interrupt_ring(channel_class=RollsBackPublishedChannel))
+    failures = [failure for _, _, failure, _ in report.failures]
+    assert any("was never delivered" in failure for failure in failures), failures
 
 
 def _release_marked_first(self: Any) -> None:
