@@ -201,3 +201,12 @@ def test_every_stop_point_under_one_preemption(scenario: interleave.Scenario) ->
     known = interrupts.KNOWN_OPEN[scenario.name] | interrupts.KNOWN_OPEN_PREEMPTED[scenario.name]
     new = {key: found[key] for key in set(found) - known}
     assert not new, "new failures of interrupted operations:\n" + "\n\n".join(new.values())
+
+
+def test_the_check_section_fails_on_a_finding_it_does_not_know(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`explore_environment` (the check section's part) raises on a finding not in KNOWN_OPEN."""
+    monkeypatch.setattr(interrupts, "KNOWN_OPEN", {name: set() for name in interrupts.KNOWN_OPEN})
+    with pytest.raises(interleave.InterleavingFailure, match="interrupt_ring"):
+        interleave.explore_environment("quick", 0)
