@@ -497,6 +497,13 @@ class Liveness:
             info = self._os.fstat(fd)
             if info.st_size == 0 and time.time() - info.st_mtime < LIVENESS_FILE_GRACE_SECONDS:
                 return True
+            # A member locks its file before it writes it, so a written file
+            # was locked before the fstat above; the test before it may have
+            # run just before the lock was taken (the interleaving explorer's
+            # liveness_rejoin: a join's lock and write between the two calls
+            # read as dead). Asked again, a live member's lock is held.
+            if self._os.ofd_lock_held(fd):
+                return True
             if not self._still_named(producer, info):
                 if not look_again:
                     return True
