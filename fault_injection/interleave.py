@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from ..impl.frame_io import SharedWords
+from ..impl.lifecycle import deferring
 from ..impl.os_seam import FILE_MODE, OsFacade, SharedMapping
 
 # An actor that does not reach its next schedule point within this many
@@ -198,6 +199,11 @@ class Scheduler:
             self._stop(actor, label)
 
     def _stop(self, actor: _Actor, label: str) -> None:
+        if self.environment is None and deferring():
+            # Inside a `lifecycle.deferred_signals` section no signal handler runs
+            # (its signal waits for the section's end): no interrupt can land here.
+            # A neighbour's action (`environment`) is another process's: it can.
+            return
         actor.points += 1
         self.stop_labels.setdefault(actor.name, []).append(label)
         planned = self.interruption

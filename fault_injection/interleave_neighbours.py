@@ -101,7 +101,7 @@ class NeighbourRingWorld(RingWorld):
         old = self.channel
         head = old.head
         if "shrank" in problem:
-            moved: list[tuple[str, bytes]] = []
+            moved: list[tuple[str, bytes, int]] = []
             self.lost += old.discard_shrunk()
         else:
             moved, lost = old.evacuate()
@@ -119,7 +119,7 @@ class NeighbourRingWorld(RingWorld):
         self.observer = Observer(self.path, RING_CAPACITY)
         self._snapshot = None
         self.states = {}
-        for key, payload in moved:
+        for key, payload, _position in moved:
             outcome = self.channel.put(key, payload)
             _require(outcome.status is PutStatus.PUBLISHED, f"moved {key!r}: {outcome.status}")
             self.log.put_done(key, payload, True)

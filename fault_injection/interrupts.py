@@ -213,9 +213,7 @@ def _storm(scope: str, seconds: float, seed: int) -> StormReport:
     lost = {fd: target for fd, target in _open_fds().items() if fd not in fds_before}
     ours = [target for target in lost.values() if target.startswith(directory)]
     report.fds_left = len(ours)
-    report.fd_kinds = dict(
-        Counter(os.path.basename(target).split(".", 1)[0] for target in ours)
-    )
+    report.fd_kinds = dict(Counter(os.path.basename(target).split(".", 1)[0] for target in ours))
     try:
         left = sorted(os.listdir(directory))
     except FileNotFoundError:

@@ -56,6 +56,7 @@ def _reordered(
     It runs in a copy of its module's globals with `overrides` in it, so a
     mutant can call another mutant; the module itself is never touched.
     """
+    function = inspect.unwrap(function)  # a decorated method: its own code and module
     source = inspect.getsource(function)
     for old, new in edits:
         assert source.count(old) == 1, f"the mutant no longer matches the code: {old!r}"
@@ -224,7 +225,8 @@ def test_a_claim_through_a_stale_index_entry_is_found() -> None:
     report = explore_bounded(scenario, preemptions=1)
     _assert_found(report)
     assert "frame header changed since it was indexed" in report.failure
-    assert replay(scenarios.ring_index_race(), report.reproducer).failure is None
+    plain = replay(scenarios.ring_index_race(), report.reproducer).failure
+    assert plain is None or plain.startswith("schedule diverged"), plain  # no promise broken
 
 
 def test_head_before_length_producer_is_found_with_a_reproducer() -> None:

@@ -49,7 +49,9 @@ def test_every_stop_point_interrupted_finds_only_the_known_open_findings(
     scenario: interleave.Scenario,
 ) -> None:
     report = _explore(scenario)
-    assert report.stop_points > 40, report.stop_points  # both actors, every point
+    # Both actors, every point outside a deferred section (`lifecycle.deferred_signals`:
+    # a fallback claim is one section, so only its caller's points are left there).
+    assert report.stop_points >= 10, report.stop_points
     found = interrupts.findings(report)
     known = interrupts.KNOWN_OPEN[scenario.name]
     new = {key: found[key] for key in set(found) - known}
@@ -65,29 +67,33 @@ def test_an_interrupted_run_without_findings_is_clean_end_to_end() -> None:
         assert clean.failure is None, clean.failure
         assert clean.interrupted is None
         assert set(clean.stop_labels) == {"P", "R0"}
-        # The stop points right after a call that took something are there too.
-        assert any(label == "after lock" for label in clean.stop_labels["R0"])
+        # The stop points right after a call that took something are there too, where
+        # no deferred section holds the handler off (the fallback claim is one).
+        if scenario.name != "interrupt_fallback":
+            assert any(label == "after lock" for label in clean.stop_labels["R0"])
 
 
 def test_a_finding_prints_a_reproducer_that_replays() -> None:
-    scenario = interrupts.interrupt_ring()
+    scenario = interrupts.interrupt_pool()
     report = explore_interrupts(scenario)  # stops at the first failure
     assert report.failure is not None and report.interruption is not None
     assert f"--interrupt {report.interruption}" in report.failure
     assert report.reproducer is not None
-    again = replay("interrupt_ring", report.reproducer, report.interruption)
+    again = replay("interrupt_pool", report.reproducer, report.interruption)
     assert again.failure is not None and again.interrupted is not None
     assert interrupts.classify(again.failure) == interrupts.classify(
         report.failure.split(": ", 1)[1]
     )
-    # The same schedule without the interrupt passes: the interrupt is what broke it.
-    assert replay("interrupt_ring", report.reproducer).failure is None
+    # The same schedule without the interrupt breaks no promise: the interrupt is what
+    # broke it (the uninterrupted run may leave the schedule where the interrupt cut R0 short).
+    plain = replay("interrupt_pool", report.reproducer).failure
+    assert plain is None or plain.startswith("schedule diverged"), plain
     # And from the command line.
     assert (
         interleave.main(
             [
                 "--scenario",
-                "interrupt_ring",
+                "interrupt_pool",
                 "--schedule",
                 report.reproducer,
                 "--interrupt",
@@ -188,7 +194,7 @@ def test_a_pool_claim_release_that_an_interrupt_can_lose_is_found(
 
 def test_the_lock_check_sees_a_lock_held_at_the_end() -> None:
     """The end's flock probe (not only the scheduler's deadlock) reports a held lock."""
-    report = _explore(interrupts.interrupt_ring(), actors=["R0"])
+    report = _explore(interrupts.interrupt_pool(), actors=["R0"])
     failures = [failure for _, _, failure, _ in report.failures]
     assert any("a lock stays held on 'ring'" in failure for failure in failures), failures
 
@@ -208,5 +214,5 @@ def test_the_check_section_fails_on_a_finding_it_does_not_know(
 ) -> None:
     """`explore_environment` (the check section's part) raises on a finding not in KNOWN_OPEN."""
     monkeypatch.setattr(interrupts, "KNOWN_OPEN", {name: set() for name in interrupts.KNOWN_OPEN})
-    with pytest.raises(interleave.InterleavingFailure, match="interrupt_ring"):
+    with pytest.raises(interleave.InterleavingFailure, match="interrupt_pool"):
         interleave.explore_environment("quick", 0)

@@ -59,14 +59,13 @@ def test_a_signal_inside_a_deferred_section_is_handled_at_its_end() -> None:
     previous = signal.signal(signal.SIGUSR1, _raising_handler(seen))
     reached_end = False
     try:
-        with pytest.raises(_Raised):
-            with lifecycle.deferred_signals():
-                with lifecycle.deferred_signals():  # reentrant: only the outermost restores
-                    os.kill(os.getpid(), signal.SIGUSR1)
-                    for _ in range(1000):  # many points where CPython would run a handler
-                        pass
-                assert seen == []  # still deferred after the inner section
-                reached_end = True
+        with pytest.raises(_Raised), lifecycle.deferred_signals():
+            with lifecycle.deferred_signals():  # reentrant: only the outermost restores
+                os.kill(os.getpid(), signal.SIGUSR1)
+                for _ in range(1000):  # many points where CPython would run a handler
+                    pass
+            assert seen == []  # still deferred after the inner section
+            reached_end = True
         assert reached_end and seen == [False]  # ran once the outermost section ended
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # the mask is restored
     finally:

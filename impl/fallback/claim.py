@@ -43,6 +43,7 @@ from ...spec.layout import (
 from ..directory import Directory, as_directory, check_private_file
 from ..errors import CorruptFrameError, UnsupportedPayloadError
 from ..frame_io import compute_checksum, read_frame_header
+from ..lifecycle import signals_deferred
 from ..names import (
     Edge,
     fallback_segment_path,
@@ -135,6 +136,7 @@ class SegmentMappings:
         self._bytes = 0
 
 
+@signals_deferred  # open, lock, copy, unlink, unlock, close: one section (`lifecycle`)
 def claim_segment(
     directory: str | Directory,
     edge: Edge,
@@ -409,6 +411,7 @@ def _check_segment(
     return None, owner, position, payload_length, checksum, header.state
 
 
+@signals_deferred
 def remove_if_orphaned(
     directory: str | Directory,
     path: str,

@@ -78,28 +78,31 @@ def open_locked(
             raise CorruptFrameError(
                 f"fallback segment path is a symlink; removed: path={path!r}"
             ) from error
+        busy = False
         try:
             while True:
                 try:
                     os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if not wait:
-                        os_facade.close(fd)
-                        return BUSY
                     now = time.monotonic()
                     if not deadline:
                         deadline = now + PRODUCER_LOCK_WAIT_SECONDS
-                    elif now > deadline:
-                        os_facade.close(fd)
-                        return BUSY  # held past the bound: the caller defers
+                    if not wait or now > deadline:  # past the bound: the caller defers
+                        busy = True
+                        break
                     time.sleep(_LOCK_RETRY_SLEEP)
-            if is_at(where, path, os_facade.fstat(fd)):
+            if not busy and is_at(where, path, os_facade.fstat(fd)):
                 return fd
         except BaseException:
             os_facade.close(fd)
             raise
-        os_facade.close(fd)  # unlinked or replaced under us: look again
+        # Closed once, here (a close inside the `try` and again in its `except` was
+        # EBADF escaping when an interrupt came between them: issue 24's explorer).
+        os_facade.close(fd)
+        if busy:
+            return BUSY
+        # unlinked or replaced under us: look again
     return BUSY
 
 

@@ -317,6 +317,7 @@ class PoolReader:
         self.claims += 1
         return claim
 
+    @signals_deferred  # claim, copy, release: no handler between them (issue 24)
     def decode_owned(
         self,
         producer: ConnectorIdentity,

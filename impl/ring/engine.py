@@ -61,6 +61,7 @@ from ..frame_io import (
     write_data_frame_fields,
     write_padding_frame_fields,
 )
+from ..lifecycle import signals_deferred
 from ..liveness import is_holder_alive
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..os_seam import OsFacade
@@ -344,6 +345,7 @@ class RingProducer:
             return 0
         return self._retire_positions([(key, position)])
 
+    @signals_deferred  # its lock and unlock: no handler between them (issue 24)
     def _retire_positions(self, candidates: list[tuple[str, int]], closing: bool = False) -> int:
         """Retire those of `candidates` still PUBLISHED, under the ring lock.
 
@@ -407,6 +409,7 @@ class RingProducer:
         self._retired += retired
         return retired
 
+    @signals_deferred  # its lock and unlock: no handler between them (issue 24)
     def _retry_deferred(self) -> int:
         """Retire the frames a busy lock made us leave, if the lock is free now; answer how many.
 

@@ -48,7 +48,7 @@ from ..frame_io import (
     store_frame_holder_pid,
     store_frame_state_release,
 )
-from ..lifecycle import signals_deferred
+from ..lifecycle import deferred_signals, signals_deferred
 from ..os_seam import (
     DEFAULT_OS,
     OPEN_FLAGS_EXISTING,
@@ -317,6 +317,11 @@ class RingReader(_RingFile):
             if ring_state == RING_STATE_CLOSED:
                 return miss  # a closed ring delivers nothing; its producer retires the rest
             raise CorruptFrameError(f"bad ring state: state={ring_state} path={self.path!r}")
+        if mode is ConsumeMode.LEASE:
+            # A lease claimed and lost before its object exists pins the frame for
+            # good: no signal handler runs inside the claim (`lifecycle`, issue 24).
+            with deferred_signals():
+                return self._claim(buf, key_bytes, found, mode, decode, miss)
         return self._claim(buf, key_bytes, found, mode, decode, miss)
 
     def is_replaced(self) -> bool:
@@ -410,19 +415,22 @@ class RingReader(_RingFile):
                 self._forget(key_bytes, position)
             self._skipped += 1
             return miss
+        # The lock is taken inside the `try` whose `finally` drops it: an exception a
+        # signal handler raises the moment flock returns still unlocks (issue 24's
+        # explorer). Unlocking on BUSY is a no-op (the lock is the other holder's).
         try:
-            self._os.flock(self._fd, _TRY_LOCK)
-        except BlockingIOError:
-            state = load_frame_state_acquire(words, offset)
-            if self._claimed_elsewhere(words, position, state):
-                if by_key:
-                    self._forget(key_bytes, position)
-                self._skipped += 1  # lost the race for this very frame: not BUSY, gone
-                return miss
-            self._busy += 1
-            return _BUSY
-        self._locks += 1
-        try:
+            try:
+                self._os.flock(self._fd, _TRY_LOCK)
+            except BlockingIOError:
+                state = load_frame_state_acquire(words, offset)
+                if self._claimed_elsewhere(words, position, state):
+                    if by_key:
+                        self._forget(key_bytes, position)
+                    self._skipped += 1  # lost the race for this very frame: not BUSY, gone
+                    return miss
+                self._busy += 1
+                return _BUSY
+            self._locks += 1
             # Under the lock only this process moves the frame out of
             # PUBLISHED, and while the tail has not passed it the producer
             # changes nothing in it but its state (a retire): read the header,
