@@ -267,74 +267,6 @@ def open_deployment_directory(
         raise
 
 
-class HeldDirectory:
-    """The deployment directory of a component that is no connector (a transfer sender, a registry).
-
-    Held by a verified descriptor (`open_deployment_directory`), opened on
-    first use. Issue 22, defect 1: a sender that named its directory by
-    path put its segments into whatever was at the path at the next send,
-    also a directory another uid re-created 0777 after a connector's
-    teardown removed ours. Now every file goes through the descriptor;
-    when the directory it names was removed (st_nlink == 0: the kernel
-    refuses new files there) the next `get` opens the path again, which
-    creates a private directory or refuses one not ours with
-    ConfigurationError. Never a file in a directory we did not verify.
-    """
-
-    _held: DeploymentDirectory | None = None
-
-    def __init__(self, scope: str, os_facade: OsFacade, shm_root: str) -> None:
-        self.scope = scope
-        self._os = os_facade
-        self._shm_root = shm_root
-        self.reopened = 0  # times the held directory was found removed and opened again
-
-    def get(self) -> DeploymentDirectory:
-        """The verified directory, opened again if the one held was removed (one fstat)."""
-        held = self._held
-        if held is not None and held.fd >= 0:
-            try:
-                removed = held.is_removed()
-            except OSError:
-                removed = False  # cannot tell (an injected fault): the verified one is kept
-            if not removed:
-                return held
-        if held is not None:
-            held.close()
-            self._held = None
-            self.reopened += 1
-        for _ in range(8):  # removed between our mkdir and open: a bounded number of tries
-            try:
-                held = open_deployment_directory(self.scope, self._os, self._shm_root)
-            except DirectoryReplacedError:
-                continue
-            self._held = held
-            return held
-        raise DirectoryReplacedError(
-            f"deployment directory keeps vanishing while opened: scope={self.scope!r}"
-        )
-
-    @property
-    def path(self) -> str:
-        return deployment_directory(self.scope, self._shm_root)
-
-    def current(self) -> DeploymentDirectory | None:
-        """The directory held now, never opened or re-created here (None: none held)."""
-        held = self._held
-        return held if held is not None and held.fd >= 0 else None
-
-    def close(self, remove_if_empty: bool = True) -> None:
-        """Release the descriptor; first rmdir the directory if it is still ours and empty."""
-        held, self._held = self._held, None
-        if held is None:
-            return
-        try:
-            if remove_if_empty and held.fd >= 0 and not held.is_removed():
-                held.remove_if_empty()
-        finally:
-            held.close()
-
-
 def check_private_directory(path: str, os_facade: OsFacade = DEFAULT_OS) -> None:
     """Refuse a directory that is a symlink, not ours, or open to others."""
     check_private_directory_info(path, os_facade.stat(path))  # lstat: never follows
@@ -407,7 +339,6 @@ def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAUL
 __all__ = [
     "DeploymentDirectory",
     "Directory",
-    "HeldDirectory",
     "PathDirectory",
     "as_directory",
     "check_private_directory",

@@ -162,6 +162,12 @@ class Membership:
     def joined(self) -> bool:
         return self._fd >= 0
 
+    def abandon(self) -> None:
+        """Drop our lock, tearing nothing down: the directory was removed under us. Idempotent."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            self._os.close(fd)
+
     def leave(self) -> bool:
         """Drop the shared lock; the last member removes an empty directory. Idempotent.
 
