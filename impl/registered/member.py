@@ -25,11 +25,13 @@ Joined on first use (the first file), left at `close`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ..directory import DeploymentDirectory, open_deployment_directory
+from ..discovery.gc import remove_unused_directory
 from ..discovery.membership import Membership
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ShmringError
 from ..liveness import hold_liveness_file, release_liveness_file
 from ..names import deployment_directory
 from ..os_seam import OsFacade
@@ -42,6 +44,7 @@ class ScopeMember:
 
     _membership: Membership | None = None
     _holds_liveness = False
+    _join_failed = False  # a join failed: what it made may be left (removed at `close`)
 
     def __init__(self, scope: str, os_facade: OsFacade, shm_root: str) -> None:
         self.scope = scope
@@ -71,7 +74,13 @@ class ScopeMember:
         if self._membership is not None:
             self._leave(teardown=False)
             self.reopened += 1
-        membership = Membership.join(None, self._os, ensure_directory=self._ensure)
+        try:
+            membership = Membership.join(None, self._os, ensure_directory=self._ensure)
+        except BaseException:
+            # It may have made the directory (and ``members``) before it
+            # failed: `close` removes them if no member uses them.
+            self._join_failed = True
+            raise
         directory = membership.directory
         assert isinstance(directory, DeploymentDirectory)
         try:
@@ -127,8 +136,29 @@ class ScopeMember:
                 directory.close()
 
     def close(self) -> None:
-        """Release the liveness file and leave; the last member out tears the directory down."""
+        """Release the liveness file and leave; the last member out tears the directory down.
+
+        After a join that failed (an OS error once it made the directory or
+        ``members``), what it made goes too if no member uses it: as `shmring
+        gc` removes an unused directory, by the teardown protocol.
+        """
         self._leave(teardown=True)
+        if self._join_failed:
+            self._join_failed = False
+            self._remove_if_unused()
+
+    def _remove_if_unused(self) -> None:
+        try:
+            directory = open_deployment_directory(
+                self.scope, self._os, self._shm_root, create=False
+            )
+        except (OSError, ShmringError):
+            return  # none there, or not ours: nothing of ours to remove
+        try:
+            with contextlib.suppress(OSError, ShmringError):
+                remove_unused_directory(directory, self._os)
+        finally:
+            directory.close()
 
 
 __all__ = ["ScopeMember"]
