@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 
@@ -189,13 +190,62 @@ class DeploymentDirectory(Directory):
         if self._os.fstat(fd).st_nlink == 0:  # pragma: no cover - the path check sees it first
             raise DirectoryReplacedError(f"deployment directory was removed: path={self.path!r}")
 
-    def remove_if_empty(self) -> bool:
-        """rmdir the path if it still names this directory and nothing is in it."""
+    # -- teardown (issue 22, defect 8) --------------------------------------------
+    #
+    # The last member out removes the directory, and only it: holding
+    # ``members`` exclusively (no member holds it shared), it takes the
+    # teardown lock, an exclusive flock on the directory's own inode (the
+    # one thing every remover of this directory shares: ``members`` may have
+    # been unlinked and made again meanwhile, the directory inode cannot),
+    # and removes the directory relative to its parent's descriptor once the
+    # parent's entry is checked to name this very inode. Every remover holds
+    # the teardown lock while it checks and removes, so between the check
+    # and the rmdir no cooperating process can remove this directory and put
+    # another (a joiner's fresh one) at its name: the rmdir never takes a
+    # directory it did not verify.
+
+    def lock_teardown(self) -> bool:
+        """Take the teardown lock without waiting; False: another teardown of it runs now."""
         try:
-            self.verify()
-        except DirectoryReplacedError:
+            self._os.flock(self._require_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             return False
-        return remove_deployment_directory_if_empty(self.path, self._os)
+        return True
+
+    def unlock_teardown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._os.flock(self._require_fd(), fcntl.LOCK_UN)
+
+    def remove(self) -> bool:
+        """rmdir this very directory by its parent's descriptor; answer whether it went.
+
+        Only under the teardown lock (`lock_teardown`), with nothing left in
+        it. False, and nothing done, when the directory was removed already,
+        when the parent's entry names another inode (removed and re-made
+        meanwhile), or when something appeared in it (ENOTEMPTY).
+        """
+        if self.is_removed():
+            return False
+        name = os.path.basename(self.path)
+        parent = self._os.open_parent_directory(os.path.dirname(self.path))
+        try:
+            try:
+                here = self._os.stat_in_parent(parent, name)
+            except FileNotFoundError:
+                return False
+            if (here.st_dev, here.st_ino) != self.identity:
+                return False
+            try:
+                self._os.rmdir_in_parent(parent, name)
+            except FileNotFoundError:
+                return False
+            except OSError as error:
+                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    return False  # something appeared meanwhile; its owner cleans up
+                raise
+            return True
+        finally:
+            self._os.close(parent)
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
