@@ -892,6 +892,8 @@ def fuzz_descriptors(cases: int, seed: int, count: Callable[[], None]) -> None:
             "dtype": "float32",
             "wire_dtype": "float32",
             "shape": [4],
+            "owner_uid": os.getuid(),
+            "identity": [0, 0],
         }
         directory = receiver.directory
 

@@ -39,7 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..impl.names import DEFAULT_SHM_ROOT, deployment_directory, parse_pool_slot_file_name
+from ..impl.liveness import is_liveness_file_name
+from ..impl.names import (
+    DEFAULT_SHM_ROOT,
+    MEMBERS_FILE_NAME,
+    STAMP_FILE_NAME,
+    deployment_directory,
+    parse_pool_slot_file_name,
+)
 from ..spec.layout import MIN_POOL_CLASS
 from ..spec.pool import compute_slot_charge
 from .identities import Identities
@@ -430,10 +437,20 @@ def _same(sent: dict[str, Any], got: dict[str, Any]) -> bool:
 
 
 def _entries(directory: str) -> set[str]:
+    """The directory's files but a member's own (``members``, ``stamp``, liveness files).
+
+    A transfer sender is a member of its scope from its first file on, so
+    those stay after a failed send; they are no file of the transfer.
+    """
     try:
-        return set(os.listdir(directory))
+        names = set(os.listdir(directory))
     except FileNotFoundError:
         return set()
+    return {
+        name
+        for name in names
+        if name not in (MEMBERS_FILE_NAME, STAMP_FILE_NAME) and not is_liveness_file_name(name)
+    }
 
 
 def registered_transfer(env: Env) -> Outcome:

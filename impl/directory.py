@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 
@@ -189,13 +190,62 @@ class DeploymentDirectory(Directory):
         if self._os.fstat(fd).st_nlink == 0:  # pragma: no cover - the path check sees it first
             raise DirectoryReplacedError(f"deployment directory was removed: path={self.path!r}")
 
-    def remove_if_empty(self) -> bool:
-        """rmdir the path if it still names this directory and nothing is in it."""
+    # -- teardown (issue 22, defect 8) --------------------------------------------
+    #
+    # The last member out removes the directory, and only it: holding
+    # ``members`` exclusively (no member holds it shared), it takes the
+    # teardown lock, an exclusive flock on the directory's own inode (the
+    # one thing every remover of this directory shares: ``members`` may have
+    # been unlinked and made again meanwhile, the directory inode cannot),
+    # and removes the directory relative to its parent's descriptor once the
+    # parent's entry is checked to name this very inode. Every remover holds
+    # the teardown lock while it checks and removes, so between the check
+    # and the rmdir no cooperating process can remove this directory and put
+    # another (a joiner's fresh one) at its name: the rmdir never takes a
+    # directory it did not verify.
+
+    def lock_teardown(self) -> bool:
+        """Take the teardown lock without waiting; False: another teardown of it runs now."""
         try:
-            self.verify()
-        except DirectoryReplacedError:
+            self._os.flock(self._require_fd(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             return False
-        return remove_deployment_directory_if_empty(self.path, self._os)
+        return True
+
+    def unlock_teardown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._os.flock(self._require_fd(), fcntl.LOCK_UN)
+
+    def remove(self) -> bool:
+        """rmdir this very directory by its parent's descriptor; answer whether it went.
+
+        Only under the teardown lock (`lock_teardown`), with nothing left in
+        it. False, and nothing done, when the directory was removed already,
+        when the parent's entry names another inode (removed and re-made
+        meanwhile), or when something appeared in it (ENOTEMPTY).
+        """
+        if self.is_removed():
+            return False
+        name = os.path.basename(self.path)
+        parent = self._os.open_parent_directory(os.path.dirname(self.path))
+        try:
+            try:
+                here = self._os.stat_in_parent(parent, name)
+            except FileNotFoundError:
+                return False
+            if (here.st_dev, here.st_ino) != self.identity:
+                return False
+            try:
+                self._os.rmdir_in_parent(parent, name)
+            except FileNotFoundError:
+                return False
+            except OSError as error:
+                if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    return False  # something appeared meanwhile; its owner cleans up
+                raise
+            return True
+        finally:
+            self._os.close(parent)
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
@@ -265,74 +315,6 @@ def open_deployment_directory(
             with contextlib.suppress(OSError):
                 os_facade.rmdir(path)
         raise
-
-
-class HeldDirectory:
-    """The deployment directory of a component that is no connector (a transfer sender, a registry).
-
-    Held by a verified descriptor (`open_deployment_directory`), opened on
-    first use. Issue 22, defect 1: a sender that named its directory by
-    path put its segments into whatever was at the path at the next send,
-    also a directory another uid re-created 0777 after a connector's
-    teardown removed ours. Now every file goes through the descriptor;
-    when the directory it names was removed (st_nlink == 0: the kernel
-    refuses new files there) the next `get` opens the path again, which
-    creates a private directory or refuses one not ours with
-    ConfigurationError. Never a file in a directory we did not verify.
-    """
-
-    _held: DeploymentDirectory | None = None
-
-    def __init__(self, scope: str, os_facade: OsFacade, shm_root: str) -> None:
-        self.scope = scope
-        self._os = os_facade
-        self._shm_root = shm_root
-        self.reopened = 0  # times the held directory was found removed and opened again
-
-    def get(self) -> DeploymentDirectory:
-        """The verified directory, opened again if the one held was removed (one fstat)."""
-        held = self._held
-        if held is not None and held.fd >= 0:
-            try:
-                removed = held.is_removed()
-            except OSError:
-                removed = False  # cannot tell (an injected fault): the verified one is kept
-            if not removed:
-                return held
-        if held is not None:
-            held.close()
-            self._held = None
-            self.reopened += 1
-        for _ in range(8):  # removed between our mkdir and open: a bounded number of tries
-            try:
-                held = open_deployment_directory(self.scope, self._os, self._shm_root)
-            except DirectoryReplacedError:
-                continue
-            self._held = held
-            return held
-        raise DirectoryReplacedError(
-            f"deployment directory keeps vanishing while opened: scope={self.scope!r}"
-        )
-
-    @property
-    def path(self) -> str:
-        return deployment_directory(self.scope, self._shm_root)
-
-    def current(self) -> DeploymentDirectory | None:
-        """The directory held now, never opened or re-created here (None: none held)."""
-        held = self._held
-        return held if held is not None and held.fd >= 0 else None
-
-    def close(self, remove_if_empty: bool = True) -> None:
-        """Release the descriptor; first rmdir the directory if it is still ours and empty."""
-        held, self._held = self._held, None
-        if held is None:
-            return
-        try:
-            if remove_if_empty and held.fd >= 0 and not held.is_removed():
-                held.remove_if_empty()
-        finally:
-            held.close()
 
 
 def check_private_directory(path: str, os_facade: OsFacade = DEFAULT_OS) -> None:
@@ -407,7 +389,6 @@ def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAUL
 __all__ = [
     "DeploymentDirectory",
     "Directory",
-    "HeldDirectory",
     "PathDirectory",
     "as_directory",
     "check_private_directory",

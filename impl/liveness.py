@@ -195,17 +195,24 @@ def hold_liveness_file(directory: Directory, os_facade: OsFacade) -> None:
             try:
                 os_facade.ofd_lock(fd)
             except BlockingIOError:
-                raise ConfigurationError(
-                    f"another process holds the liveness file {name!r} of our identity (pid, "
-                    f"start time): a process in another pid namespace started in the same "
-                    f"clock tick; remedy: restart one of them"
-                ) from None
+                # Really held by another process (F_OFD_GETLK), or a refusal
+                # that passed (then taking it again works)?
+                if os_facade.ofd_lock_held(fd):
+                    os_facade.close(fd)
+                    fd = -1  # the file is the other process's: never unlinked here
+                    raise ConfigurationError(
+                        f"another process holds the liveness file {name!r} of our identity "
+                        f"(pid, start time): a process in another pid namespace started in the "
+                        f"same clock tick; remedy: restart one of them"
+                    ) from None
+                os_facade.ofd_lock(fd)
             os_facade.ftruncate(fd, 0)
             os_facade.write(fd, _NAMESPACE_PREFIX + b"%d:%d\n" % namespace)
         except BaseException:
-            os_facade.close(fd)
-            with contextlib.suppress(OSError):
-                directory.unlink(name)
+            if fd >= 0:
+                os_facade.close(fd)
+                with contextlib.suppress(OSError):
+                    directory.unlink(name)
             raise
         _held[key] = _Held(fd, name, 1, directory)
 

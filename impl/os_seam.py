@@ -250,6 +250,30 @@ class OsFacade:
         self._enter(SITE_RMDIR)
         os.rmdir(path)
 
+    # Relative to the shm root's descriptor (the teardown's last steps): these
+    # run `_enter` only, since `_enter_at` may act on the directory it is given,
+    # and the shm root is no deployment directory.
+
+    def stat_in_parent(self, parent_fd: int, name: str) -> os.stat_result:
+        """lstat of the entry `name` of the directory `parent_fd` names."""
+        self._enter(SITE_STAT)
+        return os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+
+    def rmdir_in_parent(self, parent_fd: int, name: str) -> None:
+        """rmdir the entry `name` of the directory `parent_fd` names."""
+        self._enter(SITE_RMDIR)
+        os.rmdir(name, dir_fd=parent_fd)
+
+    def open_parent_directory(self, path: str) -> int:
+        """A descriptor for the directory at `path`, which may be reached through a symlink.
+
+        For the shm root a deployment directory lives in (``/dev/shm`` is a
+        symlink to ``/run/shm`` on some systems); never for a deployment
+        directory itself (`open_directory`).
+        """
+        self._enter(SITE_OPEN)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     def scandir(self, path: str) -> list[os.DirEntry[str]]:
         self._enter(SITE_SCANDIR)
         with os.scandir(path) as entries:

@@ -29,7 +29,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ..fault_injection.kit.machines import register_profiles
 from ..fault_injection.kit.seams import FaultyOs
 from ..impl.errors import ClosedError, RegistrationError, RegistryPoisonedError
-from ..impl.names import current_producer_identity
+from ..impl.liveness import is_liveness_file_name
+from ..impl.names import MEMBERS_FILE_NAME, STAMP_FILE_NAME, current_producer_identity
 from ..impl.os_seam import SITE_FALLOCATE, SITE_FTRUNCATE, SITE_MMAP, SITE_OPEN
 from ..impl.registered.cuda_driver import CudaDriver, SimulatedCudaDriver
 from ..impl.registered.registration import RegisteredSegment, Registry
@@ -501,11 +502,22 @@ class RegistryMachine(RuleBasedStateMachine):
                     self.driver.host_unregister(segment.address)
                 segment.file.unmap()
                 segment.file.unlink()
+        self.registry._held.close()  # a poisoned registry stays a member: leave now
         with contextlib.suppress(OSError):
             os.rmdir(self.registry.directory)
 
 
+def transfer_files(directory: str) -> list[str]:
+    """The transfer files in `directory`: all but the scope's shared files and liveness files."""
+    return sorted(
+        name
+        for name in os.listdir(directory)
+        if name not in (MEMBERS_FILE_NAME, STAMP_FILE_NAME) and not is_liveness_file_name(name)
+    )
+
+
 __all__ = [
+    "transfer_files",
     "DriverMachine",
     "RegistryMachine",
     "TrackingRegistry",

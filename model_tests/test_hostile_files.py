@@ -253,9 +253,14 @@ def test_issue22_sender_never_writes_into_a_directory_another_uid_recreated(scop
             first = sender.send({"x": torch.arange(4, dtype=torch.int32)})
             assert receiver.receive(first)["x"].tolist() == [0, 1, 2, 3]
             assert connector.get(EDGE, "k").value == b"v"
-        # The connector closed last among the members: its teardown removed the
-        # (empty) directory while the sender lives. A stranger re-creates it 0777.
-        assert not os.path.exists(path)
+        # The sender is a member too: the connector's close left the directory.
+        # A same-uid neighbour removes it anyway, and a stranger re-creates it 0777.
+        assert os.path.isdir(path)
+        subprocess.run(
+            [sys.executable, "-c", "import shutil, sys; shutil.rmtree(sys.argv[1])", path],
+            check=True,
+            timeout=60,
+        )
         _as_other_uid('mkdir "$1" && chmod 0777 "$1"', path)
         assert os.stat(path).st_uid != os.getuid()
         with pytest.raises(ConfigurationError, match="owned by uid"):
@@ -273,6 +278,7 @@ def test_issue22_sender_never_writes_into_a_directory_another_uid_recreated(scop
             for name in os.listdir(path):
                 os.unlink(os.path.join(path, name))
             os.rmdir(path)
+    assert not os.path.exists(path)  # the sender was the last member out
 
 
 def _deleted_slot_blocks() -> int:

@@ -186,7 +186,9 @@ def test_os_facade_write_writes_the_bytes(tmp_path: Path) -> None:
 
 
 def test_field_descriptor_with_a_negative_dimension_names_itself_in_the_error() -> None:
-    field = FieldDescriptor("x", CARRIER_SEGMENT, "seg", 0, "", 0, "float32", "float32", (2, -1))
+    field = FieldDescriptor(
+        "x", CARRIER_SEGMENT, "seg", 0, "", 0, "float32", "float32", (2, -1), 0, (0, 0)
+    )
     with pytest.raises(CorruptFrameError, match=r"negative shape or position: .*shape=\(2, -1\)"):
         field.check()
 

@@ -16,7 +16,12 @@ from shmring.impl.errors import ClosedError, RegistrationError, RegistryPoisoned
 from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
 from shmring.impl.registered.registration import Registry
 from shmring.impl.registered.views import copy_segment
-from shmring.model_tests.registration_machine import DriverMachine, RegistryMachine, profile
+from shmring.model_tests.registration_machine import (
+    DriverMachine,
+    RegistryMachine,
+    profile,
+    transfer_files,
+)
 from shmring.spec import registration as spec
 
 DriverMachine.TestCase.settings = profile(max_examples=30, stateful_step_count=30)
@@ -41,6 +46,7 @@ def registry(scope: str, driver: SimulatedCudaDriver):
         segment = next(s for s in registry.segments() if s.range is entry)
         segment.file.unmap()
         segment.file.unlink()
+    registry._held.close()  # a poisoned registry stays a member of its scope: leave now
     if os.path.isdir(registry.directory):
         os.rmdir(registry.directory)
 
@@ -124,7 +130,7 @@ def test_register_or_copy_failure_removes_segment(
     assert raised.value.cuda_error == "cudaErrorMemoryAllocation"
     assert registry.segments() == []
     assert driver.registered_ranges() == {}
-    assert os.listdir(registry.directory) == []
+    assert transfer_files(registry.directory) == []
 
 
 def test_multi_field_transfer_publishes_all_or_none(
@@ -134,7 +140,7 @@ def test_multi_field_transfer_publishes_all_or_none(
     fields = [torch.full((32,), i, dtype=torch.uint8) for i in range(3)]
     with pytest.raises(RegistrationError):
         registry.transfer(fields)
-    assert os.listdir(registry.directory) == []  # the first two fields were removed too
+    assert transfer_files(registry.directory) == []  # the first two fields were removed too
     assert registry.statistics().segments_published == 0
     published = registry.transfer(fields)
     assert [copy_segment(registry.directory, p.name, "uint8", (32,))[0] for p in published] == [
@@ -165,7 +171,7 @@ def test_closed_registry_refuses(registry: Registry) -> None:
 
 def test_close_unlinks_names_no_receiver_took(registry: Registry) -> None:
     registry.transfer([torch.zeros(8, dtype=torch.uint8)])
-    assert len(os.listdir(registry.directory)) == 1
+    assert len(transfer_files(registry.directory)) == 1
     directory = registry.directory
     registry.close()
     assert not os.path.exists(directory)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -27,6 +26,7 @@ from shmring.impl.registered.transfer import (
     restore_tensor,
 )
 from shmring.impl.registered.views import lease_owner_of
+from shmring.model_tests.registration_machine import transfer_files
 
 REGISTERED = TransferOptions(
     enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384
@@ -77,7 +77,7 @@ def test_defaults_take_the_plain_copy_path(scope: str) -> None:
         (array,) = receiver.receive(descriptor).values()
         assert array.tolist() == list(range(6))
         assert lease_owner_of(array) is None  # a copy, owned by the receiver
-        assert os.listdir(sender.directory) == []
+        assert transfer_files(sender.directory) == []
 
 
 def test_cpu_tensors_without_a_host_capable_driver_take_the_plain_path(scope: str) -> None:
@@ -172,7 +172,7 @@ def test_multi_field_failure_publishes_none(
         sender.send({"a": arena_field, "b": segment_field})
     arena = sender.arena
     assert arena is not None and arena.head == 0  # the arena frame was not published
-    assert os.listdir(sender.directory) == [arena.name]  # the segment was removed
+    assert transfer_files(sender.directory) == [arena.name]  # the segment was removed
     assert sender.registry is not None and not sender.registry.poisoned
     descriptor = sender.send({"a": arena_field, "b": segment_field})
     assert arena.head > 0 and len(descriptor.fields) == 2

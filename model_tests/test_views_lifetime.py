@@ -29,6 +29,7 @@ from shmring.impl.registered.views import (
     lease_owner_of,
     lease_statistics,
 )
+from shmring.model_tests.registration_machine import transfer_files
 from shmring.spec.layout import FRAME_STATE_CLAIMED, FRAME_STATE_DONE
 from shmring.spec.ring import PutStatus
 
@@ -192,7 +193,7 @@ def test_receiver_killed_after_mapping_leaves_no_name(scope: str) -> None:
     )
     assert result.stdout.strip() == "mapped", result.stderr
     assert result.returncode == -9
-    assert os.listdir(sender.directory) == []  # unlinked by the receiver before it died
+    assert transfer_files(sender.directory) == []  # unlinked by the receiver before it died
     sender.close()
     assert not os.path.exists(sender.directory)
 

@@ -33,6 +33,7 @@ class NeighbourAction(enum.Enum):
         "remove the scope directory while a sender lives, another uid re-creates it 0777"
     )
     CLOSE_UNDER_IDLE_READER = "close a producer while an idle reader maps its pool slots"
+    REPLACE_TRANSFER_FILE = "replace a published transfer segment or arena file"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,12 @@ OUTCOMES: Final[dict[NeighbourAction, Outcome]] = {
         "bounded in bytes",
         producer="empties every FREE or DONE slot (ftruncate 0) before unlinking it",
         lost="nothing",
+    ),
+    NeighbourAction.REPLACE_TRANSFER_FILE: Outcome(
+        reader="CorruptFrameError: the file is not the one the descriptor names (owner uid, "
+        "st_dev/st_ino); none of its bytes is delivered",
+        producer="unchanged",
+        lost="that transfer (typed)",
     ),
 }
 

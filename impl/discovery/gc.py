@@ -25,7 +25,7 @@ import fcntl
 from collections.abc import Iterable
 
 from ..directory import DeploymentDirectory, Directory, as_directory
-from ..errors import DirectoryReplacedError, ResourceExhaustedError
+from ..errors import ResourceExhaustedError
 from ..fallback.claim import remove_if_orphaned
 from ..liveness import Liveness, liveness_files_last
 from ..names import (
@@ -39,9 +39,58 @@ from ..names import (
 from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
 
 
-def teardown_if_empty(directory: str | Directory, os_facade: OsFacade) -> bool:
-    """With ``members`` locked exclusively: remove stamp, members and the directory if nothing else is there."""
+def teardown_if_empty(
+    directory: str | Directory, os_facade: OsFacade, members_fd: int = -1
+) -> bool:
+    """With ``members`` locked exclusively: remove stamp, members and the directory if nothing else is there.
+
+    `members_fd` is the descriptor of ``members`` we hold exclusively (-1:
+    there was none). A deployment directory is torn down as a protocol
+    (issue 22, defect 8; `DeploymentDirectory.lock_teardown`): under its
+    teardown lock (another teardown of it running now: nothing to do),
+    only while ``members`` still names the file we hold (else a member joined
+    through a newer one after an earlier teardown unlinked ours: we are not
+    the last), and the directory itself by its parent's descriptor, checked
+    to be this very inode. A join racing it either keeps the directory alive
+    (its ``members`` appeared: ENOTEMPTY) or finds it removed and makes a new
+    one.
+    """
     where = as_directory(directory, os_facade)
+    if not isinstance(where, DeploymentDirectory):
+        return _teardown_by_path(where, os_facade)
+    if where.fd < 0 or not where.lock_teardown():
+        return False
+    try:
+        if where.is_removed():
+            return False
+        names = set(where.names())
+        if not names <= {STAMP_FILE_NAME, MEMBERS_FILE_NAME}:
+            return False
+        if MEMBERS_FILE_NAME in names and not _names_held(where, os_facade, members_fd):
+            return False
+        for name in (STAMP_FILE_NAME, MEMBERS_FILE_NAME):
+            if name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    where.unlink(name)
+        return where.remove()
+    finally:
+        where.unlock_teardown()
+
+
+def _names_held(where: Directory, os_facade: OsFacade, members_fd: int) -> bool:
+    """Whether ``members`` names the file `members_fd` holds (False for none held)."""
+    if members_fd < 0:
+        return False
+    try:
+        named = where.stat(MEMBERS_FILE_NAME)
+    except FileNotFoundError:
+        return False
+    held = os_facade.fstat(members_fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _teardown_by_path(where: Directory, os_facade: OsFacade) -> bool:
+    """A standalone directory named by its path (rings and tests, never a connector's)."""
     try:
         names = set(where.names())
     except FileNotFoundError:
@@ -52,11 +101,6 @@ def teardown_if_empty(directory: str | Directory, os_facade: OsFacade) -> bool:
         if name in names:
             with contextlib.suppress(FileNotFoundError):
                 where.unlink(name)
-    if isinstance(where, DeploymentDirectory):
-        try:
-            where.verify()  # rmdir goes by path: only if the path is still ours
-        except DirectoryReplacedError:
-            return False
     try:
         os_facade.rmdir(where.path)
     except FileNotFoundError:
@@ -167,7 +211,7 @@ def remove_unused_directory(directory: str | Directory, os_facade: OsFacade) -> 
                 os_facade.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0
-        return 2 if teardown_if_empty(where, os_facade) else 0
+        return 2 if teardown_if_empty(where, os_facade, fd) else 0
     finally:
         if fd >= 0:
             os_facade.close(fd)

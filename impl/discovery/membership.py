@@ -1,15 +1,19 @@
 """Membership and markers: who is in a deployment, and which producers are ready.
 
 Design rationale. The directory, the stamp and the ``members`` file belong
-to nobody in particular. Every connector holds a shared `flock` on
-``members`` for as long as it is open (`Membership`). Leaving, a connector
+to nobody in particular. Every member (a connector, a transfer sender or
+registry: `shmring.impl.registered.member`) holds a shared `flock` on
+``members`` for as long as it is open (`Membership`). Leaving, a member
 drops its lock and tries an exclusive one without waiting: only the last
 member gets it, and only if the directory then holds nothing but ``stamp``
-and ``members`` does it remove them and the directory
-(`shmring.impl.discovery.gc.teardown_if_empty`). A process joining meanwhile
-waits for that short exclusive hold, finds the file unlinked under its lock
-(``st_nlink == 0``) and starts over, so no member ever holds a stamp that
-was torn down.
+and ``members`` does it remove them and the directory, as a protocol
+(`shmring.impl.discovery.gc.teardown_if_empty`: under the directory's
+teardown lock, by its parent's descriptor after checking the inode; issue
+22, defect 8). A process joining meanwhile waits for that short exclusive
+hold, finds the file unlinked under its lock (``st_nlink == 0``) or the
+directory removed (ENOENT through its descriptor) and starts over, joining
+the surviving directory or making a fresh one, so no member ever holds a
+stamp that was torn down.
 
 A producer's `Registrar` keeps its markers: an empty file
 ``marker.<src>.<dst>.<pid>.<start time>.<instance>`` created (O_EXCL, 0600,
@@ -162,6 +166,12 @@ class Membership:
     def joined(self) -> bool:
         return self._fd >= 0
 
+    def abandon(self) -> None:
+        """Drop our lock, tearing nothing down: the directory was removed under us. Idempotent."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            self._os.close(fd)
+
     def leave(self) -> bool:
         """Drop the shared lock; the last member removes an empty directory. Idempotent.
 
@@ -181,7 +191,7 @@ class Membership:
             with contextlib.suppress(OSError, ShmringError):
                 remove_dead_files(self.directory, self._os, None)
             try:
-                return teardown_if_empty(self.directory, self._os)
+                return teardown_if_empty(self.directory, self._os, fd)
             except OSError as error:  # issue 22: leaving never raises for the OS
                 logger.warning(
                     "shmring: could not remove the empty deployment directory %s: %s; "

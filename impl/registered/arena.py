@@ -203,6 +203,8 @@ class RegisteredArena(RingProducer):
         self._words = frame_io.SharedWords(self._buf)
         self._payload = file.tensor
         self.name = file.name
+        self.identity = file.identity  # (st_dev, st_ino): descriptors carry it
+        self.owner_uid = file.owner_uid
         self._start_producer(capacity)
         self._sequence = 0
         self._pending: list[ArenaReservation] = []
@@ -425,6 +427,9 @@ class ArenaReader:
         try:
             if info.st_size < RING_HEADER_LENGTH:
                 raise CorruptFrameError(f"arena file too short: path={path!r} size={info.st_size}")
+            self.file_info = info  # the file mapped (`TransferReceiver` checks it)
+            self.identity = (info.st_dev, info.st_ino)
+            self.owner_uid = info.st_uid
             self._mapping = os_facade.mmap(fd, info.st_size)
         finally:
             os_facade.close(fd)

@@ -55,10 +55,7 @@ from ...spec.registration import (
     SEGMENT_UNREGISTERED,
     UNREGISTER_ATTEMPTS,
 )
-from ..directory import (
-    Directory,
-    HeldDirectory,
-)
+from ..directory import Directory
 from ..errors import (
     ClosedError,
     NoSpaceError,
@@ -70,9 +67,6 @@ from ..extras import import_extra
 from ..names import DEFAULT_SHM_ROOT, registered_segment_file_name
 from ..os_seam import DEFAULT_OS, OsFacade
 from .cuda_driver import CudaDriver
-
-# The copy helpers and ShmFile have their own modules; they are re-exported
-# here (see __all__) for the importers that still take them from registration.
 from .host_copy import (
     WIRE_DTYPES,
     copy_into_host,
@@ -83,6 +77,10 @@ from .host_copy import (
     host_view,
     wire_dtype_of,
 )
+
+# The copy helpers and ShmFile have their own modules; they are re-exported
+# here (see __all__) for the importers that still take them from registration.
+from .member import ScopeMember
 from .shm_file import ShmFile
 
 if TYPE_CHECKING:
@@ -108,7 +106,7 @@ def prune_taken_names(names: list[str], directory: Directory) -> list[str]:
     return kept
 
 
-def unlink_published(names: list[str], held: HeldDirectory) -> None:
+def unlink_published(names: list[str], held: ScopeMember) -> None:
     """Unlink the names no receiver took, through the held descriptor (never by path)."""
     directory = held.current()
     if directory is None:
@@ -198,6 +196,8 @@ class PublishedSegment:
 
     name: str  # file name in the deployment directory (no path)
     length: int  # file length in bytes
+    identity: tuple[int, int]  # the file's (st_dev, st_ino), checked by the receiver
+    owner_uid: int  # the file's owner, checked by the receiver
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class Registry:
         self.driver = driver
         self._os = os_facade
         self._shm_root = shm_root
-        self._held = HeldDirectory(scope, os_facade, shm_root)
+        self._held = ScopeMember(scope, os_facade, shm_root)
         self._segments: dict[int, RegisteredSegment] = {}
         self._ranges: list[RegisteredRange] = []
         self._published_names: list[str] = []
@@ -418,7 +418,11 @@ class Registry:
         for segment in segments:
             segment.file.unmap()
             segment.state = SEGMENT_PUBLISHED
-            published.append(PublishedSegment(segment.name, segment.length))
+            published.append(
+                PublishedSegment(
+                    segment.name, segment.length, segment.file.identity, segment.file.owner_uid
+                )
+            )
             self._remember_published(segment.name)
             del self._segments[segment.segment_id]
             self._published += 1
@@ -517,7 +521,7 @@ class Registry:
         self._closed = True
         retained = len(self.retained())
         if not retained:  # a retained file keeps its directory descriptor (unlinked through it)
-            self._held.close()  # removes the directory only if it is still ours and empty
+            self._held.close()  # leaves the scope: the last member out removes the directory
         return retained
 
     def __enter__(self) -> Registry:

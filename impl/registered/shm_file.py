@@ -51,6 +51,11 @@ class ShmFile:
         fd = self._dir.open(name, OPEN_FLAGS_CREATE)
         self._linked = True
         try:
+            # What a descriptor naming this file carries, so a receiver can
+            # tell this file from another one put at its name (issue 22).
+            info = os_facade.fstat(fd)
+            self.identity: tuple[int, int] = (info.st_dev, info.st_ino)
+            self.owner_uid: int = info.st_uid
             os_facade.ftruncate(fd, length)
             os_facade.fallocate(fd, length)
             self._mapping = os_facade.mmap(fd, length)

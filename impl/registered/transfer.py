@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ...spec.registration import CUDA_ERROR_MEMORY_ALLOCATION
 from .. import lifecycle
-from ..directory import Directory, HeldDirectory
+from ..directory import Directory
 from ..errors import (
     ClosedError,
     ConfigurationError,
@@ -75,6 +75,7 @@ from .host_copy import (
     host_view,
     wire_dtype_of,
 )
+from .member import ScopeMember
 from .registration import Registry, prune_taken_names, unlink_published
 from .shm_file import ShmFile
 from .transfer_descriptor import (
@@ -139,7 +140,7 @@ class TransferSender:
         self.options = options
         self._os = os_facade
         self._shm_root = shm_root
-        self._held = HeldDirectory(self.scope, os_facade, shm_root)
+        self._held = ScopeMember(self.scope, os_facade, shm_root)
         self._driver = driver
         if options.enable_registered_shm and driver is None:
             self._driver = default_driver()
@@ -170,8 +171,10 @@ class TransferSender:
     def files(self) -> Directory:
         """Where this sender's segments are created and unlinked: a verified descriptor.
 
-        Opened again (a private directory, or ConfigurationError for one not
-        ours) when the one held was removed (`directory.HeldDirectory`).
+        The sender is a member of its scope while open (`member.ScopeMember`):
+        no connector's close tears this directory down meanwhile. Joined
+        again (a private directory, or ConfigurationError for one not ours)
+        when a neighbour removed the one held.
         """
         return self._held.get()
 
@@ -326,13 +329,25 @@ class TransferSender:
         for name, tensor, slot in zip(names, tensors, slots, strict=True):
             if slot is not None:
                 frame: ArenaFrameDescriptor = next(frames)
+                assert arena is not None
                 descriptors.append(
-                    self._field(name, tensor, CARRIER_ARENA, frame.arena, frame.position, frame.key)
+                    self._field(
+                        name,
+                        tensor,
+                        CARRIER_ARENA,
+                        frame.arena,
+                        frame.position,
+                        frame.key,
+                        (arena.owner_uid, arena.identity),
+                    )
                 )
                 self._in_arena += 1
             else:
                 segment = next(segments)
-                descriptors.append(self._field(name, tensor, CARRIER_SEGMENT, segment.name, 0, ""))
+                made = (segment.owner_uid, segment.identity)
+                descriptors.append(
+                    self._field(name, tensor, CARRIER_SEGMENT, segment.name, 0, "", made)
+                )
                 self._in_segments += 1
         return descriptors
 
@@ -360,15 +375,23 @@ class TransferSender:
         for name, tensor, file in zip(names, tensors, files, strict=True):
             file.unmap()
             self._published_names.append(file.name)
-            descriptors.append(self._field(name, tensor, CARRIER_SEGMENT, file.name, 0, ""))
+            made = (file.owner_uid, file.identity)
+            descriptors.append(self._field(name, tensor, CARRIER_SEGMENT, file.name, 0, "", made))
             self._in_segments += 1
         self._published_names = prune_taken_names(self._published_names, self.files)
         return descriptors
 
     @staticmethod
     def _field(
-        name: str, tensor: torch.Tensor, carrier: str, file: str, position: int, key: str
+        name: str,
+        tensor: torch.Tensor,
+        carrier: str,
+        file: str,
+        position: int,
+        key: str,
+        made: tuple[int, tuple[int, int]],
     ) -> FieldDescriptor:
+        """The field's descriptor; `made` is the file's (owner uid, (st_dev, st_ino))."""
         return FieldDescriptor(
             name=name,
             carrier=carrier,
@@ -379,6 +402,8 @@ class TransferSender:
             dtype=dtype_name(tensor.dtype),
             wire_dtype=wire_dtype_of(tensor.dtype),
             shape=tuple(tensor.shape),
+            owner_uid=made[0],
+            identity=made[1],
         )
 
     def close(self) -> None:
@@ -404,7 +429,7 @@ class TransferSender:
         self._published_names = []
         if self._registry is not None:
             self._registry.close()
-        self._held.close()  # removes the directory only if it is still ours and empty
+        self._held.close()  # leaves the scope: the last member out removes the directory
         if poisoned is not None:
             raise poisoned
 

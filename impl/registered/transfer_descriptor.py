@@ -75,6 +75,13 @@ def _text(value: object, what: str) -> str:
     return value
 
 
+def _identity(value: object) -> tuple[int, int]:
+    """A file identity (st_dev, st_ino) from its wire form, a list of two ints."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"identity must be [st_dev, st_ino]: identity={value!r}")
+    return (int(value[0]), int(value[1]))
+
+
 @dataclass(frozen=True)
 class FieldDescriptor:
     """Where one field's bytes are and how to read them."""
@@ -88,6 +95,11 @@ class FieldDescriptor:
     dtype: str  # the sender's torch dtype name ("bfloat16", "float32", ...)
     wire_dtype: str  # numpy dtype name of the bits that travel ("uint16" for bfloat16)
     shape: tuple[int, ...]
+    # The file as the sender made it (issue 22, defect 1): its owner and its
+    # (st_dev, st_ino). The receiver maps only a file that is this very one,
+    # never another file put at the same name.
+    owner_uid: int
+    identity: tuple[int, int]
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -100,6 +112,8 @@ class FieldDescriptor:
             "dtype": self.dtype,
             "wire_dtype": self.wire_dtype,
             "shape": list(self.shape),
+            "owner_uid": self.owner_uid,
+            "identity": list(self.identity),
         }
 
     @classmethod
@@ -115,6 +129,8 @@ class FieldDescriptor:
                 dtype=_text(data["dtype"], "dtype"),
                 wire_dtype=_text(data["wire_dtype"], "wire_dtype"),
                 shape=tuple(int(d) for d in data["shape"]),
+                owner_uid=int(data["owner_uid"]),
+                identity=_identity(data["identity"]),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise CorruptFrameError(
@@ -131,6 +147,8 @@ class FieldDescriptor:
             raise CorruptFrameError(f"wire dtype does not match dtype: {self}")
         if any(d < 0 for d in self.shape) or self.position < 0:
             raise CorruptFrameError(f"negative shape or position: {self}")
+        if self.owner_uid < 0 or len(self.identity) != 2 or min(self.identity) < 0:
+            raise CorruptFrameError(f"negative owner uid or file identity: {self}")
         expected = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.wire_dtype).itemsize
         if self.nbytes != expected:
             raise CorruptFrameError(

@@ -11,6 +11,7 @@ again. With `enable_borrowed_frames` the arrays are borrowed views
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from .transfer_descriptor import (
     TransferDescriptor,
     TransferOptions,
 )
-from .views import borrow_mapped, copy_mapped, map_segment, unlink_segment
+from .views import borrow_mapped, check_made, copy_mapped, map_segment, unlink_segment
 
 if TYPE_CHECKING:
     import torch
@@ -71,10 +72,27 @@ class TransferReceiver:
         self._inherited = True
         self._closed = True
 
-    def _reader(self, name: str) -> ArenaReader:
+    def _reader(self, name: str, made: tuple[int, tuple[int, int]] | None = None) -> ArenaReader:
+        """The arena reader of `name`; with `made`, of that very file, else CorruptFrameError.
+
+        `made` is a descriptor's (owner uid, (st_dev, st_ino)). A cached
+        reader of another file of that name (replaced since) is dropped and
+        the name opened again; a file that still is not the descriptor's is
+        refused (`views.check_made`), never read.
+        """
         reader = self._readers.get(name)
+        if reader is not None and made is not None and (reader.owner_uid, reader.identity) != made:
+            del self._readers[name]
+            reader.close()
+            reader = None
         if reader is None:
             reader = ArenaReader(self._directory, name, self._os)
+            try:
+                if made is not None:
+                    check_made(os.path.join(self._directory, name), reader.file_info, made)
+            except BaseException:
+                reader.close()
+                raise
             self._readers[name] = reader
         return reader
 
@@ -109,10 +127,14 @@ class TransferReceiver:
         try:
             for field in descriptor.fields:
                 if field.carrier == CARRIER_ARENA:
-                    self._reader(field.file)
+                    self._reader(field.file, (field.owner_uid, field.identity))
                 else:
                     mapped[field.name] = map_segment(
-                        self._directory, field.file, self._os, unlink=False
+                        self._directory,
+                        field.file,
+                        self._os,
+                        unlink=False,
+                        made=(field.owner_uid, field.identity),
                     )
             # 2. Take every field (no system call).
             for field in descriptor.fields:
@@ -120,7 +142,7 @@ class TransferReceiver:
                     frame = ArenaFrameDescriptor(
                         field.file, field.position, field.key, field.nbytes
                     )
-                    reader = self._reader(field.file)
+                    reader = self._readers[field.file]  # opened and checked in step 1
                     take = reader.borrow if borrowed else reader.copy
                     received[field.name] = take(frame, field.wire_dtype, field.shape)
                 else:

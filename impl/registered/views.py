@@ -131,8 +131,28 @@ def lease_owner_of(array: np.ndarray) -> LeaseOwner | None:
 # -- per-transfer segments, receiver side ------------------------------------------
 
 
+def check_made(path: str, info: os.stat_result, made: tuple[int, tuple[int, int]]) -> None:
+    """CorruptFrameError unless `info` is the file a descriptor names: (owner uid, (st_dev, st_ino)).
+
+    Issue 22, defect 1: a file put at a descriptor's name by anyone else (a
+    neighbour's replacement, a re-created directory's plant) is never read.
+    """
+    owner_uid, identity = made
+    if info.st_uid != owner_uid or (info.st_dev, info.st_ino) != tuple(identity):
+        raise CorruptFrameError(
+            f"not the file the descriptor names: path={path!r} is uid={info.st_uid} "
+            f"(st_dev, st_ino)=({info.st_dev}, {info.st_ino}), the descriptor says "
+            f"uid={owner_uid} (st_dev, st_ino)={tuple(identity)}; it was replaced, nothing is read"
+        )
+
+
 def map_segment(
-    directory: str, name: str, os_facade: OsFacade = DEFAULT_OS, *, unlink: bool = True
+    directory: str,
+    name: str,
+    os_facade: OsFacade = DEFAULT_OS,
+    *,
+    unlink: bool = True,
+    made: tuple[int, tuple[int, int]] | None = None,
 ) -> mmap.mmap:
     """Map a published segment read-write and (by default) unlink its name at once.
 
@@ -140,11 +160,15 @@ def map_segment(
     returns, so a receiver that dies later leaves nothing in the directory;
     a receiver taking several segments at once maps them all first and
     unlinks the names only when every one is taken (`unlink_segment`), so a
-    failure on a later one consumes none.
+    failure on a later one consumes none. With `made` (the descriptor's
+    owner uid and file identity) any other file at the name is refused
+    (`check_made`) before it is mapped.
     """
     path = os.path.join(directory, name)
     fd, info = open_private_file(path, os_facade, "segment")
     try:
+        if made is not None:
+            check_made(path, info, made)
         if info.st_size <= 0:
             raise CorruptFrameError(
                 f"segment is not a non-empty regular file: path={path!r} size={info.st_size}"
