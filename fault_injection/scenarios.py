@@ -413,6 +413,34 @@ def _restart(name: str, env: Env, pool: tuple[int, int, int] | None) -> Outcome:
     return _run_deployment(name, env, SMALL_CAPACITY, 1 << 20, body, pool=pool)
 
 
+def pid_reuse(env: Env) -> Outcome:
+    """A same-pid predecessor left frames: a liveness verdict keyed by pid alone delivers them.
+
+    The predecessor's identity is a live helper's pid with another start
+    time (the helper reused its pid); the helper itself is its successor
+    and publishes the same keys after it (issues 26 and 29). The
+    predecessor's frames are never delivered and its files go at the
+    receiver's scan; the successor's are delivered. Under every fault.
+    """
+
+    def body(d: Deployment) -> None:
+        successor = env.identities.live_a
+        predecessor = (successor[0], successor[1] - 1)  # same pid, an earlier process
+        d.start_producer(predecessor)
+        d.start_receiver("r")
+        d.put(predecessor, EDGE, "p0", tagged_payload(50, 300))
+        d.put(predecessor, EDGE, "p1", tagged_payload(51, 1500))
+        d.exit_producer(predecessor)
+        d.start_producer(successor)
+        d.put(successor, EDGE, "p1", tagged_payload(52, 300))
+        d.get("r", EDGE, "p0")  # the predecessor's key: never delivered
+        d.get("r", EDGE, "p1")  # the successor's version
+        d.put(successor, EDGE, "p0", tagged_payload(53, 1500))
+        d.get("r", EDGE, "p0")
+
+    return _run_deployment("pid_reuse", env, SMALL_CAPACITY, 1 << 20, body)
+
+
 # -- registered transfer ---------------------------------------------------------------------
 
 
@@ -718,6 +746,7 @@ SCENARIOS: Final[dict[str, Scenario]] = {
     "close_pool": close_pool,
     "restart": restart,
     "restart_pool": restart_pool,
+    "pid_reuse": pid_reuse,
     "registered_transfer": registered_transfer,
     "arena_leases": arena_leases,
 }

@@ -459,19 +459,22 @@ class Liveness:
         try:
             # The pidfd was opened first: if the start time matches now, the
             # pidfd names this very process, not a later one with its pid.
-            if not self._proc_alive(producer):
-                return False
-            if pidfd >= 0:
+            alive = self._proc_alive(producer)
+            if alive and pidfd >= 0:
                 try:
-                    polled = self._os.pidfd_alive(pidfd)
+                    alive = self._os.pidfd_alive(pidfd)
                 except OSError:
-                    polled = True  # /proc just said it runs
-                if not polled:
-                    return False
+                    alive = True  # /proc just said it runs
         except BaseException:
             if pidfd >= 0:
                 self._os.close(pidfd)
             raise
+        if not alive:
+            # Dead, or the pid is another process's now (a same-pid successor:
+            # its pidfd was open and is ours to close, the `pid_reuse` fault cell).
+            if pidfd >= 0:
+                self._os.close(pidfd)
+            return False
         if pidfd >= 0:
             if self._pidfd_cap is not None and len(self._pidfds) >= self._pidfd_cap:
                 self._os.close(pidfd)  # short of descriptors: /proc answers for this one

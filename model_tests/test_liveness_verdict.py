@@ -128,6 +128,17 @@ def _stop(holder: subprocess.Popen[str]) -> None:
     holder.stdout.close()
 
 
+def _pidfds() -> int:
+    """This process's open pidfds."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[pidfd]"
+        except OSError:
+            continue
+    return count
+
+
 def test_fast_path_pid_reuse_a_successor_and_a_stale_identity(directory: str) -> None:
     """Same namespace: (pid, start time) decides, never the pid alone, in either order."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -144,7 +155,11 @@ def test_fast_path_pid_reuse_a_successor_and_a_stale_identity(directory: str) ->
             liveness.close()
         liveness = Liveness(DEFAULT_OS, directory=PathDirectory(directory))
         try:
+            before = _pidfds()
             assert not liveness.is_alive(stale)  # the other order: dead first
+            # The pidfd opened for the stale identity names the successor: closed at once
+            # (the `pid_reuse` fault cell found it kept, one descriptor per such question).
+            assert _pidfds() == before and liveness.pidfd_count == 0
             assert liveness.is_alive(live)  # the same pid's successor runs
         finally:
             liveness.close()
