@@ -467,6 +467,18 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
     # -- invariants ---------------------------------------------------------------------
 
     @invariant()
+    def directory_lives_while_a_member_does(self) -> None:
+        """`spec.discovery.is_directory_required`: never torn down under a live member (issue 22)."""
+        if (
+            self.dep is not None
+            and self.directory
+            and discovery_spec.is_directory_required(self.dep)
+        ):
+            assert os.path.isdir(self.directory), (
+                "the deployment directory went under a live member"
+            )
+
+    @invariant()
     def agrees_with_model(self) -> None:
         if self.dep is None:
             return

@@ -128,6 +128,22 @@ def get_live_producers(dep: DeploymentState, edge: Edge) -> list[ProducerId]:
     )
 
 
+def is_directory_required(dep: DeploymentState) -> bool:
+    """Whether the deployment directory must exist: a scope's lifetime is the union of its members'.
+
+    Issue 22, defect 8: every live member (a producer that neither closed
+    nor died, every receiver, a transfer sender) keeps the directory; it is
+    removed only by the last member out, and only once nothing but the
+    stamp and the membership file is left in it (`is_directory_removable`).
+    """
+    return bool(dep.receivers) or any(state.alive for state in dep.producers.values())
+
+
+def is_directory_removable(dep: DeploymentState) -> bool:
+    """Whether the last member's leave removes the directory: no member left, no dead one's files."""
+    return not is_directory_required(dep) and not get_dead_with_files(dep)
+
+
 def get_dead_with_files(dep: DeploymentState) -> set[ProducerId]:
     """Producers that are not alive and still have files in the directory."""
     return {p for p in dep.directory.files if not dep.producers[p].alive}
