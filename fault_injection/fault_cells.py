@@ -218,6 +218,9 @@ def enumerate_slots(
     """Every (scenario, site, error, mode) the budget covers, with its call count."""
     if budget not in BUDGETS:
         raise ValueError(f"budget must be one of {BUDGETS}: budget={budget!r}")
+    # As the campaign does (`_prepare`): the once-per-process /proc read of our own
+    # identity is no call of any scenario, so the counts do not depend on run order.
+    current_producer_identity()
     depth = ERROR_DEPTH[budget]
     slots = []
     for index, name in enumerate(scenarios or SCENARIOS):
