@@ -266,7 +266,7 @@ class Connector(BlockingGets):
         ConfigurationError (with its remedy) when the deployment directory
         is unusable: not a directory, another uid's, or open to others.
         """
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             self._require_open()
             self._join()
 
@@ -306,21 +306,26 @@ class Connector(BlockingGets):
                 if numbers and edge in numbers:  # inside a publication cohort of the edge
                     plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
                 deployment = self._deployment
-                if deployment is None:
-                    deployment = self._join()
-                if deployment.live_path is None:
-                    deployment.ensure_live_file(self.identity, self._os)
+                if deployment is None or deployment.live_path is None:
+                    # Files are made here: no signal handler stops it half way (`lifecycle`).
+                    with lifecycle.deferred_signals():
+                        if deployment is None:
+                            deployment = self._join()
+                        if deployment.live_path is None:
+                            deployment.ensure_live_file(self.identity, self._os)
                 size = plan.nbytes
                 ring, fallback = self._ring_route, self._fallback_route
                 # process_ring_setup: the edge's ring, set up on first use.
                 channel = ring.channels.get(edge)
                 if channel is None:
-                    channel = ring.prepare(edge)
+                    with lifecycle.deferred_signals():
+                        channel = ring.prepare(edge)
                 else:
                     # One fstat: a file a neighbour unlinked or truncated is replaced first (issue 22).
                     lost = channel.file_problem()
                     if lost is not None:
-                        channel = ring.replace(edge, channel, lost)
+                        with lifecycle.deferred_signals():
+                            channel = ring.replace(edge, channel, lost)
                 if channel is not None:
                     # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
                     retire_other = (
@@ -339,7 +344,8 @@ class Connector(BlockingGets):
                     # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
                     pool = self._pool_route
                     if pool.enabled and pool.is_candidate(channel, key, size):
-                        position = pool.publish(channel, key, plan, retire_other)
+                        with lifecycle.deferred_signals():  # a slot may be made or emptied
+                            position = pool.publish(channel, key, plan, retire_other)
                         if position is not None:
                             self._puts += 1
                             self._bytes += size
@@ -349,9 +355,10 @@ class Connector(BlockingGets):
                 # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
                 # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
                 try:
-                    generation = fallback.publish(
-                        fallback.prepare(edge), key, plan, ring.retirer(channel, key)
-                    )
+                    with lifecycle.deferred_signals():  # a file is made, filled and renamed
+                        generation = fallback.publish(
+                            fallback.prepare(edge), key, plan, ring.retirer(channel, key)
+                        )
                 except BackPressureError:
                     self._refusals += 1
                     raise
@@ -459,7 +466,8 @@ class Connector(BlockingGets):
                     validate_key(key)
                 deployment = self._deployment
                 if deployment is None:  # not (fully) joined yet: `_join` retries what failed
-                    deployment = self._join()
+                    with lifecycle.deferred_signals():
+                        deployment = self._join()
                 # process_refresh: a directory scan only when the stamp moved.
                 discovery = deployment.discovery
                 if retry_short_of_descriptors(
@@ -481,7 +489,8 @@ class Connector(BlockingGets):
                     if self._misses.unchanged(edge, key, bell):
                         got = BUSY if busy else NOT_FOUND
                     else:
-                        got = self._fallback_route.claim(edge, key, None, busy, borrow)
+                        with lifecycle.deferred_signals():  # a segment is opened, locked, unlinked
+                            got = self._fallback_route.claim(edge, key, None, busy, borrow)
                         if bell is not None and got.status is GetStatus.NOT_FOUND:
                             self._misses.record(edge, key, bell)
                     status = got.status
@@ -503,7 +512,8 @@ class Connector(BlockingGets):
                 if isinstance(descriptor, RingDescriptor):
                     got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
                 else:
-                    got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
+                    with lifecycle.deferred_signals():
+                        got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
                 self._count(got)
                 return got
         except BufferError as error:
@@ -541,7 +551,7 @@ class Connector(BlockingGets):
         whose file is still there (a busy lock, a failed unlink) and ring
         files whose unlink failed; never waits, never raises for them.
         """
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             deployment = self._deployment
             if deployment is None or self._inherited:
                 return 0
@@ -582,7 +592,7 @@ class Connector(BlockingGets):
         per ring or segment; what it could not do then is left for later
         (`reap_consumed`) and counted in `health().deferred_retires`.
         """
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             self._require_open()
             validate_key(key)
             self._reap_deferred()
@@ -593,7 +603,7 @@ class Connector(BlockingGets):
 
     def cleanup_prefix(self, prefix: str) -> int:
         """`spec.connector.process_cleanup_prefix`: retire every unclaimed `prefix` + digits key."""
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             self._require_open()
             validate_key(prefix)
             retired = self._ring_route.retire_prefix(prefix)
@@ -629,7 +639,7 @@ class Connector(BlockingGets):
 
     @contextlib.contextmanager
     def _cohort(self, edge: Edge) -> Iterator[int]:
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             self._require_open()
             self._join()
             assert self._cohorts is not None  # joined
@@ -637,7 +647,7 @@ class Connector(BlockingGets):
         try:
             yield number
         finally:
-            with self._lock:
+            with self._lock, lifecycle.deferred_signals():
                 writer = self._cohorts
                 if not self._closed and writer is not None and writer.commit(edge):
                     self._bell.ring()  # receivers waiting for a key of the cohort look again
@@ -660,7 +670,7 @@ class Connector(BlockingGets):
         removes it and leaves the deployment then.
         """
         lifecycle.closed(self)
-        with self._lock:
+        with self._lock, lifecycle.deferred_signals():
             if self._inherited:  # a forked child's copy: release its mappings, touch no file
                 lifecycle.release_inherited(self)
                 return 0

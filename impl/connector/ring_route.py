@@ -42,6 +42,7 @@ from ..errors import (
     ResourceExhaustedError,
     ShmringError,
 )
+from ..lifecycle import deferred_signals
 from ..liveness import Liveness
 from ..names import ConnectorIdentity, ring_path
 from ..os_seam import OsFacade
@@ -690,7 +691,10 @@ class RingRoute:
                 self._claiming = None
             if got.status is ReceiveStatus.DELIVERED:
                 if cached:  # most recently used last, as `_reader` does (the ring that delivered)
-                    readers[edge, producer] = readers.pop((edge, producer), reader)
+                    # `del` then store: no call in between for a handler to stop (issue 24)
+                    if (edge, producer) in readers:
+                        del readers[edge, producer]
+                    readers[edge, producer] = reader
                 if not cached and index == last:
                     self._keep_readers(edge, resolved, complete, sheds)
                 if borrow:
@@ -762,34 +766,39 @@ class RingRoute:
 
     def _reader(self, edge: Edge, producer: ConnectorIdentity) -> RingReader | None:
         """The mapped ring of `producer` on `edge`; None (and released) when it is gone."""
-        reader = self.readers.pop((edge, producer), None)
+        readers = self.readers
+        reader = readers.get((edge, producer))
         if reader is not None:
-            self.readers[(edge, producer)] = reader  # most recently used last
+            # Most recently used last; `del` and the store run no call in between,
+            # so no signal handler can stop us with the reader out (issue 24).
+            del readers[(edge, producer)]
+            readers[(edge, producer)] = reader
         if reader is None:
             deployment = self._deployment
             assert deployment is not None  # joined
             directory = deployment.directory
             path = ring_path(directory.path, edge[0], edge[1], producer)
-            try:
-                reader = retry_short_of_descriptors(
-                    "a ring mapping",
-                    lambda: RingReader.attach(path, os_facade=self._os, directory=directory),
-                    self._shed,
-                )
-            except ProducerGoneError:
-                self.release(edge, producer)
-                return None
-            except CorruptFrameError as error:
-                logger.warning("shmring: ignoring a corrupt ring %s: %s", path, error)
-                self.release(edge, producer)
-                return None
-            if (*reader.producer, reader.instance) != producer:
-                named = (*reader.producer, reader.instance)
-                reader.close()
-                logger.warning("shmring: ring %s names producer=%s", path, named)
-                self.release(edge, producer)
-                return None
-            self.readers[(edge, producer)] = reader
+            with deferred_signals():  # a descriptor and a mapping, kept (`lifecycle`)
+                try:
+                    reader = retry_short_of_descriptors(
+                        "a ring mapping",
+                        lambda: RingReader.attach(path, os_facade=self._os, directory=directory),
+                        self._shed,
+                    )
+                except ProducerGoneError:
+                    self.release(edge, producer)
+                    return None
+                except CorruptFrameError as error:
+                    logger.warning("shmring: ignoring a corrupt ring %s: %s", path, error)
+                    self.release(edge, producer)
+                    return None
+                if (*reader.producer, reader.instance) != producer:
+                    named = (*reader.producer, reader.instance)
+                    reader.close()
+                    logger.warning("shmring: ring %s names producer=%s", path, named)
+                    self.release(edge, producer)
+                    return None
+                self.readers[(edge, producer)] = reader
         elif reader.producer_closed:
             if self._release_closed(edge, producer, reader):
                 return self._reader(edge, producer)  # the re-created ring, attached now

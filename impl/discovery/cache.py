@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..directory import Directory, as_directory
 from ..errors import ResourceExhaustedError, ShmringError
+from ..lifecycle import deferred_signals
 from ..liveness import Liveness
 from ..names import ConnectorIdentity, Edge, parse_marker_file_name
 from ..os_seam import OsFacade
@@ -110,7 +111,8 @@ class DiscoveryCache:
                 return False
         else:
             current = -1
-        self._scan(current)
+        with deferred_signals():  # readers' rings are attached, dead files removed (`lifecycle`)
+            self._scan(current)
         return True
 
     def _rescan_due(self) -> bool:

@@ -47,6 +47,7 @@ from ..directory import Directory, as_directory, check_private_file
 from ..errors import BrokenError, ClosedError
 from ..frame_io import u64_words
 from ..futex import FutexWord
+from ..lifecycle import signals_deferred
 from ..names import STAMP_FILE_NAME
 from ..os_seam import FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
 
@@ -119,6 +120,7 @@ class Stamp:
         value: int = buf[_STAMP_WORD]
         return value
 
+    @signals_deferred
     def bump(self) -> int:
         """Advance the stamp by one under its lock; answer the new value."""
         buf = self._buf
@@ -212,6 +214,7 @@ class Stamp:
             self._stage_bells[stage] = bell
         return bell
 
+    @signals_deferred
     def close(self) -> None:
         """Unmap and close. Idempotent; never unlinks (see `Membership.leave`)."""
         bells, self._stage_bells = self._stage_bells, {}

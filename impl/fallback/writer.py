@@ -64,6 +64,7 @@ from ..frame_io import (
     write_data_frame_fields,
     write_ring_header,
 )
+from ..lifecycle import signals_deferred
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS
 from ..names import (
     Edge,
@@ -212,6 +213,7 @@ class FallbackWriter:
 
     # -- budget ------------------------------------------------------------------
 
+    @signals_deferred
     def refresh(self) -> int:
         """Forget segments readers claimed; answer the bytes that freed."""
         freed = 0
@@ -247,6 +249,7 @@ class FallbackWriter:
 
     # -- put -------------------------------------------------------------------
 
+    @signals_deferred
     def put(
         self,
         edge: Edge,
@@ -547,6 +550,7 @@ class FallbackWriter:
 
     # -- retire ------------------------------------------------------------------
 
+    @signals_deferred
     def _retire(self, slot: tuple[Edge, str]) -> int:
         """Retire our unclaimed segment of `slot`; 0 when a reader claimed it first.
 
@@ -619,6 +623,7 @@ class FallbackWriter:
         self._deferred_total += 1
         return 1
 
+    @signals_deferred
     def reap(self, force: bool = False) -> int:
         """Remove retired segments left for later (never waits); answer how many went.
 
@@ -688,6 +693,7 @@ class FallbackWriter:
         """Whether we hold a segment for the key (it may have been claimed since)."""
         return (edge, key) in self._segments
 
+    @signals_deferred
     def close(self) -> int:
         """Retire every unclaimed segment and drop leftovers. Idempotent; answers how many."""
         retired = 0

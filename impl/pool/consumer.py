@@ -39,6 +39,7 @@ from ...spec.layout import (
 from ..directory import Directory, check_private_file
 from ..errors import CorruptFrameError
 from ..frame_io import SharedWords
+from ..lifecycle import deferred_signals, signals_deferred
 from ..liveness import is_holder_alive
 from ..names import ConnectorIdentity, pool_slot_file_name
 from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
@@ -141,15 +142,27 @@ class PoolReader:
 
     def _slot(self, producer: ConnectorIdentity, index: int) -> _Slot:
         key = (producer, index)
-        slot = self._slots.pop(key, None)
+        slots = self._slots
+        slot = slots.get(key)
         if slot is not None:
             shrunk = self._shrink_problem(pool_slot_file_name(producer, index), slot)
             if shrunk is not None:
-                slot.mapping.close()  # never touched again; the next claim maps it afresh
+                with deferred_signals():
+                    del slots[key]
+                    slot.mapping.close()  # never touched again; the next claim maps it afresh
                 raise CorruptFrameError(shrunk)
-            self._slots[key] = slot  # most recently used last
+            # Most recently used last: `del` then store, no call in between (issue 24).
+            del slots[key]
+            slots[key] = slot
             self.hits += 1
             return slot
+        with deferred_signals():  # a descriptor and a mapping, kept (`lifecycle`)
+            return self._attach(key, producer, index)
+
+    def _attach(
+        self, key: tuple[ConnectorIdentity, int], producer: ConnectorIdentity, index: int
+    ) -> _Slot:
+        """Map the slot file of a miss and keep it (one `deferred_signals` section: `_slot`)."""
         self._sweep(producer)  # a miss: the producer made slots, so it may have removed some
         name = pool_slot_file_name(producer, index)
         try:
@@ -224,6 +237,7 @@ class PoolReader:
             )
         return None
 
+    @signals_deferred
     def _sweep(self, producer: ConnectorIdentity) -> None:
         """Unmap this producer's slots whose files are gone (evicted: no reference names them)."""
         for key in [key for key in self._slots if key[0] == producer]:
@@ -339,11 +353,13 @@ class PoolReader:
 
     # -- forgetting -----------------------------------------------------------------------
 
+    @signals_deferred
     def release_producer(self, producer: tuple[int, ...]) -> None:
         """Unmap every slot of a producer that closed or exited."""
         for key in [key for key in self._slots if key[0] == tuple(producer)]:
             self._slots.pop(key).mapping.close()
 
+    @signals_deferred
     def shed(self) -> int:
         """Out of descriptors: unmap half the mapped slots, least recently used first.
 
@@ -367,6 +383,7 @@ class PoolReader:
     def mapped(self) -> int:
         return len(self._slots)
 
+    @signals_deferred
     def close(self) -> None:
         for key in list(self._slots):
             self._slots.pop(key).mapping.close()

@@ -37,6 +37,7 @@ from ...spec.layout import (
 )
 from ...spec.pool import compute_class, compute_slot_charge
 from ..directory import Directory
+from ..lifecycle import signals_deferred
 from ..liveness import is_holder_alive
 from ..names import ConnectorIdentity, pool_slot_file_name
 from ..os_seam import OPEN_FLAGS_EXISTING, OsFacade
@@ -155,6 +156,7 @@ class PoolProducer:
             return True
         return not is_holder_alive(load_slot_holder_pid(words), self._os)
 
+    @signals_deferred
     def acquire(self, nbytes: int) -> OwnedSlot | None:
         """`spec.pool.process_pool_acquire`: a FREE slot to write, or None (the put falls back).
 
@@ -245,6 +247,7 @@ class PoolProducer:
         """The ring published the reference: the slot waits for its carrier to go."""
         slot.carrier = carrier
 
+    @signals_deferred
     def abandon(self, slot: OwnedSlot) -> None:
         """`spec.pool.process_pool_abandon`: the ring refused the carrier; FREE again."""
         self._make_free(slot)
@@ -259,6 +262,7 @@ class PoolProducer:
         self.used_bytes -= slot.charge
         slot.mapping.close()
 
+    @signals_deferred
     def close(self) -> int:
         """`spec.pool.process_pool_close`: unlink every slot file; answers how many. Idempotent.
 

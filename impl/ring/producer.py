@@ -39,6 +39,7 @@ from ..frame_io import (
     store_tail_release,
     write_ring_header,
 )
+from ..lifecycle import signals_deferred
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..names import current_producer_identity, instance_of
 from ..os_seam import (
@@ -365,6 +366,7 @@ class RingChannel(RingProducer, _RingFile):
             return f"ring file was unlinked by a neighbour: path={self.path!r}"
         return None
 
+    @signals_deferred
     def evacuate(self) -> tuple[list[tuple[str, bytes]], int]:
         """Close a ring whose file was unlinked and answer (its unclaimed frames, frames lost).
 
@@ -413,6 +415,7 @@ class RingChannel(RingProducer, _RingFile):
         finally:
             self._teardown()
 
+    @signals_deferred
     def discard_shrunk(self) -> int:
         """Drop a ring whose file shrank, never touching the mapping; answer the frames lost.
 
@@ -437,6 +440,7 @@ class RingChannel(RingProducer, _RingFile):
 
     # -- close -----------------------------------------------------------------
 
+    @signals_deferred
     def close(self) -> int:
         """Mark the ring CLOSED, retire everything unclaimed, unmap, unlink.
 

@@ -48,6 +48,7 @@ from ..frame_io import (
     store_frame_holder_pid,
     store_frame_state_release,
 )
+from ..lifecycle import signals_deferred
 from ..os_seam import (
     DEFAULT_OS,
     OPEN_FLAGS_EXISTING,
@@ -702,6 +703,7 @@ class RingReader(_RingFile):
             skipped=self._skipped,
         )
 
+    @signals_deferred
     def close(self) -> None:
         """Drop the mapping and descriptor; never unlinks. Idempotent.
 
