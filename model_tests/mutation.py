@@ -90,6 +90,9 @@ NOT_SELECTED: dict[str, str] = {
     "model_tests/test_docs_names.py": _CHECKOUT.format("docs/ and README"),
     "model_tests/test_mutation_runner.py": _CHECKOUT.format("pyproject.toml and docs/mutation.md")
     + "; it tests this runner, not impl/",
+    "fault_injection/test_interleave.py": "builds its reordered readers by recompiling "
+    "RingReader's methods from their source (inspect), which under mutmut is the trampoline "
+    "that calls names only mutmut's module holds: the file fails to import",
     "model_tests/test_conformance.py::test_the_readme_examples_run": _CHECKOUT.format("README"),
     "model_tests/test_cli_errors.py::test_version_is_the_package_version": _CHECKOUT.format(
         "pyproject.toml"
