@@ -97,6 +97,10 @@ NOT_SELECTED: dict[str, str] = {
     "model_tests/test_cli_errors.py::test_version_is_the_package_version": _CHECKOUT.format(
         "pyproject.toml"
     ),
+    "model_tests/test_cli_errors.py::test_ctrl_c_exits_130_and_says_where_the_partial_report_is": (
+        "interrupts a child `shmring check` while it runs; inside mutmut's stats run the child "
+        "finished (124.6 s) before the interrupt came and exited 0, which stopped the stats run"
+    ),
     "model_tests/test_driver_port.py::test_pyproject_asks_for_the_cuda_python_that_has_bindings": (
         _CHECKOUT.format("pyproject.toml")
     ),
