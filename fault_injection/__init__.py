@@ -9,7 +9,10 @@
   `tmpfs`: real ENOSPC in a private mount namespace.
 * `interleave` / `interleave_scenarios`: producer and readers as cooperative
   actors over one real mapping, every schedule up to a preemption bound
-  (`run_interleavings`; docs/interleavings.md).
+  (`run_interleavings`; docs/interleavings.md); `interleave_interrupts`,
+  `interleave_liveness`, `interleave_neighbours`: the environment's actions
+  there (an exception raised at every stop point, the liveness verdict
+  against a re-joining member, a neighbour's unlink and truncation).
 
 docs/faults.md is the catalogue and the reader's guide.
 """

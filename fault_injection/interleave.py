@@ -32,6 +32,7 @@ TEXT`. Scenarios live in `interleave_scenarios`; see docs/interleavings.md.
 from __future__ import annotations
 
 import fcntl
+import mmap
 import random
 import threading
 import time
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from ..impl.frame_io import SharedWords
-from ..impl.os_seam import OsFacade
+from ..impl.os_seam import FILE_MODE, OsFacade, SharedMapping
 
 # An actor that does not reach its next schedule point within this many
 # seconds is stuck (a real wait in the kernel): the run fails, it does not hang.
@@ -55,6 +56,32 @@ class _Stuck(Exception):
     pass
 
 
+class Interrupt(Exception):  # noqa: N818 - the user's exception, not an error of ours
+    """What an interruption raises at its stop point (as a raising signal handler would)."""
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """Raise `Interrupt` in actor `actor` at its `point`-th stop point (1-based), once.
+
+    An actor's stop points are its schedule points plus the points right
+    after a call that took something (a lock, a descriptor, a mapping),
+    where a signal handler can run before the caller records it
+    (`SchedulingOs`). Written `R0@17`.
+    """
+
+    actor: str
+    point: int
+
+    def encode(self) -> str:
+        return f"{self.actor}@{self.point}"
+
+    @classmethod
+    def decode(cls, text: str) -> Interruption:
+        actor, _, point = text.partition("@")
+        return cls(actor, int(point))
+
+
 # -- the actors' side ------------------------------------------------------------
 
 
@@ -67,6 +94,7 @@ class _Actor:
         "index",
         "label",
         "name",
+        "points",
         "state",
         "at_lock",
         "turn",
@@ -85,6 +113,7 @@ class _Actor:
         self.failed_lock_epoch = -1  # lock epoch of its last failed try-lock
         self.wait_steps = -1  # yielded at this step: runnable once another actor moved
         self.at_lock = False  # waits at a try-lock that failed since the last unlock
+        self.points = 0  # stop points reached (an `Interruption` counts these)
 
 
 @dataclass
@@ -104,6 +133,9 @@ class RunResult:
     decisions: list[Decision]
     failure: str | None  # None when every check held
     steps: int
+    interruption: Interruption | None = None  # the one planned for this run
+    interrupted: str | None = None  # where it was raised (None: the run never got there)
+    stop_labels: dict[str, list[str]] = field(default_factory=dict)  # per actor, in order
 
 
 class Scheduler:
@@ -120,6 +152,12 @@ class Scheduler:
         self.lock_epoch = 0  # bumped at every unlock and close
         self.failure: str | None = None
         self.check: Callable[[str], None] | None = None  # run at every schedule point
+        self.interruption: Interruption | None = None  # raise there, once
+        self.interrupted: str | None = None  # where it was raised: "R0 at 'unlock' (point 7)"
+        # A world whose environment acts otherwise (a neighbour unlinking a
+        # file): called there with the stop point's label instead of raising.
+        self.environment: Callable[[str], None] | None = None
+        self.stop_labels: dict[str, list[str]] = {}  # per actor: each stop point's label
         self._finished = threading.Event()
 
     # -- called by actors (through the seams) ------------------------------------
@@ -144,7 +182,36 @@ class Scheduler:
             except AssertionError as error:
                 self.fail(f"invariant broken at {actor.name} {label}: {error}")
                 return
+        self._stop(actor, label)
         self._hand_over(actor)
+
+    def stop(self, label: str) -> None:
+        """A stop point that is no schedule point: an interruption may raise here, nothing else.
+
+        Right after a call that took something (a lock, a descriptor) and
+        before the caller could record it: where a signal handler runs when
+        the call returns. No switch happens here, so the schedules (and the
+        bounded search's tree) are the same with or without these points.
+        """
+        actor = self.current
+        if actor is not None:
+            self._stop(actor, label)
+
+    def _stop(self, actor: _Actor, label: str) -> None:
+        actor.points += 1
+        self.stop_labels.setdefault(actor.name, []).append(label)
+        planned = self.interruption
+        if (
+            planned is not None
+            and self.interrupted is None
+            and planned.actor == actor.name
+            and planned.point == actor.points
+        ):
+            self.interrupted = f"{actor.name} at '{label}' (its stop point {actor.points})"
+            if self.environment is not None:
+                self.environment(label)
+                return
+            raise Interrupt(f"interrupted at {label!r}")
 
     def wait_for_unlock(self, label: str) -> None:
         """A try-lock point of an actor whose last try failed: wait until some lock is released."""
@@ -154,6 +221,7 @@ class Scheduler:
             return
         self.steps += 1
         actor.label = label + " (waits for an unlock)"
+        self._stop(actor, actor.label)
         actor.at_lock = True
         self._hand_over(actor)
         actor.at_lock = False
@@ -164,8 +232,9 @@ class Scheduler:
         if actor is None:
             return
         self.steps += 1
-        actor.wait_steps = self.steps
         actor.label = label + " (yields)"
+        self._stop(actor, actor.label)
+        actor.wait_steps = self.steps
         self._hand_over(actor)
 
     def lock_failed(self) -> None:
@@ -326,11 +395,50 @@ class SchedulingOs(OsFacade):
             scheduler.wait_for_unlock("lock" if blocking else "try-lock")
             try:
                 fcntl.flock(fd, operation | fcntl.LOCK_NB)
-                return
             except BlockingIOError:
                 scheduler.lock_failed()
                 if not blocking:
                     raise
+                continue
+            scheduler.stop("after lock")  # taken: a handler may run before the caller's `try`
+            return
+
+    def ofd_lock(self, fd: int, *, exclusive: bool = True) -> None:
+        super().ofd_lock(fd, exclusive=exclusive)
+        self._scheduler.stop("after ofd lock")
+
+    # Calls that hand the caller a descriptor or a mapping: a stop point right
+    # after each, before the caller can record what it got.
+
+    def open(self, path: str, flags: int, mode: int = FILE_MODE) -> int:
+        fd = super().open(path, flags, mode)
+        self._scheduler.stop("after open")
+        return fd
+
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = FILE_MODE) -> int:
+        fd = super().open_at(dir_fd, name, flags, mode)
+        self._scheduler.stop("after open")
+        return fd
+
+    def open_directory(self, path: str) -> int:
+        fd = super().open_directory(path)
+        self._scheduler.stop("after open")
+        return fd
+
+    def mmap(self, fd: int, length: int, *, writable: bool = True) -> mmap.mmap:
+        mapping = super().mmap(fd, length, writable=writable)
+        self._scheduler.stop("after mmap")
+        return mapping
+
+    def map_shared(self, fd: int, length: int) -> SharedMapping:
+        mapping = super().map_shared(fd, length)
+        self._scheduler.stop("after mmap")
+        return mapping
+
+    def pidfd_open(self, pid: int) -> int:
+        fd = super().pidfd_open(pid)
+        self._scheduler.stop("after pidfd_open")
+        return fd
 
     def close(self, fd: int) -> None:
         super().close(fd)
@@ -498,9 +606,15 @@ def run_schedule(
     scenario: Scenario,
     prefix: Sequence[int] = (),
     policy: Callable[[Scheduler, int | None, tuple[int, ...]], int] | None = None,
+    interruption: Interruption | None = None,
 ) -> RunResult:
-    """Build the scenario's world, run one schedule, check the end, tear down."""
+    """Build the scenario's world, run one schedule, check the end, tear down.
+
+    With an `interruption`, that actor's stop point raises `Interrupt`
+    instead (the world's scripts say what an interrupted operation may leave).
+    """
     scheduler = Scheduler()
+    scheduler.interruption = interruption
     world = scenario.build(scheduler)
     try:
         scheduler.check = world.check_step
@@ -514,7 +628,14 @@ def run_schedule(
     finally:
         scheduler.check = None
         world.close()
-    return RunResult(scheduler.decisions, failure, scheduler.steps)
+    return RunResult(
+        scheduler.decisions,
+        failure,
+        scheduler.steps,
+        interruption,
+        scheduler.interrupted,
+        {name: list(labels) for name, labels in scheduler.stop_labels.items()},
+    )
 
 
 def _names(world_actors: Sequence[tuple[str, Callable[[], object]]]) -> list[str]:
@@ -533,6 +654,12 @@ class Report:
     exhaustive: bool = False  # the bounded tree was walked to its end
     failure: str | None = None
     reproducer: str | None = None  # the failing schedule (Schedule.encode)
+    interruption: str | None = None  # the failing run's `Interruption.encode`, if any
+    interrupted: str | None = None  # where the failing run's interrupt was raised
+    stop_points: int = 0  # interruptions tried (`explore_interrupts`)
+    # explore_interrupts(keep_going=True): every failing interruption, as
+    # (its Interruption.encode, where it was raised, the failure, the reproducer).
+    failures: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     @property
     def per_second(self) -> float:
@@ -569,16 +696,21 @@ def _describe(scenario: Scenario, result: RunResult, names: list[str]) -> tuple[
         if decision.chosen != before:
             who = names[before] if before is not None else "-"
             switches.append(f"  #{index}: {who} at '{decision.label}' -> {names[decision.chosen]}")
+    planned = result.interruption
     if _is_registered(scenario):
         rerun = (
             f"rerun: python -m shmring.fault_injection.interleave --scenario {scenario.name} "
             f"--schedule '{text}'"
-        )
+        ) + ("" if planned is None else f" --interrupt {planned.encode()}")
     else:
-        rerun = f"rerun: shmring.fault_injection.interleave.replay(<scenario>, {text!r})"
+        extra = "" if planned is None else f", interrupt={planned.encode()!r}"
+        rerun = f"rerun: shmring.fault_injection.interleave.replay(<scenario>, {text!r}{extra})"
+    interrupted = ""
+    if planned is not None:
+        interrupted = f"interrupt: {planned.encode()}: raised in {result.interrupted or 'never'}\n"
     message = (
         f"interleaving failure in scenario {scenario.name}: {result.failure}\n"
-        f"schedule: {text}\n"
+        f"schedule: {text}\n" + interrupted + ""
         "switches (the last 40):\n" + "\n".join(switches[-40:]) + "\n" + rerun
     )
     return message, text
@@ -590,15 +722,19 @@ def explore_bounded(
     *,
     max_schedules: int | None = None,
     seconds: float | None = None,
+    interruption: Interruption | None = None,
 ) -> Report:
-    """Every schedule with at most `preemptions` preemptions (depth-first, by re-execution)."""
+    """Every schedule with at most `preemptions` preemptions (depth-first, by re-execution).
+
+    With an `interruption`, every one of those schedules raises it there.
+    """
     report = Report(scenario.name, f"bounded k={preemptions}")
     names = _actor_names(scenario)
     started = time.perf_counter()
     path: list[_Node] = []
     prefix: list[int] = []
     while True:
-        result = run_schedule(scenario, prefix)
+        result = run_schedule(scenario, prefix, interruption=interruption)
         report.schedules += 1
         report.steps += result.steps
         if result.failure is None:
@@ -608,10 +744,14 @@ def explore_bounded(
                         result.decisions,
                         "replay diverged: the code under test is not deterministic",
                         result.steps,
+                        interruption,
+                        result.interrupted,
                     )
                     break
         if result.failure is not None:
             report.failure, report.reproducer = _describe(scenario, result, names)
+            report.interruption = None if interruption is None else interruption.encode()
+            report.interrupted = result.interrupted
             break
         for decision in result.decisions[len(path) :]:
             path.append(
@@ -695,28 +835,105 @@ def explore_random(
     return report
 
 
-def replay(scenario: Scenario | str, schedule: str) -> RunResult:
-    """Rerun one schedule (as `Schedule.encode` wrote it); the result says what failed."""
+def replay(scenario: Scenario | str, schedule: str, interrupt: str | None = None) -> RunResult:
+    """Rerun one schedule (as `Schedule.encode` wrote it); the result says what failed.
+
+    `interrupt` ('R0@17', as a failure printed it) raises there again.
+    """
     if isinstance(scenario, str):
         scenario = scenario_named(scenario)
     names = _actor_names(scenario)
     prefix = [names.index(name) for name in Schedule.decode(schedule).names]
-    return run_schedule(scenario, prefix)
+    interruption = None if interrupt is None else Interruption.decode(interrupt)
+    return run_schedule(scenario, prefix, interruption=interruption)
+
+
+def explore_interrupts(
+    scenario: Scenario,
+    *,
+    actors: Sequence[str] | None = None,
+    preemptions: int = 0,
+    max_schedules: int | None = None,
+    skip: Callable[[str], bool] | None = None,
+    keep_going: bool = False,
+) -> Report:
+    """Every stop point of every actor (or of `actors`), one interrupt per run.
+
+    A clean run under the default policy counts each actor's stop points;
+    then, for each actor and each of its points, every schedule with at most
+    `preemptions` preemptions runs with `Interrupt` raised there (at 0: every
+    order of the actors that switches only where one finishes or yields).
+    `max_schedules` caps each point's bounded walk; `skip(label)` leaves out
+    the stop points whose label it accepts. The first failure stops
+    the exploration; its reproducer names the schedule and the interruption.
+    With `keep_going`, every stop point is tried and each failing one (its
+    first failing schedule) is listed in `Report.failures`; `failure` is the first.
+    """
+    report = Report(scenario.name, f"interrupts k={preemptions}")
+    started = time.perf_counter()
+    clean = run_schedule(scenario)
+    report.schedules += 1
+    report.steps += clean.steps
+    if clean.failure is not None:
+        report.failure, report.reproducer = _describe(scenario, clean, _actor_names(scenario))
+        report.seconds = time.perf_counter() - started
+        return report
+    exhaustive = True
+    for actor, labels in clean.stop_labels.items():
+        if actors is not None and actor not in actors:
+            continue
+        for point, label in enumerate(labels, 1):
+            if skip is not None and skip(label):
+                continue
+            interruption = Interruption(actor, point)
+            walk = explore_bounded(
+                scenario, preemptions, max_schedules=max_schedules, interruption=interruption
+            )
+            report.schedules += walk.schedules
+            report.steps += walk.steps
+            report.stop_points += 1
+            exhaustive = exhaustive and walk.exhaustive
+            if walk.failure is not None:
+                if report.failure is None:
+                    report.failure, report.reproducer = walk.failure, walk.reproducer
+                    report.interruption = interruption.encode()
+                    report.interrupted = walk.interrupted
+                report.failures.append(
+                    (
+                        interruption.encode(),
+                        walk.interrupted or "",
+                        walk.failure.splitlines()[0],
+                        walk.failure,
+                    )
+                )
+                if not keep_going:
+                    report.seconds = time.perf_counter() - started
+                    return report
+    report.exhaustive = exhaustive and not report.failures
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def registered_scenarios() -> tuple[Scenario, ...]:
+    """Every scenario the command line knows (interleavings, interrupts, liveness, neighbours)."""
+    from .interleave_interrupts import INTERRUPT_SCENARIOS
+    from .interleave_liveness import LIVENESS_SCENARIOS
+    from .interleave_neighbours import NEIGHBOUR_SCENARIOS
+    from .interleave_scenarios import SCENARIOS
+
+    return (*SCENARIOS, *INTERRUPT_SCENARIOS, *LIVENESS_SCENARIOS, *NEIGHBOUR_SCENARIOS)
 
 
 def _is_registered(scenario: Scenario) -> bool:
-    from .interleave_scenarios import SCENARIOS
-
-    return any(registered.name == scenario.name for registered in SCENARIOS)
+    return any(registered.name == scenario.name for registered in registered_scenarios())
 
 
 def scenario_named(name: str) -> Scenario:
-    from .interleave_scenarios import SCENARIOS
-
-    for scenario in SCENARIOS:
+    scenarios = registered_scenarios()
+    for scenario in scenarios:
         if scenario.name == name:
             return scenario
-    raise KeyError(f"no interleaving scenario named {name!r}: {[s.name for s in SCENARIOS]}")
+    raise KeyError(f"no interleaving scenario named {name!r}: {[s.name for s in scenarios]}")
 
 
 # -- the `shmring check` section ------------------------------------------------------------
@@ -736,7 +953,66 @@ def run_interleavings(
     """The `shmring check` section: every registered scenario under `budget`."""
     from .interleave_scenarios import SCENARIOS
 
-    return explore_scenarios(SCENARIOS, budget, seed, progress)
+    counts = explore_scenarios(SCENARIOS, budget, seed, progress)
+    counts.update(explore_environment(budget, seed))
+    return counts
+
+
+def explore_environment(budget: str, seed: int) -> dict[str, int]:
+    """The environment's scenarios under `budget` (raises InterleavingFailure on a failure).
+
+    Interrupts: every stop point of `interrupt_*` at one preemption less than
+    the budget's bound, every failure one of `KNOWN_OPEN` (counted) or a new
+    one (raised). The liveness verdict: bounded and PCT as the other
+    scenarios. A neighbour's unlink and truncation: every stop point it may
+    act at, at one preemption less than the bound.
+    """
+    from .interleave_interrupts import (
+        INTERRUPT_SCENARIOS,
+        KNOWN_OPEN,
+        KNOWN_OPEN_PREEMPTED,
+        findings,
+    )
+    from .interleave_liveness import LIVENESS_SCENARIOS
+    from .interleave_neighbours import NEIGHBOUR_SCENARIOS, explore_neighbour
+
+    preemptions, cap, random_schedules = BUDGETS[budget]
+    environment = max(preemptions - 1, 0)
+    counts: dict[str, int] = {}
+    points = schedules = known = 0
+    for scenario in INTERRUPT_SCENARIOS:
+        report = explore_interrupts(
+            scenario, preemptions=environment, max_schedules=cap, keep_going=True
+        )
+        allowed = KNOWN_OPEN[scenario.name] | (
+            KNOWN_OPEN_PREEMPTED[scenario.name] if environment else set()
+        )
+        found = findings(report)
+        new = [found[key] for key in found if key not in allowed]
+        if new:
+            raise InterleavingFailure(new[0])
+        points += report.stop_points
+        schedules += report.schedules
+        known += len(found)
+    counts["interrupted stop points"] = points
+    counts["interrupted schedules"] = schedules
+    counts["interrupt findings open (KNOWN_OPEN)"] = known
+    for scenario in LIVENESS_SCENARIOS:
+        for report in (
+            explore_bounded(scenario, preemptions, max_schedules=cap),
+            explore_random(scenario, random_schedules, depth=3, seed=seed),
+        ):
+            if report.failure is not None:
+                raise InterleavingFailure(report.failure)
+            counts[f"{scenario.name} schedules"] = (
+                counts.get(f"{scenario.name} schedules", 0) + report.schedules
+            )
+    for scenario in NEIGHBOUR_SCENARIOS:
+        report = explore_neighbour(scenario, environment, max_schedules=cap)
+        if report.failure is not None:
+            raise InterleavingFailure(report.failure)
+        counts[f"{scenario.name} schedules"] = report.schedules
+    return counts
 
 
 def explore_scenarios(
@@ -775,38 +1051,49 @@ def explore_scenarios(
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from .interleave_scenarios import SCENARIOS
-
+    scenarios = registered_scenarios()
     parser = argparse.ArgumentParser(
         prog="python -m shmring.fault_injection.interleave",
         description="Rerun one schedule of an interleaving scenario, or explore one.",
     )
-    parser.add_argument("--scenario", choices=[s.name for s in SCENARIOS])
+    parser.add_argument("--scenario", choices=[s.name for s in scenarios])
     parser.add_argument("--schedule", help="a schedule as a failure printed it: 'P*3 R0*2 ...'")
+    parser.add_argument(
+        "--interrupt", help="with --schedule: raise at this stop point, as printed: 'R0@17'"
+    )
+    parser.add_argument(
+        "--interrupts",
+        action="store_true",
+        help="explore: raise at every stop point in turn (with --preemptions)",
+    )
     parser.add_argument("--preemptions", type=int, default=2, help="bound for --explore")
     parser.add_argument("--random", type=int, default=0, help="PCT schedules for --explore")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--list", action="store_true", help="list the scenarios")
     args = parser.parse_args(argv)
     if args.list or args.scenario is None:
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             print(f"{scenario.name}: {scenario.summary}")
         return 0
     scenario = scenario_named(args.scenario)
     if args.schedule is not None:
-        result = replay(scenario, args.schedule)
+        result = replay(scenario, args.schedule, args.interrupt)
         if result.failure is None:
             print(f"{scenario.name}: the schedule ran to its end; every check held")
             return 0
         print(_describe(scenario, result, _actor_names(scenario))[0])
         return 1
-    reports = [explore_bounded(scenario, args.preemptions)]
+    if args.interrupts:
+        reports = [explore_interrupts(scenario, preemptions=args.preemptions)]
+    else:
+        reports = [explore_bounded(scenario, args.preemptions)]
     if args.random:
         reports.append(explore_random(scenario, args.random, seed=args.seed))
     status = 0
     for report in reports:
+        points = f", {report.stop_points} stop points" if report.stop_points else ""
         print(
-            f"{report.scenario} {report.mode}: {report.schedules} schedules "
+            f"{report.scenario} {report.mode}: {report.schedules} schedules{points} "
             f"({report.per_second:.0f}/s){' exhaustive' if report.exhaustive else ''}"
         )
         if report.failure is not None:

@@ -107,6 +107,11 @@ class Observer:
         self.view = memoryview(self._map)
         self._words = SharedWords(self.view)
 
+    @property
+    def fd(self) -> int:
+        """The observer's descriptor of the file (to fstat it)."""
+        return self._fd
+
     def head(self) -> int:
         return frame_io.load_head_acquire(self._words)
 
@@ -1060,6 +1065,7 @@ class PoolWorld:
             install_words(reader, scheduler)
         self._scheduled = True
         self.claims: list[tuple[Any, bytes]] = []  # (borrowed claim, its payload) while held
+        self.releasing: list[Any] = []  # claims whose release is under way
         self.observer = Observer(self.ring_path, RING_CAPACITY)
         self._slot_maps: dict[str, tuple[int, mmap.mmap]] = {}
         self._snapshot: tuple[bytes, ...] | None = None
@@ -1147,8 +1153,10 @@ class PoolWorld:
         payload = next(payload for held, payload in self.claims if held is claim)
         _require(bytes(claim.view) == payload, "a borrowed slot payload changed before its release")
         self.claims = [(held, data) for held, data in self.claims if held is not claim]
+        self.releasing.append(claim)  # an interrupted release leaves it to a retry
         claim.view.release()
         claim.release()
+        self.releasing.remove(claim)
 
     # -- checks ----------------------------------------------------------------------
 

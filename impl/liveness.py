@@ -260,7 +260,7 @@ def read_process_status(pid: int, os_facade: OsFacade) -> tuple[int, bytes] | No
     return parse_start_time(line), state
 
 
-def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
+def is_holder_alive(pid: int, os_facade: OsFacade, directory: Directory | None = None) -> bool:
     """Whether the lease holder `pid` may still run; False only when it surely does not.
 
     A pidfd answers first (ProcessLookupError: no such process; readable: it
@@ -269,9 +269,63 @@ def is_holder_alive(pid: int, os_facade: OsFacade) -> bool:
     frame's reclaim waits for that process too, which is late but never
     unsafe. An unknown holder (0) and any OS error answer alive for the same
     reason: a wrong "dead" would hand a live view's bytes to the producer.
+
+    Across pid namespaces (issue 26), a holder records its pid as its own
+    namespace numbers it, which names another process or none here. So
+    with the deployment's `directory`, a pid this namespace finds dead is
+    still alive while any member of *another* pid namespace with that pid
+    number holds its liveness file's lock (`holder_elsewhere`): a frame or
+    slot is freed only when no live member anywhere could be its holder.
+    Late where two namespaces' members share a pid number, never unsafe.
     """
     if pid == FRAME_HOLDER_NONE or pid == os.getpid():
         return True
+    if _pid_alive_here(pid, os_facade):
+        return True
+    return directory is not None and holder_elsewhere(pid, directory, os_facade)
+
+
+def holder_elsewhere(pid: int, directory: Directory, os_facade: OsFacade) -> bool:
+    """Whether a live member of another pid namespace numbers itself `pid` (doubt: True).
+
+    Reads the liveness files ``live.<pid>.*`` of `directory`: one recorded
+    in another namespace (or not written yet) whose lock is held, or any
+    error on the way, answers True. Called only where the pid verdict found
+    the holder dead (a full ring's dead-holder rule, a slot's reuse), never
+    on a per-message path.
+    """
+    prefix = f"live.{pid}."
+    try:
+        names = [name for name in directory.names() if name.startswith(prefix)]
+        if not names:
+            return False
+        ours = own_pid_namespace(os_facade)
+    except (OSError, ConfigurationError):
+        return True
+    for name in names:
+        if not is_liveness_file_name(name):
+            continue  # a connector's live file (instance part): its process's file decides
+        try:
+            fd = directory.open(name, OPEN_FLAGS_READONLY)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True
+        try:
+            if _parse_namespace(os_facade.read(fd, _MAX_LIVENESS_FILE)) == ours:
+                continue  # our namespace's member with that pid: the pid verdict was its
+            if os_facade.ofd_lock_held(fd):
+                return True
+        except OSError:
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os_facade.close(fd)
+    return False
+
+
+def _pid_alive_here(pid: int, os_facade: OsFacade) -> bool:
+    """`is_holder_alive`'s verdict in this pid namespace alone."""
     try:
         pidfd = os_facade.pidfd_open(pid)
     except ProcessLookupError:
@@ -443,6 +497,13 @@ class Liveness:
             info = self._os.fstat(fd)
             if info.st_size == 0 and time.time() - info.st_mtime < LIVENESS_FILE_GRACE_SECONDS:
                 return True
+            # A member locks its file before it writes it, so a written file
+            # was locked before the fstat above; the test before it may have
+            # run just before the lock was taken (the interleaving explorer's
+            # liveness_rejoin: a join's lock and write between the two calls
+            # read as dead). Asked again, a live member's lock is held.
+            if self._os.ofd_lock_held(fd):
+                return True
             if not self._still_named(producer, info):
                 if not look_again:
                     return True
@@ -574,6 +635,7 @@ __all__ = [
     "Liveness",
     "hold_liveness_file",
     "holds_liveness_file",
+    "holder_elsewhere",
     "is_holder_alive",
     "is_liveness_file_name",
     "liveness_file_name",

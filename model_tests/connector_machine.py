@@ -140,6 +140,8 @@ EVENT_LABELS = (
     "delivered from a pool slot",
     "cohort committed",
     "pending cohort member not delivered",
+    "forked child refused",
+    "ring replaced after a neighbour's unlink",
 )
 TALLY = Tally()  # labels reached and rules run in this process
 
@@ -162,6 +164,44 @@ def _mapped(path: str) -> bool:
 
 def _status_name(status: Any) -> str:
     return status.value
+
+
+_CHILD_CODES = {
+    10: "a put worked",
+    11: "a get worked",
+    12: "an error other than ForkedError (or ClosedError of a closed one)",
+    13: "close raised",
+    14: "close answered a retired count",
+}
+
+
+def _use_inherited(inherited: list[Connector]) -> int:
+    """In a forked child: put, get and close each inherited connector; answer an exit code."""
+    from ..impl.errors import ForkedError
+
+    for connector in inherited:
+        try:
+            connector.put(EDGES[0], "k_child", b"from the child")
+            return 10
+        except (ForkedError, ClosedError):
+            pass
+        except BaseException:  # noqa: BLE001 - any other outcome is the finding
+            return 12
+        for edge in EDGES:
+            for key in KEYS:
+                try:
+                    connector.get(edge, key)
+                    return 11
+                except (ForkedError, ClosedError):
+                    pass
+                except BaseException:  # noqa: BLE001
+                    return 12
+        try:
+            if connector.close() or connector.close():
+                return 14
+        except BaseException:  # noqa: BLE001
+            return 13
+    return 0
 
 
 class ConnectorLockstepMachine(RuleBasedStateMachine):
@@ -368,6 +408,40 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
         if previous_route is not None and previous_route is not expected.route:
             TALLY.label("re-put across routes")
         return (expected.descriptor, got)
+
+    @precondition(
+        lambda self: self.model is not None and not self.model.closed and self.model.rings
+    )
+    @rule(target=descriptors, data=st.data(), key=st.sampled_from(KEYS), size=SIZES)
+    def neighbour_unlinks_ring(self, data: st.DataObject, key: str, size: int) -> Any:
+        """Issue 22, defect 4 (`spec.environment` UNLINK_RING): a neighbour unlinks a live ring.
+
+        The real file goes (a neighbour's `unlink`, not the seam); the
+        producer's next put on the edge, right after, notices and re-creates
+        the ring with every unclaimed frame moved (`spec.connector._replace_ring`).
+        Later gets, re-puts, cleanups and the invariant check the moved
+        frames and positions against the model.
+        """
+        TALLY.step("neighbour_unlinks_ring")
+        connector, model = self._conn()
+        edge = data.draw(st.sampled_from(sorted(model.rings)), label="edge")
+        ring = connector.ring(edge)
+        assert ring is not None, f"model has a ring on {edge}, the implementation none"
+        before = connector.health()
+        note(f"neighbour unlinks the ring of {edge}: {ring.path}")
+        os.unlink(ring.path)
+        connector_spec.process_neighbour_unlink_ring(model, edge)
+        replaced, lost = model.health.rings_replaced, model.health.ring_frames_lost
+        pair = self._put(edge, key, size, None)
+        after = connector.health()
+        assert (
+            after.rings_replaced - before.rings_replaced == model.health.rings_replaced - replaced
+        )
+        assert after.ring_frames_lost - before.ring_frames_lost == (
+            model.health.ring_frames_lost - lost
+        ), f"frames lost: model {model.health.ring_frames_lost - lost}"
+        TALLY.label("ring replaced after a neighbour's unlink")
+        return multiple() if pair is None else pair
 
     @precondition(lambda self: self.model is not None and not self.model.closed)
     @rule(edge=st.sampled_from(EDGES), key=st.sampled_from(KEYS), size=SIZES)
@@ -677,6 +751,43 @@ class ConnectorLockstepMachine(RuleBasedStateMachine):
             assert not mapped, f"a closed sibling's rings are still mapped: {mapped}"
             if ring_files:
                 TALLY.label("closed sibling's rings unmapped")
+
+    @rarely(10)
+    def fork_then_use_inherited(self) -> None:
+        """Issue 24: fork; in the child every use of the inherited connectors is ForkedError.
+
+        No model step: the fork is not the parent's action, and the parent
+        notices nothing. The child puts, gets every key of every edge and
+        closes (twice) each inherited connector; its exit code says what
+        happened. The invariant then checks the parent against the model as
+        before, and every ring file of the parent is still where it was.
+        """
+        TALLY.step("fork_then_use_inherited")
+        connector, model = self._conn()
+        inherited = [connector] + ([self.sibling] if self.sibling is not None else [])
+        rings = [
+            ring.path
+            for owner in inherited
+            if not owner.closed
+            for edge in EDGES
+            if (ring := owner.ring(edge)) is not None
+        ]
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 99
+            try:
+                code = _use_inherited(inherited)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        note(f"fork_then_use_inherited() -> child exit {code}")
+        assert code == 0, (
+            f"the forked child's use of an inherited connector: {_CHILD_CODES.get(code, code)}"
+        )
+        missing = [path for path in rings if not os.path.exists(path)]
+        assert not missing, f"a forked child's use removed the parent's rings: {missing}"
+        TALLY.label("forked child refused")
 
     @rarely(20)
     def close(self) -> None:

@@ -337,3 +337,95 @@ def test_a_pid_namespace_without_its_own_proc_is_a_configuration_error(
     assert done.returncode == 0, done.stderr
     assert "refused:" in done.stdout and "/proc is not mounted" in done.stdout, done.stdout
     assert not any(name.startswith(("ring.", "live.", "marker.")) for name in _owned_files(scope))
+
+
+# A borrower in its own pid namespace at a pid `argv[3]` (set through ns_last_pid),
+# holding a borrowed ring payload until told to check it.
+_BORROWER = r"""
+import json, os, sys
+scope, wanted = sys.argv[1], int(sys.argv[2])
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(wanted - 1))
+child = os.fork()
+if child:
+    _, status = os.waitpid(child, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+from shmring.impl.connector import Connector
+connector = Connector(scope, pool_budget_bytes=0, ring_capacity=1 << 20)
+def say(**fields):
+    sys.stdout.write(json.dumps(fields) + "\n"); sys.stdout.flush()
+got = connector.get("a", "b", "held", borrow=True)
+view = got.value
+say(event="held", pid=os.getpid(), status=got.status.name, route=got.route.name,
+    kind=type(view).__name__, intact=bytes(view) == b"A" * len(view))
+sys.stdin.readline()
+say(event="checked", intact=bytes(view) == b"A" * len(view))
+del view, got
+connector.close()
+"""
+
+
+def _free_root_pid() -> int:
+    """A pid no process of this namespace has now (high, below pid_max)."""
+    used = {int(name) for name in os.listdir("/proc") if name.isdigit()}
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(pid_max - 100, 300, -97):
+        if pid not in used and pid - 1 not in used:
+            return pid
+    raise AssertionError("no free pid")
+
+
+def test_a_borrower_in_another_namespace_keeps_its_frame_when_the_ring_fills(scope: str) -> None:
+    """Issue 26: a frame holder is judged by the kernel's verdict too, not by its pid alone.
+
+    The borrower records its pid as its own namespace numbers it; here that
+    pid names no process. On the old code the producer's full ring took the
+    holder for dead, marked its frame DONE and wrote new frames over the
+    bytes the live borrower's view reads.
+    """
+    wanted = _free_root_pid()
+    with Connector(scope, pool_budget_bytes=0, ring_capacity=1 << 20) as producer:
+        producer.put("a", "b", "held", b"A" * (96 * 1024))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        borrower = subprocess.Popen(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                sys.executable,
+                "-c",
+                _BORROWER,
+                scope,
+                str(wanted),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert borrower.stdout is not None and borrower.stdin is not None
+            held = json.loads(borrower.stdout.readline())
+            assert held["event"] == "held" and held["status"] == "DELIVERED", held
+            assert held["pid"] == wanted and held["route"] == "RING", held
+            assert held["kind"] == "memoryview" and held["intact"], held
+            assert wanted not in {int(n) for n in os.listdir("/proc") if n.isdigit()}
+            # Fill the ring many times over: the held frame at its tail stops the reclaim.
+            for index in range(40):
+                producer.put("a", "b", f"fill{index}", bytes([index % 200 + 40]) * (96 * 1024))
+            borrower.stdin.write("check\n")
+            borrower.stdin.flush()
+            checked = json.loads(borrower.stdout.readline())
+            assert checked == {"event": "checked", "intact": True}, checked
+            ring = producer.ring("a", "b")
+            assert ring is not None and ring.statistics().reclaimed_from_dead_holders == 0
+        finally:
+            if borrower.poll() is None:
+                borrower.kill()
+            borrower.wait(WAIT_S)
+            for stream in (borrower.stdin, borrower.stdout):
+                if stream is not None:
+                    stream.close()

@@ -135,6 +135,8 @@ class ConnectorHealth:
     pool_puts: int = 0  # puts carried by a pool slot (their reference on a ring)
     pool_gets: int = 0  # gets delivered from a pool slot
     pool_fallbacks: int = 0  # puts the pool could not take (no slot, ring full): the fallback's
+    rings_replaced: int = 0  # rings re-created after a neighbour unlinked their file
+    ring_frames_lost: int = 0  # unclaimed frames a replacement could not carry over
 
 
 @dataclass
@@ -159,6 +161,10 @@ class ConnectorState:
     # Publication cohorts per edge; a stored payload that is a member of one not
     # yet committed is not deliverable (`spec.cohort`).
     cohorts: CohortTable = field(default_factory=CohortTable)
+    # Rings whose file a same-uid neighbour unlinked (`spec.environment`,
+    # UNLINK_RING): still mapped and working, found by nobody new, replaced
+    # at the producer's next put on the edge (`_replace_ring`).
+    unlinked: set[Edge] = field(default_factory=set)
 
 
 class Route(enum.Enum):
@@ -387,6 +393,48 @@ def _retire_fallback(conn: ConnectorState, edge: Edge, key: str) -> int:
     return 1
 
 
+def process_neighbour_unlink_ring(conn: ConnectorState, edge: Edge) -> None:
+    """A same-uid neighbour unlinks the edge's live ring file (`spec.environment` UNLINK_RING).
+
+    The producer's mapping keeps working and nothing it knows changes until
+    its next put on the edge, which notices (one fstat: no link left) and
+    replaces the ring first (`_replace_ring`).
+    """
+    if not conn.closed and edge in conn.rings:
+        conn.unlinked.add(edge)
+
+
+def _replace_ring(conn: ConnectorState, edge: Edge) -> None:
+    """The producer's answer to an unlinked ring: the promised Outcome of UNLINK_RING.
+
+    A new ring continues the old one's positions (no descriptor of the old
+    one names a frame of the new one); every unclaimed frame moves to it in
+    publication order, a pool slot's carrier with it (the slot waits for
+    the moved frame); one the new ring cannot take counts as lost. Nothing
+    else is lost: a frame is moved or was claimed, exactly once.
+    """
+    conn.unlinked.discard(edge)
+    old = conn.rings[edge]
+    moved = sorted(
+        (frame for frame in old.frames if is_deliverable(frame)),
+        key=lambda frame: frame.position,
+    )
+    new = initialize_ring(conn.ring_capacity)
+    new.head = new.tail = old.head
+    conn.rings[edge] = new
+    conn.health.rings_replaced += 1
+    carried = {place: index for index, place in conn.carriers.items() if place[0] == edge}
+    for frame in moved:
+        put = ring_spec.process_put(new, frame.key, frame.payload_length, frame.payload)
+        index = carried.get((edge, frame.position))
+        if put.status is PutStatus.PUBLISHED:
+            assert put.position is not None
+            if index is not None:
+                conn.carriers[index] = (edge, put.position)
+        else:
+            conn.health.ring_frames_lost += 1
+
+
 def process_put(
     conn: ConnectorState,
     edge: Edge,
@@ -400,6 +448,8 @@ def process_put(
     assert payload_length >= 0
     if conn.closed:
         return ConnectorPutResult(ConnectorPutStatus.CLOSED)
+    if edge in conn.unlinked:
+        _replace_ring(conn, edge)
     # Inside a cohort of the edge: the payload is stored as its member.
     payload_length = cohort_spec.compute_stored_length(conn.cohorts, edge, payload_length)
     pool_payload = payload  # a pool slot holds the payload; its reference frame names the cohort

@@ -48,6 +48,7 @@ from ..names import ConnectorIdentity, ring_path
 from ..os_seam import OsFacade
 from ..pool import PoolReader, is_pool_ref
 from ..ring.borrow import BorrowedPayload
+from ..ring.engine import RingProducer
 from ..ring.producer import PublishHook, RingChannel
 from ..ring.reader import RingReader
 from ..ring.results import ReceiveStatus
@@ -454,7 +455,7 @@ class RingRoute:
             ring.head
         )  # the new ring continues the positions (no old descriptor names its frames)
         logger.warning("shmring: re-creating the ring of edge %s -> %s: %s", *edge, problem)
-        moved: list[tuple[str, bytes]] = []
+        moved: list[tuple[str, bytes, int]] = []
         try:
             moved, lost = ring.evacuate()
             self.frames_lost += lost
@@ -467,9 +468,17 @@ class RingRoute:
             with contextlib.suppress(OSError, ShmringError):
                 registrar.unregister([edge])
         new = self.prepare(edge, head)
-        for key, payload in moved:
-            if new is None or new.put(key, payload).status is not PutStatus.PUBLISHED:
+        # A pool slot's carrier moves with its frame: the slot waits for the moved
+        # frame (`frame_pending` of the old ring asks the new one), never reused
+        # while a reader can still claim the reference (`spec.connector._replace_ring`).
+        forwarded: dict[int, tuple[RingProducer, int]] = {}
+        for key, payload, old_position in moved:
+            outcome = new.put(key, payload) if new is not None else None
+            if outcome is None or outcome.status is not PutStatus.PUBLISHED:
                 self.frames_lost += 1
+            elif outcome.position is not None:
+                forwarded[old_position] = (new, outcome.position)
+        ring.forwarded = forwarded
         return new
 
     def _abandon(self, ring: RingChannel) -> None:
@@ -601,9 +610,12 @@ class RingRoute:
     # -- receiver: claim -------------------------------------------------------------------
 
     def claim_by_key(
-        self, edge: Edge, key: str, borrow: bool = False
+        self, edge: Edge, key: str, borrow: bool = False, *, again: bool = True
     ) -> tuple[Delivery | None, bool, ShmringError | None]:
         """The ring half of a get by key: the first live candidate's frame, claimed once.
+
+        `again`: a ring found re-created under its producer's identity is
+        looked at once more in the same get (False on that second look).
 
         `borrow`: the frame is decoded in place and stays CLAIMED while the
         value's large leaves live (`RingReader.get` in LEASE mode, `borrow_sized`).
@@ -640,7 +652,7 @@ class RingRoute:
             if cached:
                 if readers.get((edge, producer)) is not reader:  # dropped under us: resolve afresh
                     self._edge_readers.clear()
-                    return self.claim_by_key(edge, key, borrow)
+                    return self.claim_by_key(edge, key, borrow, again=again)
                 assert reader is not None
                 # A closed ring delivers nothing (`RingReader.get`); it is
                 # released after the miss below, not looked at before each get.
@@ -676,7 +688,8 @@ class RingRoute:
                     corrupt = corrupt or error
                     continue
                 if cached and reader.producer_closed:
-                    self._release_closed(edge, producer, reader)  # nothing to report
+                    if self._release_closed(edge, producer, reader) and again:
+                        return self.claim_by_key(edge, key, borrow, again=False)  # as below
                     continue
                 # That producer's channel is damaged; the edge's other channels
                 # (and the fallback) keep serving. Reported if nothing else delivers.
@@ -704,7 +717,11 @@ class RingRoute:
             if got.status is ReceiveStatus.BUSY:
                 busy = True
             elif reader.producer_closed:
-                self._release_closed(edge, producer, reader)
+                if self._release_closed(edge, producer, reader) and again:
+                    # Re-created under the same identity (a neighbour unlinked the
+                    # file, issue 22): its frames moved to the new file, which this
+                    # same get looks at, as the model's get does.
+                    return self.claim_by_key(edge, key, borrow, again=False)
                 if not cached:
                     resolved.pop()
         if not cached:

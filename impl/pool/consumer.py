@@ -106,15 +106,21 @@ class PoolClaim:
         """`spec.pool.process_pool_release`: DONE (when the slot is still this claim's). Idempotent."""
         if self._released:
             return
-        self._released = True
-        words, self._words = self._words, None
+        words = self._words
         if words is None:
+            self._released = True
             return
+        # Marked released only once DONE is stored: an exception a signal
+        # handler raises before that leaves the claim releasable (by a retry,
+        # or the borrowed payload's finalizer), never a slot CLAIMED for good
+        # by a live holder (issue 24's interleaving explorer).
         if (
             load_slot_generation(words) == self.generation
             and load_slot_state_acquire(words) == POOL_SLOT_CLAIMED
         ):
             store_slot_state_release(words, POOL_SLOT_DONE)
+        self._released = True
+        self._words = None
         words.release()
 
     def undo(self) -> None:

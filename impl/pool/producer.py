@@ -154,7 +154,7 @@ class PoolProducer:
         assert words is not None  # open
         if load_slot_state_acquire(words) != POOL_SLOT_CLAIMED:
             return True
-        return not is_holder_alive(load_slot_holder_pid(words), self._os)
+        return not is_holder_alive(load_slot_holder_pid(words), self._os, self._dir)
 
     @signals_deferred
     def acquire(self, nbytes: int) -> OwnedSlot | None:

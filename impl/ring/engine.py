@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ...spec.layout import (
     DATA_FRAME_TYPE,
@@ -64,6 +64,9 @@ from ..frame_io import (
 from ..liveness import is_holder_alive
 from ..locks import PRODUCER_LOCK_WAIT_SECONDS, lock_exclusive_within
 from ..os_seam import OsFacade
+
+if TYPE_CHECKING:
+    from ..directory import Directory
 from .frames import walk_frames
 from .mapping import _UNLOCK, _data_offset, _FrameShapes
 
@@ -87,10 +90,15 @@ class RingProducer:
     _buf: memoryview | None = None
     _capacity: int = 0
     _os: OsFacade
+    # Where holders' liveness files are (the host ring's directory): a holder of
+    # another pid namespace is judged by them (`liveness.is_holder_alive`).
+    _dir: Directory | None = None
     _fd: int = -1  # the ring file, locked while retiring (only the host ring retires)
     _locks: int = 0
     _publish_hook: PublishHook | None = None
     _closed: bool = False  # the owner closed the ring (`spec.ring.RingState.closed`)
+    # Frames a replacement moved (closed rings only): old position -> (new ring, position).
+    forwarded: dict[int, tuple[RingProducer, int]] = {}  # noqa: RUF012 - replaced, never mutated
     # When the dead-holder policy runs at a reserve. False: only when the put is
     # short of room (the host ring: a live holder costs no system call on puts
     # that fit). True: at every reclaim (the arena, whose `reclaim` promises it).
@@ -142,7 +150,9 @@ class RingProducer:
         """
         words = self._words
         if self._closed or words is None or position < self._tail or position >= self._head:
-            return False
+            forwarded = self.forwarded.get(position) if self._closed else None
+            # A frame moved to the ring that replaced this one (issue 22): ask there.
+            return forwarded is not None and forwarded[0].frame_pending(forwarded[1])
         state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
         return state in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED)
 
@@ -308,7 +318,9 @@ class RingProducer:
                     if (
                         not free_dead_holders
                         or state != FRAME_STATE_CLAIMED
-                        or is_holder_alive(load_frame_holder_pid(words, offset), self._os)
+                        or is_holder_alive(
+                            load_frame_holder_pid(words, offset), self._os, self._dir
+                        )
                     ):
                         break
                     store_frame_state_release(words, offset, FRAME_STATE_DONE)

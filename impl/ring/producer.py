@@ -367,10 +367,10 @@ class RingChannel(RingProducer, _RingFile):
         return None
 
     @signals_deferred
-    def evacuate(self) -> tuple[list[tuple[str, bytes]], int]:
+    def evacuate(self) -> tuple[list[tuple[str, bytes, int]], int]:
         """Close a ring whose file was unlinked and answer (its unclaimed frames, frames lost).
 
-        The frames are (key, payload) in publication order, each retired
+        The frames are (key, payload, position) in publication order, each retired
         here under the ring lock, so a reader of the old mapping never
         claims one that is re-put elsewhere. CLOSED is stored first (no
         claim starts); past `PRODUCER_LOCK_WAIT_SECONDS` of another holder
@@ -385,7 +385,7 @@ class RingChannel(RingProducer, _RingFile):
         self._published.clear()
         self._deferred.clear()
         self._unlink_pending = False
-        moved: list[tuple[str, bytes]] = []
+        moved: list[tuple[str, bytes, int]] = []
         lost = len(published)
         try:
             buf, words = self._buf, self._words
@@ -406,7 +406,7 @@ class RingChannel(RingProducer, _RingFile):
                         continue
                     key_length, payload_length = load_frame_fields(buf, offset, capacity)[3:5]
                     start = offset + FRAME_KEY_OFFSET + key_length
-                    moved.append((key, bytes(buf[start : start + payload_length])))
+                    moved.append((key, bytes(buf[start : start + payload_length]), position))
                     store_frame_state_release(words, offset, FRAME_STATE_RETIRED)
                     lost -= 1
             finally:

@@ -660,15 +660,16 @@ def run_interrupts(
         )
     if report.wrong or not report.after_ok:
         problems.append(f"wrong data={report.wrong} after_ok={report.after_ok}")
-    if not set(report.left_kinds) <= {"fb", "members", "stamp"}:
+    if report.files_left:
         problems.append(f"files left after close: {report.left_kinds} ({report.left_samples})")
+    if report.fds_left:
+        problems.append(f"descriptors left open after close: {report.fd_kinds}")
     if problems:
         raise AssertionError("interrupt storm: " + "; ".join(problems))
     return {
         "interrupts": report.interrupts,
         "interrupted puts": report.interrupted_puts,
         "interrupted gets": report.interrupted_gets,
-        "segments left (held lock)": report.left_kinds.get("fb", 0),
     }
 
 
