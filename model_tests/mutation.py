@@ -43,6 +43,7 @@ import sys
 import time
 import tomllib
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,15 +67,55 @@ PACKAGES = {
     "model_tests": "model_tests",
     "fault_injection": "fault_injection",
 }
-# Tests of the model, for --target spec (the impl/ selection lives in pyproject.toml).
-SPEC_TESTS = (
-    "shmring/model_tests/test_spec_ring.py",
-    "shmring/model_tests/test_spec_connector.py",
-    "shmring/model_tests/test_spec_discovery.py",
-    "shmring/model_tests/test_spec_registration.py",
-    "shmring/model_tests/test_spec_machine.py",
-    "shmring/model_tests/test_mutation_kills.py",
-)
+# The test selection is the suite itself: every test file pytest collects from
+# the configured `testpaths` (pyproject.toml), minus what is named here, each
+# with the reason it cannot run under mutmut. This is the one place a test is
+# left out; a new test file joins by existing
+# (`test_every_test_file_is_selected_or_left_out_with_a_reason`). A key is a
+# test file (left out whole) or one test's node id (deselected). mutmut's
+# stats run runs the whole selection once (in-process, no xdist, stopping at
+# the first failure), and every mutant runs the selected tests that reach its
+# function. The copy holds only the package (shmring/ with impl/, spec/, the
+# tests, conftest.py, pyproject.toml), so a test that reads the checkout's
+# README, docs/, benchmarks/ or .ci/ fails there on clean code.
+_CHECKOUT = "reads the checkout's {}, which the mutation copy (the package only) does not hold"
+NOT_SELECTED: dict[str, str] = {
+    "model_tests/test_lint.py": "ruff and mypy read the source files, never the mutants (minutes)",
+    "model_tests/test_package.py": "builds and inspects the package and its metadata, not the mutants",
+    "model_tests/test_explore.py": "the model's exhaustive exploration with golden counts: minutes "
+    "of setup, and it reaches spec/ and check/, not impl/",
+    "model_tests/test_bench_smoke.py": _CHECKOUT.format("benchmarks/ scripts"),
+    "model_tests/test_bench_report.py": _CHECKOUT.format("benchmarks/ report code"),
+    "model_tests/test_gpu_check.py": _CHECKOUT.format(".ci/ scripts"),
+    "model_tests/test_docs_names.py": _CHECKOUT.format("docs/ and README"),
+    "model_tests/test_mutation_runner.py": _CHECKOUT.format("pyproject.toml and docs/mutation.md")
+    + "; it tests this runner, not impl/",
+    "fault_injection/test_interleave.py": "builds its reordered readers by recompiling "
+    "RingReader's methods from their source (inspect), which under mutmut is the trampoline "
+    "that calls names only mutmut's module holds: the file fails to import",
+    "fault_injection/test_interleave_neighbours.py": "builds its readers with "
+    "test_interleave's recompiling helper: fails to import under mutmut as that file does",
+    "model_tests/test_conformance.py::test_the_readme_examples_run": _CHECKOUT.format("README"),
+    "model_tests/test_cli_errors.py::test_version_is_the_package_version": _CHECKOUT.format(
+        "pyproject.toml"
+    ),
+    "model_tests/test_cli_errors.py::test_ctrl_c_exits_130_and_says_where_the_partial_report_is": (
+        "interrupts a child `shmring check` while it runs; inside mutmut's stats run the child "
+        "finished (124.6 s) before the interrupt came and exited 0, which stopped the stats run"
+    ),
+    "model_tests/test_driver_port.py::test_pyproject_asks_for_the_cuda_python_that_has_bindings": (
+        _CHECKOUT.format("pyproject.toml")
+    ),
+    "model_tests/test_hostile_files.py::test_issue22_threat_table_lists_every_neighbour_action": (
+        _CHECKOUT.format("docs/threat-model.md")
+    ),
+    "model_tests/test_transport_without_toolkit.py::test_runtime_dependencies_are_what_the_transport_imports": (
+        _CHECKOUT.format("pyproject.toml")
+    ),
+}
+TEST_FILE = re.compile(r"^test_.*\.py$")  # pytest's default python_files
+
+
 # What mutmut's exit codes mean (mutmut.stats.status_by_exit_code, repeated for the summary).
 KILLED = {1, 3}
 SURVIVED = {0}
@@ -113,21 +154,51 @@ def prepare(target: str, work: Path, tests: list[str]) -> None:
     for folder, name in PACKAGES.items():
         shutil.copytree(ROOT / folder, package / name, ignore=ignore)
     shutil.copy2(ROOT / "conftest.py", work / "conftest.py")
-    config = (ROOT / "pyproject.toml").read_text()
+    (work / "pyproject.toml").write_text(mutmut_config(target, tests or selection()))
+    (work / "prepared.json").write_text(json.dumps({"commit": commit_of(), "target": target}))
+
+
+def mutmut_config(target: str, tests: list[str], root: Path = ROOT) -> str:
+    """The copy's pyproject.toml: the root one, [tool.mutmut] aimed at `target` and `tests`."""
+    config = (root / "pyproject.toml").read_text()
     if target != "impl":
         config = config.replace(
             'source_paths = ["shmring/impl/"]', f'source_paths = ["shmring/{target}/"]'
         )
         config = config.replace('"shmring/spec/",', '"shmring/impl/",')
-    if tests:
-        selection = ", ".join(json.dumps(test) for test in tests)
-        config = re.sub(
-            r"pytest_add_cli_args_test_selection = \[.*?\]",
-            f"pytest_add_cli_args_test_selection = [{selection}]",
-            config,
-            flags=re.S,
-        )
-    (work / "pyproject.toml").write_text(config)
+    written = ", ".join(json.dumps(test) for test in tests)
+    config, count = re.subn(
+        r"^pytest_add_cli_args_test_selection = \[.*?\]",
+        f"pytest_add_cli_args_test_selection = [{written}]",
+        config,
+        count=1,
+        flags=re.S | re.M,
+    )
+    if count != 1:
+        raise ValueError("pyproject.toml's [tool.mutmut] has no pytest_add_cli_args_test_selection")
+    return config
+
+
+def test_files(root: Path = ROOT) -> list[str]:
+    """Every test file of the suite: the files pytest collects from the configured testpaths."""
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    found = []
+    for folder in config["tool"]["pytest"]["ini_options"]["testpaths"]:
+        for path in (root / folder).rglob("test_*.py"):
+            if TEST_FILE.match(path.name) and "__pycache__" not in path.parts:
+                found.append(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+def selection(root: Path = ROOT, left_out: dict[str, str] | None = None) -> list[str]:
+    """The mutation runs' pytest arguments: every test file but those NOT_SELECTED, as paths
+    of the copy, and a `--deselect` for each single test NOT_SELECTED."""
+    left_out = NOT_SELECTED if left_out is None else left_out
+    blank = sorted(path for path, reason in left_out.items() if not reason.strip())
+    if blank:
+        raise ValueError(f"test files left out of the selection without a reason: {blank}")
+    files = [f"shmring/{path}" for path in test_files(root) if path not in left_out]
+    return files + [f"--deselect=shmring/{test}" for test in sorted(left_out) if "::" in test]
 
 
 def mutants(work: Path) -> dict[str, str | None]:
@@ -481,6 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="test paths (repeatable) in place of the configured selection",
     )
+    parser.add_argument(
+        "--no-history",
+        action="store_true",
+        help="a trial of the runner (e.g. --size 3): report, but add no row to the history",
+    )
     parser.add_argument("--work", help="where the copy goes (default .shmring/mutation/TARGET)")
     args = parser.parse_args(argv)
     work = Path(args.work) if args.work else ROOT / ".shmring" / "mutation" / args.target
@@ -489,14 +565,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None and args.report_only and (work / "summary.json").exists():
         args.seed = json.loads((work / "summary.json").read_text())["seed"]
     seed = fresh_seed() if args.seed is None else args.seed
-    commit = commit_of()
     fresh = not (args.reuse or args.report_only) or not (work / "mutants").is_dir()
     if fresh:
-        tests = args.tests or (list(SPEC_TESTS) if args.target == "spec" else [])
-        prepare(args.target, work, tests)
+        prepare(args.target, work, args.tests)
         subprocess.run(
             [sys.executable, "-c", _GENERATE], cwd=work, check=True, stdout=subprocess.DEVNULL
         )
+    # The code measured is the copy's: a reused copy keeps the commit it was made from.
+    prepared = work / "prepared.json"
+    commit = json.loads(prepared.read_text())["commit"] if prepared.exists() else commit_of()
     every = list(mutants(work))
     modules = {m for m in args.modules.split(",") if m}
     names = draw(every, 0 if args.full else args.size, seed, modules)
@@ -519,9 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     known = load_equivalents()
     confirmed: dict[str, str] = {}
     if not args.report_only:
-        for name in names:
-            if classify(codes.get(name)) in ("killed", "timeout"):
-                test = confirm_kill(work, name)
+        # Confirmations are independent pytest runs: as many at once as mutants ran.
+        to_confirm = [n for n in names if classify(codes.get(n)) in ("killed", "timeout")]
+        with ThreadPoolExecutor(max_workers=max(1, args.max_children)) as pool:
+            for name, test in zip(
+                to_confirm, pool.map(lambda n: confirm_kill(work, n), to_confirm), strict=True
+            ):
+                print(
+                    f"  {name}: {'confirmed by ' + test if test else 'not confirmed'}", flush=True
+                )
                 if test is not None:
                     confirmed[name] = test
     else:
@@ -600,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, status, diff in survivors:
             handle.write(f"=== {name} ({status})\n{diff}\n")
     print(f"  survivors' diffs: {work / 'survivors.txt'}")
-    if not args.report_only:
+    if not (args.report_only or args.no_history):
         scope = args.target + (f" ({','.join(sorted(modules))})" if modules else "")
         if args.tests:
             scope += " (own tests)"
