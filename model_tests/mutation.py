@@ -95,6 +95,9 @@ NOT_SELECTED: dict[str, str] = {
     "that calls names only mutmut's module holds: the file fails to import",
     "fault_injection/test_interleave_neighbours.py": "builds its readers with "
     "test_interleave's recompiling helper: fails to import under mutmut as that file does",
+    "fault_injection/test_interleave_liveness.py": "plants its bug by rewriting "
+    "Liveness._lock_verdict's source (inspect): under mutmut that source is the trampoline, "
+    "the rewrite misses, and the planted failure is never found (it stopped a stats run)",
     "model_tests/test_conformance.py::test_the_readme_examples_run": _CHECKOUT.format("README"),
     "model_tests/test_cli_errors.py::test_version_is_the_package_version": _CHECKOUT.format(
         "pyproject.toml"
