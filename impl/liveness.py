@@ -33,7 +33,7 @@ liveness file (a bare `RingChannel`, or one of an older version) is judged
 by its pid alone: supported within one pid namespace only.
 
 Used by discovery (`spec.discovery`: which markers are stale, whose files
-the garbage collector reclaims), the fallback claim (OWNER_GONE), and the
+the garbage collector reclaims), the fallback claim (PRODUCER_GONE), and the
 ring engine's dead-holder policy (`is_holder_alive`,
 `spec.leases.process_holder_exit`). Every system call goes through the
 `OsFacade` the caller gives.

@@ -59,7 +59,8 @@ _LAZY: dict[str, str] = {
     "Delivery": "shmring.impl.connector",
     "Descriptor": "shmring.impl.connector",
     "FallbackDescriptor": "shmring.impl.connector",
-    "GetStatus": "shmring.impl.connector",
+    "GetStatus": "shmring.spec.status",
+    "PutStatus": "shmring.spec.status",
     "PoolDescriptor": "shmring.impl.connector",
     "RingDescriptor": "shmring.impl.connector",
     "Route": "shmring.impl.connector",
@@ -77,7 +78,6 @@ if TYPE_CHECKING:
         Delivery,
         Descriptor,
         FallbackDescriptor,
-        GetStatus,
         PoolDescriptor,
         RingDescriptor,
         Route,
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
         UnsupportedPayloadError,
     )
     from shmring.impl.extensions import register_type, unregister_type
+    from shmring.spec.status import GetStatus, PutStatus
 
 
 def __getattr__(name: str) -> Any:
@@ -140,6 +141,7 @@ __all__ = [
     "MissingExtraError",
     "NoSpaceError",
     "ProducerGoneError",
+    "PutStatus",
     "RegistrationError",
     "PoolDescriptor",
     "RegistryPoisonedError",

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from . import cohort as cohort_spec
 from . import pool as pool_spec
 from . import ring as ring_spec
+from . import status
 from .cohort import CohortTable
 from .layout import (
     FRAME_STATE_CLAIMED,
@@ -173,10 +174,7 @@ class Route(enum.Enum):
     POOL = "pool"  # a pool slot; its reference frame on the ring
 
 
-class ConnectorPutStatus(enum.Enum):
-    ACCEPTED = "accepted"  # on the ring or in the fallback; see `route`
-    REFUSED = "refused"  # back-pressure: the fallback budget is spent
-    CLOSED = "closed"  # the connector was closed
+ConnectorPutStatus = status.PutStatus  # ACCEPTED, REFUSED, CLOSED
 
 
 @dataclass(frozen=True)
@@ -188,11 +186,7 @@ class ConnectorPutResult:
     length: int = 0  # frame or segment bytes
 
 
-class ConnectorGetStatus(enum.Enum):
-    DELIVERED = "delivered"
-    NOT_FOUND = "not found"  # no deliverable version of the key on either route
-    STALE = "stale"  # the descriptor's frame or segment is gone or superseded
-    CLOSED = "closed"
+ConnectorGetStatus = status.GetStatus  # DELIVERED, NOT_FOUND, STALE, CLOSED
 
 
 @dataclass(frozen=True)

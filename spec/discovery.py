@@ -35,11 +35,11 @@ takes every one of its producers with it (`process_exit_process`).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from . import connector as connector_spec
 from . import producers as producers_spec
+from . import status
 from .connector import (
     ConnectorGetResult,
     ConnectorGetStatus,
@@ -84,11 +84,7 @@ class PublishedDescriptor:
     descriptor: Descriptor
 
 
-class DeploymentGetStatus(enum.Enum):
-    DELIVERED = "delivered"
-    NOT_FOUND = "not found"
-    STALE = "stale"
-    PRODUCER_GONE = "producer gone"  # the descriptor's producer exited or closed
+DeploymentGetStatus = status.GetStatus  # DELIVERED, NOT_FOUND, STALE, PRODUCER_GONE
 
 
 @dataclass(frozen=True)

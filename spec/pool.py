@@ -46,6 +46,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from . import status
 from .layout import (
     MAX_POOL_CLASS,
     MIN_POOL_CLASS,
@@ -110,9 +111,7 @@ class AcquireResult:
     evicted: tuple[int, ...] = ()  # slots removed to make room (CREATED)
 
 
-class ClaimStatus(enum.Enum):
-    DELIVERED = "delivered"
-    CORRUPT = "corrupt"  # no such slot, another generation, or a state no claim accepts
+ClaimStatus = status.GetStatus  # DELIVERED, CORRUPT
 
 
 @dataclass(frozen=True)

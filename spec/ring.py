@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from . import status
 from .layout import (
     ADMISSION_DIVISOR,
     DATA_FRAME_TYPE,
@@ -81,11 +82,7 @@ class RingState:
     closed: bool = False  # set by close; a closed ring accepts no put and holds nothing deliverable
 
 
-class PutStatus(enum.Enum):
-    PUBLISHED = "published"  # the frame is on the ring
-    NOT_ADMITTED = "not admitted"  # too large for this ring (or ring disabled): use the fallback
-    FULL = "full"  # admissible but no space now: use the fallback
-    CLOSED = "closed"  # the ring was closed by its producer
+PutStatus = status.PutStatus  # PUBLISHED, NOT_ADMITTED, FULL, CLOSED
 
 
 @dataclass(frozen=True)
@@ -97,10 +94,7 @@ class PutResult:
     retired: int = 0  # older versions of the key retired by this put (0 or 1)
 
 
-class GetStatus(enum.Enum):
-    DELIVERED = "delivered"  # the frame was claimed by this get
-    NOT_FOUND = "not found"  # no deliverable frame for the key
-    STALE = "stale"  # the descriptor's frame is no longer a deliverable version of the key
+GetStatus = status.GetStatus  # DELIVERED, NOT_FOUND, STALE (BUSY: the implementation's)
 
 
 @dataclass(frozen=True)

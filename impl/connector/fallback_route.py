@@ -167,7 +167,7 @@ class FallbackRoute:
             )
         if status is ClaimStatus.BUSY or busy:
             return BUSY
-        if status is ClaimStatus.OWNER_GONE and descriptor is not None:
+        if status is ClaimStatus.PRODUCER_GONE and descriptor is not None:
             return GONE
         if status is ClaimStatus.STALE:
             return STALE

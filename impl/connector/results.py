@@ -1,34 +1,23 @@
 """What a connector answers: get statuses, deliveries, health counters.
 
-`GetStatus` is `spec.discovery.DeploymentGetStatus` plus BUSY (another
-process held a lock); `ConnectorHealth` is `spec.connector.ConnectorHealth`
+`GetStatus` is `spec.status.GetStatus`, the one vocabulary of every level
+(BUSY: another process held a lock); `ConnectorHealth` is `spec.connector.ConnectorHealth`
 plus what only the implementation can count.
 """
 
 from __future__ import annotations
 
-import enum
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ...spec import status as _status
 from ...spec.connector import Route
-from ...spec.discovery import DeploymentGetStatus
 from ..names import ConnectorIdentity
 
-
-class GetStatus(enum.Enum):
-    """What a get found; the first four mean what `spec.discovery.DeploymentGetStatus` means."""
-
-    DELIVERED = DeploymentGetStatus.DELIVERED.value
-    NOT_FOUND = DeploymentGetStatus.NOT_FOUND.value
-    STALE = (
-        DeploymentGetStatus.STALE.value
-    )  # the descriptor's frame or segment is gone or superseded
-    PRODUCER_GONE = (
-        DeploymentGetStatus.PRODUCER_GONE.value
-    )  # the descriptor's producer exited or closed
-    BUSY = "busy"  # another process held a lock; nothing changed, retry (get_with_deadline does)
+GetStatus = (
+    _status.GetStatus
+)  # DELIVERED, NOT_FOUND, STALE, PRODUCER_GONE, BUSY (`spec.status`: one vocabulary)
 
 
 @dataclass(frozen=True)

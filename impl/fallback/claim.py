@@ -19,7 +19,6 @@ through the `OsFacade` the caller gives.
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import fcntl
 import functools
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ...spec import status as _status
 from ...spec.layout import (
     CODEC_FRAMED_MARKER,
     COHORT_ENVELOPE_LENGTH,
@@ -58,12 +58,9 @@ from .segment import BUSY, DEFAULT_SPARE_BYTES, MAX_SPARES, close_locked, open_l
 _SEGMENT_HEADER_LENGTH: Final = RING_HEADER_LENGTH + FRAME_HEADER_LENGTH
 
 
-class ClaimStatus(enum.Enum):
-    DELIVERED = "delivered"  # claimed by this reader; the segment is gone
-    NOT_FOUND = "not found"  # no segment for the key
-    STALE = "stale"  # a segment is there, but not the descriptor's (owner or generation)
-    BUSY = "busy"  # another process holds its lock; nothing changed, retry later
-    OWNER_GONE = "owner gone"  # its producer is not running; the segment was removed
+ClaimStatus = (
+    _status.GetStatus
+)  # DELIVERED, NOT_FOUND, STALE, BUSY, PRODUCER_GONE (`spec.status`: one vocabulary)
 
 
 @dataclass(frozen=True)
@@ -171,7 +168,7 @@ def claim_segment(
     With `owner` and `generation` (a descriptor) only that exact segment is
     claimed; another one there answers STALE and is left alone. A segment
     whose producer is not running is removed and never delivered
-    (OWNER_GONE). `decode` gets a read-only view *borrowed* from the mapping
+    (PRODUCER_GONE). `decode` gets a read-only view *borrowed* from the mapping
     for the duration of the call and must return independently owned
     memory. A corrupt segment is removed and reported (CorruptFrameError).
     """
@@ -289,7 +286,7 @@ def _claim_locked(
                 return Claim(ClaimStatus.STALE, owner=producer, generation=frame_generation)
             if not is_alive(producer):
                 where.unlink(path)
-                return Claim(ClaimStatus.OWNER_GONE, owner=producer, generation=frame_generation)
+                return Claim(ClaimStatus.PRODUCER_GONE, owner=producer, generation=frame_generation)
             payload_start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(key_bytes)
             with buf[payload_start : payload_start + payload_length] as payload:
                 if compute_checksum(key_bytes, payload) != checksum:

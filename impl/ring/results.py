@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from ...spec import status as _status
 from ...spec.ring import (
-    GetStatus,
     PutStatus,
 )
 
@@ -24,13 +23,9 @@ class PutOutcome(NamedTuple):
     retired: int = 0  # older versions of the key retired by this put (0 or 1)
 
 
-class ReceiveStatus(enum.Enum):
-    """What a get found. The first three mean what `spec.ring.GetStatus` means."""
-
-    DELIVERED = GetStatus.DELIVERED.value  # claimed by this get; payload holds it
-    NOT_FOUND = GetStatus.NOT_FOUND.value  # no deliverable frame for the key
-    STALE = GetStatus.STALE.value  # the descriptor's frame is no longer deliverable
-    BUSY = "busy"  # another process holds the ring lock; nothing changed, retry later
+ReceiveStatus = (
+    _status.GetStatus
+)  # DELIVERED, NOT_FOUND, STALE, BUSY (`spec.status`: one vocabulary)
 
 
 class Received(NamedTuple):
