@@ -164,7 +164,16 @@ def test_a_forged_borrowed_bin_ext_on_the_wire_is_corrupt() -> None:
 
 def test_a_claim_object_plugs_in_with_its_view_and_release() -> None:
     """The hook for byte holders other than the ring (the pool's claim: `.view`, `.release()`)."""
-    from shmring.impl.connector.ring_route import borrow_claimed
+    from shmring.impl.connector.decoders import borrow_sized
+    from shmring.impl.ring.borrow import BorrowedPayload
+
+    def borrow_claimed(view: memoryview, release: Any, label: str = "") -> Any:
+        # A claim object holding its bytes: the payload over them, its release armed.
+        keep = np.frombuffer(view, np.uint8)
+        payload = BorrowedPayload(keep, int(keep.ctypes.data), keep.nbytes, label=label)
+        del keep
+        payload.arm(lambda _keep: release())
+        return borrow_sized(payload)
 
     class Claim:
         def __init__(self, data: bytes) -> None:

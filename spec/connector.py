@@ -234,6 +234,25 @@ def is_ring_usable(conn: ConnectorState, edge: Edge) -> bool:
     return conn.ring_capacity > 0 and edge not in conn.failed_edges
 
 
+def choose_route(ring_usable: bool, ring_status: PutStatus | None, pool_fits: bool) -> Route:
+    """The route a put takes next: the module docstring's rules 1-3, in one function.
+
+    Asked before the ring is tried (`ring_status` None): RING when the
+    edge's ring is usable, else FALLBACK (rule 1). Asked again with the
+    ring's answer: POOL when the ring refused the payload as too large
+    (NOT_ADMITTED) and `pool_fits` (the pool is on and the ring admits the
+    key's reference frame, `is_pool_candidate`), else FALLBACK (rules 2, 3).
+    A pool that finds no slot, or a ring FULL for the reference, leaves the
+    fallback (rule 2's last sentence). The implementation's put asks the
+    same function at the same two points (`impl.connector.put_path`).
+    """
+    if ring_status is None:
+        return Route.RING if ring_usable else Route.FALLBACK
+    if ring_status is PutStatus.NOT_ADMITTED and pool_fits:
+        return Route.POOL
+    return Route.FALLBACK
+
+
 # -- accessors ---------------------------------------------------------------
 
 
@@ -449,7 +468,8 @@ def process_put(
     pool_payload = payload  # a pool slot holds the payload; its reference frame names the cohort
     payload = cohort_spec.compute_stored_payload(conn.cohorts, edge, payload)
     ring_status: PutStatus | None = None
-    if process_ring_setup(conn, edge, ring_setup_ok):
+    usable = process_ring_setup(conn, edge, ring_setup_ok)
+    if choose_route(usable, None, False) is Route.RING:
         ring = conn.rings[edge]
         put = ring_spec.process_put(ring, key, payload_length, payload)
         ring_status = put.status
@@ -466,7 +486,7 @@ def process_put(
                 ring_status,
                 put.frame_length,
             )
-        if is_pool_candidate(conn, key, put):
+        if choose_route(True, put.status, is_pool_candidate(conn, key, put)) is Route.POOL:
             pooled = _put_pool(conn, edge, key, payload_length, pool_payload)
             if pooled is not None:
                 return pooled

@@ -18,20 +18,14 @@ makes its own. A connector still open at interpreter exit is closed then.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
-from ...spec.connector import Route
-from ...spec.layout import MAX_KEY_LENGTH
-from .. import codec, lifecycle
+from .. import lifecycle
 from ..errors import (
-    BackPressureError,
     ClosedError,
     ForkedError,
-    InvalidKeyError,
     ShmringError,
     typed_os_error,
 )
@@ -41,13 +35,11 @@ from ..names import (
     ConnectorIdentity,
     current_producer_identity,
     deployment_directory,
-    fallback_segment_file_name,
     next_instance,
-    ring_path,
 )
 from ..os_seam import DEFAULT_OS, OsFacade
-from ..ring.producer import PublishHook, RingChannel
-from .cohort import CohortGates, CohortWriter, MemberPlan
+from ..ring.producer import PublishHook
+from .cohort import CohortGates, CohortWriter
 from .config import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_MAX_SLEEP_SECONDS,
@@ -62,23 +54,19 @@ from .config import (
 )
 from .descriptors import (
     Descriptor,
-    FallbackDescriptor,
-    PoolDescriptor,
-    RingDescriptor,
 )
-from .edges import EDGE_CACHE, Edge, Stage, split_edge, validate_key
+from .edges import EDGE_CACHE, Edge, Stage, split_edge
 from .fallback_route import FallbackRoute
+from .get_path import GetPath
 from .joining import Deployment
 from .pool_route import PoolRoute
+from .put_path import PutPath
 from .results import (
-    BUSY,
-    NOT_FOUND,
-    ConnectorHealth,
     Delivery,
     GetStatus,
 )
 from .ring_route import RingRoute
-from .shortage import retry_short_of_descriptors
+from .upkeep import Upkeep
 from .waiting import BlockingGets, Doorbell, FallbackMisses
 
 if TYPE_CHECKING:
@@ -88,7 +76,7 @@ _DELIVERED = GetStatus.DELIVERED
 _BUSY_STATUS = GetStatus.BUSY
 
 
-class Connector(BlockingGets):
+class Connector(PutPath, GetPath, Upkeep, BlockingGets):
     """Puts and gets between local stage processes over host rings and per-key segments.
 
     `scope` names the deployment (every endpoint of an edge uses the same
@@ -297,77 +285,7 @@ class Connector(BlockingGets):
             edge, (key, obj) = split_edge(args, 2, "put")
         try:
             with self._lock:
-                if self._closed:
-                    self._require_open()  # CLOSED
-                if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
-                    validate_key(key)
-                plan = codec.prepare(obj)
-                numbers = self._cohort_numbers
-                if numbers and edge in numbers:  # inside a publication cohort of the edge
-                    plan = MemberPlan(plan, numbers[edge])  # type: ignore[assignment]
-                deployment = self._deployment
-                if deployment is None or deployment.live_path is None:
-                    # Files are made here: no signal handler stops it half way (`lifecycle`).
-                    with lifecycle.deferred_signals():
-                        if deployment is None:
-                            deployment = self._join()
-                        if deployment.live_path is None:
-                            deployment.ensure_live_file(self.identity, self._os)
-                size = plan.nbytes
-                ring, fallback = self._ring_route, self._fallback_route
-                # process_ring_setup: the edge's ring, set up on first use.
-                channel = ring.channels.get(edge)
-                if channel is None:
-                    with lifecycle.deferred_signals():
-                        channel = ring.prepare(edge)
-                else:
-                    # One fstat: a file a neighbour unlinked or truncated is replaced first (issue 22).
-                    lost = channel.file_problem()
-                    if lost is not None:
-                        with lifecycle.deferred_signals():
-                            channel = ring.replace(edge, channel, lost)
-                if channel is not None:
-                    # ring_spec.process_put; PUBLISHED retires the key's segment before the frame shows.
-                    retire_other = (
-                        fallback.retirer(edge, key) if fallback.holds(edge, key) else None
-                    )
-                    position = ring.publish(channel, key, plan, retire_other)
-                    if position is not None:
-                        self._puts += 1
-                        self._ring_puts += 1
-                        self._bytes += size
-                        wake = self._bell.wake
-                        if wake is not None:
-                            wake()  # what `Doorbell.ring` does, one call shorter
-                        self._bell.ring_stage(edge[1])
-                        return RingDescriptor(self.identity, edge, key, position, size)
-                    # NOT_ADMITTED but the key's reference fits: the pool (`_put_pool`).
-                    pool = self._pool_route
-                    if pool.enabled and pool.is_candidate(channel, key, size):
-                        with lifecycle.deferred_signals():  # a slot may be made or emptied
-                            position = pool.publish(channel, key, plan, retire_other)
-                        if position is not None:
-                            self._puts += 1
-                            self._bytes += size
-                            self._bell.ring()
-                            self._bell.ring_stage(edge[1])
-                            return PoolDescriptor(self.identity, edge, key, position, size)
-                # NOT_ADMITTED, FULL or no ring (or no slot): the fallback. Its budget check comes first
-                # (REFUSED changes nothing); the key's ring frame is retired before the segment shows.
-                try:
-                    with lifecycle.deferred_signals():  # a file is made, filled and renamed
-                        generation = fallback.publish(
-                            fallback.prepare(edge), key, plan, ring.retirer(channel, key)
-                        )
-                except BackPressureError:
-                    self._refusals += 1
-                    raise
-                self._puts += 1
-                self._fallbacks += 1
-                self._bytes += size
-                self._bell.ring()
-                self._bell.ring_stage(edge[1])
-                return FallbackDescriptor(self.identity, edge, key, generation, size)
+                return self._put(edge, key, obj)  # `put_path`: the model's steps, in order
         except BufferError as error:
             raise lifecycle.unmasked(error) from None
 
@@ -451,209 +369,15 @@ class Connector(BlockingGets):
         bell: int | None,
         borrow: bool = False,
     ) -> Delivery:
-        """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll.
-
-        A plain get (None) always looks for the key's segment: a producer
-        that cannot ring the doorbell (its stamp failed) may have written it
-        a moment ago, and the model's get finds it (fault cell `restart`
-        with EMFILE at open #18 showed a skip there answering NOT_FOUND).
-        """
+        """`get`; `bell` (from `get_with_deadline`) is the doorbell read before this poll."""
         try:
             with self._lock:
-                if self._closed:
-                    self._require_open()  # CLOSED
-                if type(key) is not str or not key.isascii() or len(key) > MAX_KEY_LENGTH:
-                    validate_key(key)
-                deployment = self._deployment
-                if deployment is None:  # not (fully) joined yet: `_join` retries what failed
-                    with lifecycle.deferred_signals():
-                        deployment = self._join()
-                # process_refresh: a directory scan only when the stamp moved.
-                discovery = deployment.discovery
-                if retry_short_of_descriptors(
-                    "a discovery scan", discovery.refresh, self._shed_descriptors
-                ):
-                    self._ring_route.scanned()
+                self._refreshed(key)  # `get_path`: the model's steps, in order
                 if descriptor is None:
-                    # By key: get_candidates' rings (live producers, discovery's order) ...
-                    got, busy, problem = self._ring_route.claim_by_key(edge, key, borrow)
-                    if got is not None:
-                        self._gets += 1  # `_count`, inline on the hot path
-                        self._bytes += got.size
-                        if got.route is Route.RING:
-                            self._ring_gets += 1
-                        else:
-                            self._pool_gets += 1
-                        return got
-                    # ... then the key's segment (`_get_fallback`).
-                    if self._misses.unchanged(edge, key, bell):
-                        got = BUSY if busy else NOT_FOUND
-                    else:
-                        with lifecycle.deferred_signals():  # a segment is opened, locked, unlinked
-                            got = self._fallback_route.claim(edge, key, None, busy, borrow)
-                        if bell is not None and got.status is GetStatus.NOT_FOUND:
-                            self._misses.record(edge, key, bell)
-                    status = got.status
-                    if status is _BUSY_STATUS:
-                        self._busy += 1
-                    elif status is _DELIVERED:
-                        self._count(got)
-                    if problem is not None and status is not _DELIVERED:
-                        raise problem  # a damaged ring, or producers not looked at
-                    return got
-                if not isinstance(descriptor, (RingDescriptor, FallbackDescriptor)):
-                    raise TypeError(f"not a descriptor: descriptor={descriptor!r}")
-                if descriptor.edge != edge or descriptor.key != key:
-                    raise InvalidKeyError(
-                        f"descriptor names edge={descriptor.edge} key={descriptor.key!r}, "
-                        f"get asked edge={edge} key={key!r}"
-                    )
-                # With a descriptor: only its route and place (PRODUCER_GONE first).
-                if isinstance(descriptor, RingDescriptor):
-                    got = self._ring_route.claim_descriptor(edge, key, descriptor, borrow)
-                else:
-                    with lifecycle.deferred_signals():
-                        got = self._fallback_route.claim_descriptor(edge, key, descriptor, borrow)
-                self._count(got)
-                return got
+                    return self._get_by_key(edge, key, bell, borrow)
+                return self._get_by_descriptor(edge, key, descriptor, borrow)
         except BufferError as error:
             raise lifecycle.unmasked(error) from None
-
-    def _count(self, got: Delivery) -> None:
-        """The model's health counters of a get (`spec.connector._deliver`), plus BUSY."""
-        if got.status is _DELIVERED:
-            self._gets += 1
-            self._bytes += got.size
-            if got.route is Route.RING:
-                self._ring_gets += 1
-            elif got.route is Route.POOL:
-                self._pool_gets += 1
-        elif got.status is _BUSY_STATUS:
-            self._busy += 1
-
-    def _shed_descriptors(self) -> int:
-        """Out of descriptors: release kept segment mappings, half the mapped rings and slots, pidfds."""
-        released = self._fallback_route.shed() + self._ring_route.shed()
-        pool = self._ring_route.pool
-        if pool is not None:
-            released += pool.shed()  # the pool reader's slot mappings
-        deployment = self._deployment
-        if deployment is not None:
-            liveness = deployment.liveness
-            released += liveness.shed(liveness.pidfd_count // 2 + 1)
-        return released
-
-    def reap_consumed(self) -> int:
-        """Drop this producer's records of segments readers claimed; answer the bytes freed.
-
-        Also finishes what a producer call left for later (issue 27): ring
-        frames whose retire met another process's lock, retired segments
-        whose file is still there (a busy lock, a failed unlink) and ring
-        files whose unlink failed; never waits, never raises for them.
-        """
-        with self._lock, lifecycle.deferred_signals():
-            deployment = self._deployment
-            if deployment is None or self._inherited:
-                return 0
-            self._reap_deferred()
-            return deployment.writer.refresh() if not self._closed else 0
-
-    def _reap_deferred(self) -> None:
-        """Retry deferred retires and removals (no waiting; failures stay, counted)."""
-        deployment = self._deployment
-        if deployment is None:
-            return
-        if not self._closed:
-            self._ring_route.reap()
-        deployment.writer.reap()
-        abandoned = self._ring_route.reap_abandoned()
-        if (
-            self._closed
-            and not deployment.left
-            and not abandoned
-            and not deployment.writer.statistics().deferred
-        ):
-            deployment.leave()  # what close left is gone now: leave as close would have
-
-    def file_path(self, descriptor: Descriptor) -> str:
-        """The file a descriptor's frame lives in: its producer's ring, or the key's segment."""
-        if isinstance(descriptor, RingDescriptor):
-            return ring_path(self.directory, *descriptor.edge, descriptor.producer)
-        return os.path.join(
-            self.directory, fallback_segment_file_name(descriptor.edge, descriptor.key)
-        )
-
-    # -- cancellation ----------------------------------------------------------------------
-
-    def cleanup(self, key: str) -> int:
-        """`spec.connector.process_cleanup`: retire the key's unclaimed version on every edge.
-
-        Waits for another process's lock at most `locks.PRODUCER_LOCK_WAIT_SECONDS`
-        per ring or segment; what it could not do then is left for later
-        (`reap_consumed`) and counted in `health().deferred_retires`.
-        """
-        with self._lock, lifecycle.deferred_signals():
-            self._require_open()
-            validate_key(key)
-            self._reap_deferred()
-            retired = self._ring_route.retire_key(key) + self._fallback_route.retire_key(key)
-            if retired:
-                self._bell.ring()
-            return retired
-
-    def cleanup_prefix(self, prefix: str) -> int:
-        """`spec.connector.process_cleanup_prefix`: retire every unclaimed `prefix` + digits key."""
-        with self._lock, lifecycle.deferred_signals():
-            self._require_open()
-            validate_key(prefix)
-            retired = self._ring_route.retire_prefix(prefix)
-            retired += self._fallback_route.retire_prefix(prefix)
-            if retired:
-                self._bell.ring()
-            return retired
-
-    # -- publication cohorts -----------------------------------------------------------------
-
-    @overload
-    def publication_cohort(
-        self, source: Stage, destination: Stage, /
-    ) -> contextlib.AbstractContextManager[int]: ...
-
-    @overload
-    def publication_cohort(
-        self, edge: tuple[Stage, Stage], /
-    ) -> contextlib.AbstractContextManager[int]: ...
-
-    def publication_cohort(self, *edge_args: Any) -> contextlib.AbstractContextManager[int]:
-        """``with connector.publication_cohort(src, dst):`` the puts inside show together.
-
-        `spec.cohort`: every put to the edge inside the block (from any
-        thread of this connector) is invisible to every receiver until the
-        block ends; then all of them become deliverable at once, whatever
-        their routes. A producer killed inside the block publishes none of
-        them. A block inside another on the same edge joins it (only the
-        outermost end commits). The block's value is the cohort's number.
-        """
-        edge, () = split_edge(edge_args, 0, "publication_cohort")
-        return self._cohort(edge)
-
-    @contextlib.contextmanager
-    def _cohort(self, edge: Edge) -> Iterator[int]:
-        with self._lock, lifecycle.deferred_signals():
-            self._require_open()
-            self._join()
-            assert self._cohorts is not None  # joined
-            number = self._cohorts.open(edge)
-        try:
-            yield number
-        finally:
-            with self._lock, lifecycle.deferred_signals():
-                writer = self._cohorts
-                if not self._closed and writer is not None and writer.commit(edge):
-                    self._bell.ring()  # receivers waiting for a key of the cohort look again
-                    bell = self._bell.stage(edge[1])
-                    if bell is not None:
-                        bell.wake()
 
     # -- close -------------------------------------------------------------------------------
 
@@ -733,82 +457,3 @@ class Connector(BlockingGets):
     def inherited(self) -> bool:
         """Whether this is a forked child's copy of another process's connector (`lifecycle`)."""
         return self._inherited
-
-    # -- inspection --------------------------------------------------------------------------
-
-    def fallback_bytes(self) -> int:
-        """Live fallback bytes charged to the budget, after dropping segments readers claimed."""
-        with self._lock:
-            deployment = self._deployment
-            return deployment.writer.used_bytes() if deployment is not None else 0
-
-    def failed_edges(self) -> dict[Edge, BaseException]:
-        """Edges whose ring setup failed, with the error that disabled each."""
-        with self._lock:
-            return dict(self._ring_route.failed)
-
-    @overload
-    def ring(self, source: Stage, destination: Stage, /) -> RingChannel | None: ...
-
-    @overload
-    def ring(self, edge: tuple[Stage, Stage], /) -> RingChannel | None: ...
-
-    def ring(self, *edge_args: Any) -> RingChannel | None:
-        """This process's ring on an edge, if set up (for statistics and tests)."""
-        edge, () = split_edge(edge_args, 0, "ring")
-        return self._ring_route.channels.get(edge)
-
-    def health(self) -> ConnectorHealth:
-        with self._lock:
-            fallback = self._fallback_route.statistics()
-            deployment = self._deployment
-            discovery = deployment.discovery if deployment is not None else None
-            ring = self._ring_route
-            pool_route = self._pool_route
-            pool = pool_route.statistics()
-            borrowed = list(self._borrowed)
-            ring_deferred = ring.deferred_retires()
-            return ConnectorHealth(
-                puts=self._puts,
-                gets=self._gets,
-                bytes_transferred=self._bytes,
-                ring_puts=self._ring_puts,
-                ring_gets=self._ring_gets,
-                fallbacks=self._fallbacks,
-                refusals=self._refusals,
-                busy=self._busy,
-                fallback_bytes=fallback.used_bytes if fallback else 0,
-                fallback_segments=fallback.segments if fallback else 0,
-                rings=len(ring.channels),
-                failed_edges=len(ring.failed),
-                scans=discovery.scans if discovery is not None else 0,
-                closed=self._closed,
-                fallback_spares=fallback.spares if fallback else 0,
-                fallback_spare_bytes=fallback.spare_bytes if fallback else 0,
-                fallback_reused=fallback.reused if fallback else 0,
-                fallback_mapping_hits=self._fallback_route.mappings.hits,
-                reclaimed_files=discovery.reclaimed if discovery is not None else 0,
-                ring_setup_retries=ring.retries,
-                pool_puts=pool_route.puts,
-                pool_gets=self._pool_gets,
-                pool_fallbacks=pool_route.fallbacks,
-                pool_slots=pool.slots if pool else 0,
-                pool_bytes=pool.used_bytes if pool else 0,
-                pool_slots_created=pool.created if pool else 0,
-                pool_slots_reused=pool.reused if pool else 0,
-                pool_slots_evicted=pool.evicted if pool else 0,
-                pool_create_failures=pool.create_failures if pool else 0,
-                pool_mapping_hits=pool_route.reader.hits if pool_route.reader else 0,
-                borrowed_gets=self._borrowed_gets,
-                borrowed_live=len(borrowed),
-                borrowed_ring_frames=sum(payload.position is not None for payload in borrowed),
-                deferred_retires=ring_deferred[0] + (fallback.deferred_total if fallback else 0),
-                deferred_pending=ring_deferred[1] + (fallback.deferred if fallback else 0),
-                unlink_failures=ring.unlink_failures()
-                + (fallback.unlink_failures if fallback else 0)
-                + self._close_unlink_failures,
-                unlink_retries=fallback.unlink_retries if fallback else 0,
-                cohorts_committed=self._cohorts.committed if self._cohorts is not None else 0,
-                rings_replaced=ring.replaced,
-                ring_frames_lost=ring.frames_lost,
-            )

@@ -30,11 +30,11 @@ from ..fallback import (
 from ..names import ConnectorIdentity
 from ..os_seam import OsFacade
 from .cohort import NOTHING_HELD, CohortGates, CohortPending
+from .decoders import alive_or_assumed, borrow_sized
 from .descriptors import FallbackDescriptor
 from .edges import Edge
 from .joining import Deployment
 from .results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
-from .ring_route import alive_or_assumed, borrow_sized
 from .routes import Hook, RouteBackend
 from .shortage import retry_short_of_descriptors
 
