@@ -57,16 +57,19 @@ _GONE = (_DROPPED, _RECREATED)  # the candidate's reader is no longer the one re
 
 
 class _Look:
-    """One pass over an edge's candidates: what was seen besides a delivery."""
+    """One pass over an edge's candidates: what was seen besides a delivery.
 
-    __slots__ = ("busy", "corrupt", "exhausted", "complete", "sheds")
+    The defaults are class attributes: a pass that delivers at its first
+    ring sets none of them (one store per get, issue 23's lean path).
+    """
+
+    busy = False
+    corrupt: CorruptFrameError | None = None
+    exhausted: ResourceExhaustedError | None = None
+    complete = True  # every producer resolved (nothing short of descriptors)
 
     def __init__(self, sheds: int) -> None:
         self.sheds = sheds  # `shed` runs before the pass: a list kept after another is stale
-        self.busy = False
-        self.corrupt: CorruptFrameError | None = None
-        self.exhausted: ResourceExhaustedError | None = None
-        self.complete = True  # every producer resolved (nothing short of descriptors)
 
     def answer(self) -> tuple[None, bool, CorruptFrameError | ResourceExhaustedError | None]:
         """No delivery: (None, whether some ring was BUSY, the error to raise if nothing else delivers)."""
