@@ -902,3 +902,26 @@ def test_a_large_bytes_payload_goes_by_the_ring_as_header_and_body(scope: str, k
         assert isinstance(producer.put(EDGE, "again", kind(body)), RingDescriptor)
         got = receiver.get(EDGE, "again")
         assert got.delivered and got.route is Route.RING and got.value == body
+
+
+def test_the_hot_path_s_constructors_make_what_the_dataclasses_make() -> None:
+    """`new_descriptor` / `new_delivery` (issue 23's lean path) are the dataclasses' own instances."""
+    from shmring.impl.connector.descriptors import (
+        FallbackDescriptor,
+        PoolDescriptor,
+        RingDescriptor,
+        new_descriptor,
+    )
+    from shmring.impl.connector.results import Delivery, GetStatus, new_delivery
+    from shmring.spec.connector import Route
+
+    for kind in (RingDescriptor, PoolDescriptor, FallbackDescriptor):
+        made = kind((1, 2, 3), ("a", "b"), "k", 5, 64)
+        fast = new_descriptor(kind, (1, 2, 3), ("a", "b"), "k", 5, 64)
+        assert type(fast) is kind and fast == made and hash(fast) == hash(made)
+        assert repr(fast) == repr(made) and fast.to_dict() == made.to_dict()
+        assert fast != new_descriptor(kind, (1, 2, 3), ("a", "b"), "k", 6, 64)
+    made = Delivery(GetStatus.DELIVERED, b"x", 64, Route.POOL, (1, 2, 3))
+    fast = new_delivery(b"x", 64, Route.POOL, (1, 2, 3))
+    assert fast == made and repr(fast) == repr(made) and fast.delivered and fast.lease is None
+    assert fast.release() and fast.value is None

@@ -29,7 +29,13 @@ from ..errors import BackPressureError
 from ..names import ConnectorIdentity
 from ..ring.producer import RingChannel
 from .cohort import MemberPlan
-from .descriptors import Descriptor, FallbackDescriptor, PoolDescriptor, RingDescriptor
+from .descriptors import (
+    Descriptor,
+    FallbackDescriptor,
+    PoolDescriptor,
+    RingDescriptor,
+    new_descriptor,
+)
 from .edges import Edge, validate_key
 
 if TYPE_CHECKING:
@@ -79,7 +85,7 @@ class PutPath:
             if status is _PUBLISHED:
                 self._ring_puts += 1
                 return self._published(
-                    RingDescriptor(self.identity, edge, key, position, plan.nbytes)  # type: ignore[arg-type]
+                    new_descriptor(RingDescriptor, self.identity, edge, key, position, plan.nbytes)  # type: ignore[arg-type]
                 )
             if (
                 choose_route(True, status, self._pool_fits(channel, key, status, plan.nbytes))
@@ -140,7 +146,9 @@ class PutPath:
             position = self._pool_route.publish(channel, key, plan, retire_other)
         if position is None:
             return None  # no slot, or the ring FULL for the reference: the fallback
-        return self._published(PoolDescriptor(self.identity, edge, key, position, plan.nbytes))
+        return self._published(
+            new_descriptor(PoolDescriptor, self.identity, edge, key, position, plan.nbytes)
+        )
 
     def _put_fallback(
         self, channel: RingChannel | None, edge: Edge, key: str, plan: Any
@@ -160,7 +168,7 @@ class PutPath:
             raise
         self._fallbacks += 1
         return self._published(
-            FallbackDescriptor(self.identity, edge, key, generation, plan.nbytes)
+            new_descriptor(FallbackDescriptor, self.identity, edge, key, generation, plan.nbytes)
         )
 
     def _published(self, descriptor: Descriptor) -> Descriptor:

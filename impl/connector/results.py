@@ -71,6 +71,29 @@ class Delivery:
         return self.status is GetStatus.DELIVERED
 
 
+_new = object.__new__
+_DELIVERED = GetStatus.DELIVERED
+
+
+def new_delivery(
+    value: Any,
+    size: int,
+    route: Route,
+    producer: ConnectorIdentity | None,
+    lease: weakref.ref[Any] | None = None,
+) -> Delivery:
+    """`Delivery(DELIVERED, value, size, route, producer, lease=lease)`, made once per get.
+
+    The same instance the frozen dataclass's `__init__` makes, without its
+    six `object.__setattr__` calls (issue 23's lean path).
+    """
+    delivery = _new(Delivery)
+    delivery.__dict__.update(
+        status=_DELIVERED, value=value, size=size, route=route, producer=producer, lease=lease
+    )
+    return delivery
+
+
 NOT_FOUND: Final = Delivery(GetStatus.NOT_FOUND)
 STALE: Final = Delivery(GetStatus.STALE)
 GONE: Final = Delivery(GetStatus.PRODUCER_GONE)

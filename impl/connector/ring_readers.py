@@ -41,7 +41,7 @@ from .decoders import Decoder, ProducerExited, frame_borrower, frame_decoder
 from .descriptors import RingDescriptor
 from .edges import Edge
 from .joining import Deployment
-from .results import BUSY, GONE, NOT_FOUND, STALE, Delivery, GetStatus
+from .results import BUSY, GONE, NOT_FOUND, STALE, Delivery, new_delivery
 from .shortage import retry_short_of_descriptors
 
 logger = logging.getLogger("shmring.connector")
@@ -257,9 +257,9 @@ class RingReaders:
             readers[edge, producer] = reader
         if borrow:
             size, value, lease, route = payload
-            return Delivery(GetStatus.DELIVERED, value, size, route, producer, lease=lease)
+            return new_delivery(value, size, route, producer, lease)
         size, value, route = payload
-        return Delivery(GetStatus.DELIVERED, value, size, route, producer)
+        return new_delivery(value, size, route, producer)
 
     def _keep_readers(self, edge: Edge, resolved: list[Candidate], look: _Look) -> None:
         """Keep: the candidates a get by key resolved, for the next gets on the edge.
