@@ -1,7 +1,8 @@
 """Per-key fallback segments: one POSIX shared-memory file per (edge, key).
 
 The modules: `segment` (the lock rule below, and the reuse limits),
-`writer` (the producer: put, retire, spares), `claim` (the readers: claim
+`writer` (the producer's put), `spares` and `retiring` (its
+kept files, its retires and deferred removals: mixins of the writer), `claim` (the readers: claim
 exactly once, kept mappings, the gc's removal of a dead owner's segment).
 Names are `shmring.impl.names`' (`fallback_segment_file_name`, ...).
 

@@ -24,6 +24,10 @@ producer call, close), retried with a back-off, never raised, counted in
 `statistics()`. A re-put that must replace a segment held locked past the
 bound fails (`BrokenError`) before anything changed.
 
+The steps that keep files for reuse live in `spares.py` (`SpareStock`), the
+retires and the deferred removals in `retiring.py` (`Retiring`); both are
+mixins of `FallbackWriter`, which owns their state.
+
 Every system call goes through the `OsFacade` the caller gives.
 """
 
@@ -34,7 +38,6 @@ import errno
 import itertools
 import mmap
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -47,20 +50,17 @@ from ...spec.connector import (
 from ...spec.layout import (
     FRAME_KEY_OFFSET,
     FRAME_STATE_PUBLISHED,
-    FRAME_STATE_RETIRED,
     RING_HEADER_LENGTH,
     RING_STATE_OPEN,
     RING_STATE_SPARE_WANTED,
     compute_ring_file_length,
 )
-from ...spec.ring import is_prefix_match
 from ..directory import Directory, as_directory
 from ..errors import BackPressureError, BrokenError, ClosedError, NoSpaceError
 from ..frame_io import (
     SharedWords,
     compute_checksum,
     store_frame_length_release,
-    store_frame_state_release,
     write_data_frame_fields,
     write_ring_header,
 )
@@ -72,36 +72,22 @@ from ..names import (
     fallback_spare_file_name,
     fallback_temp_file_name,
 )
-from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OPEN_FLAGS_EXISTING, OsFacade
+from ..os_seam import FILE_MODE, OPEN_FLAGS_CREATE, OsFacade
+from .retiring import Deferred, Retiring
 from .segment import (
     BUSY,
     DEFAULT_SPARE_BYTES,
-    MAX_SPARES,
     SPARE_MIN_FILE_LENGTH,
     close_locked,
     open_locked,
 )
+from .spares import Spare, SpareStock
 
 _NO_SPACE_ERRNOS: Final = (errno.ENOSPC, errno.EDQUOT)
 
 # Generations are unique within a process, so a descriptor of one connector
 # can never name another connector's segment of the same process.
 _generations: Final = itertools.count(1)
-
-# A deferred removal is tried again after this long, doubling up to the most.
-_REAP_FIRST_DELAY: Final = 0.1
-_REAP_MAX_DELAY: Final = 5.0
-
-
-@dataclass
-class _Deferred:
-    """A retired segment whose file is still at its name (locked past the bound, or unlink failed)."""
-
-    path: str
-    inode: tuple[int, int]  # (st_dev, st_ino) of our file: never remove another one
-    length: int  # its charged bytes (no longer in the budget: it is retired)
-    attempts: int = 0  # removals tried after the first
-    next_try: float = 0.0  # monotonic time of the next try
 
 
 class PayloadPlan(Protocol):
@@ -131,23 +117,6 @@ class SegmentRecord:
     inode: tuple[int, int]  # (st_dev, st_ino) of our file, to tell it from a later one
 
 
-class _Spare:
-    """A segment file the producer keeps mapped for reuse once a reader hands it back."""
-
-    __slots__ = ("fd", "file_length", "generation", "inode", "mapping", "path", "segment_path")
-
-    def __init__(
-        self, fd: int, mapping: mmap.mmap, file_length: int, inode: tuple[int, int]
-    ) -> None:
-        self.fd = fd
-        self.mapping = mapping
-        self.file_length = file_length
-        self.inode = inode
-        self.generation = 0  # of the segment it carries now
-        self.path = ""  # its spare name for that generation
-        self.segment_path = ""  # the segment name it was published under
-
-
 @dataclass(frozen=True)
 class FallbackStatistics:
     """One producer's fallback, as of its last look."""
@@ -170,7 +139,7 @@ class FallbackStatistics:
     unlink_retries: int = 0  # removals tried again by `reap`
 
 
-class FallbackWriter:
+class FallbackWriter(SpareStock, Retiring):
     """A producer's fallback segments in one deployment directory.
 
     Not thread-safe; the owning connector serializes calls. Only this object
@@ -195,7 +164,7 @@ class FallbackWriter:
         self.spare_budget = spare_bytes  # the most file bytes kept for reuse
         self.spare_min = spare_min  # smaller files are not kept
         self._os = os_facade
-        self._spares: dict[int, _Spare] = {}  # generation -> file kept for reuse
+        self._spares: dict[int, Spare] = {}  # generation -> file kept for reuse
         self._spare_bytes = 0  # == sum of their file lengths
         self._reused = 0
         self._segments: dict[tuple[Edge, str], SegmentRecord] = {}
@@ -206,7 +175,7 @@ class FallbackWriter:
         self._no_space = 0
         self._retired = 0
         self._claimed = 0
-        self._deferred: dict[str, _Deferred] = {}  # path -> retired segment still to remove
+        self._deferred: dict[str, Deferred] = {}  # path -> retired segment still to remove
         self._deferred_total = 0
         self._unlink_failures = 0
         self._unlink_retries = 0
@@ -283,7 +252,7 @@ class FallbackWriter:
         # anywhere below (a signal handler's too) leaves it findable by close, and its
         # name carries our identity for survivors' reclaim and gc once we are dead.
         self._leftovers.add(temp)
-        spare: _Spare | None = None
+        spare: Spare | None = None
         keep = False
         try:
             spare = self._take_spare(file_length, temp)
@@ -325,107 +294,7 @@ class FallbackWriter:
 
     # -- files ---------------------------------------------------------------------
 
-    def _may_keep(self, file_length: int) -> bool:
-        """Whether a new file of `file_length` bytes is kept for reuse (within the spare budget)."""
-        return (
-            file_length >= self.spare_min
-            and len(self._spares) < MAX_SPARES
-            and self._spare_bytes + file_length <= self.spare_budget
-        )
-
-    def _take_spare(self, file_length: int, temp: str) -> _Spare | None:
-        """A kept file of `file_length` bytes that a reader handed back, now linked at `temp`.
-
-        A reader hands a claimed segment back by renaming it to its spare
-        name; renaming it from there to `temp` takes it back (one process
-        wins). Not handed back yet: skipped. Claimed and unlinked instead (a
-        reader that could not rename): forgotten.
-        """
-        for generation, spare in list(self._spares.items()):
-            if spare.file_length != file_length:
-                continue
-            try:
-                self._take_back(spare, temp)
-            except FileNotFoundError:
-                continue  # still published, or claimed and unlinked (then forgotten)
-            except OSError:
-                continue  # try again at a later put
-            del self._spares[generation]
-            self._spare_bytes -= spare.file_length
-            try:
-                here = self._dir.stat(temp)
-                ours = (here.st_dev, here.st_ino) == spare.inode
-            except OSError:
-                ours = False
-            if not ours:  # something else was at the spare name: never write into it
-                self._discard(spare)
-                self._remove_temp(temp)
-                continue
-            self._reused += 1
-            return spare
-        return None
-
-    def _take_back(self, spare: _Spare, temp: str) -> None:
-        """Rename the spare's handed-back file to `temp`; FileNotFoundError when it is not there.
-
-        A reader's commit is one rename or one unlink, so once the segment
-        name is gone the spare name either exists already or never will: one
-        more try after seeing the segment gone settles it, and a file
-        claimed and unlinked is forgotten.
-        """
-        try:
-            self._dir.rename(spare.path, temp)
-            return
-        except FileNotFoundError:
-            if self._still_out(spare):
-                raise
-        try:
-            self._dir.rename(spare.path, temp)
-        except FileNotFoundError:
-            self._forget_spare(spare.generation)
-            raise
-
-    def _still_out(self, spare: _Spare) -> bool:
-        """Whether the spare's file is still published under its segment name (not yet claimed)."""
-        try:
-            info = self._dir.stat(spare.segment_path)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True  # cannot tell: keep it rather than orphan a handed-back file
-        return (info.st_dev, info.st_ino) == spare.inode
-
-    def _forget_spare(self, generation: int) -> None:
-        """Stop keeping the file of `generation` (its segment is gone for good)."""
-        spare = self._spares.pop(generation, None)
-        if spare is not None:
-            self._spare_bytes -= spare.file_length
-            self._discard(spare)
-
-    def _discard_quietly(self, spare: _Spare) -> None:
-        """`_discard` while an exception propagates: a mapping a dying frame still exports is
-        left to be unmapped when that frame goes (never a BufferError over the real error)."""
-        with contextlib.suppress(BufferError, ValueError):
-            spare.mapping.close()
-        self._discard(spare) if spare.mapping.closed else self._close_fd(spare)
-
-    def _close_fd(self, spare: _Spare) -> None:
-        fd, spare.fd = spare.fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                self._os.close(fd)
-
-    def _discard(self, spare: _Spare) -> None:
-        """Unmap and close a file we stop keeping (its names are the caller's business)."""
-        mapping, fd = spare.mapping, spare.fd
-        spare.fd = -1
-        if not mapping.closed:
-            mapping.close()
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                self._os.close(fd)
-
-    def _create_temp(self, temp: str, key: str, file_length: int) -> _Spare:
+    def _create_temp(self, temp: str, key: str, file_length: int) -> Spare:
         """Create, size and map the temporary file; on failure remove it and raise."""
         os_facade = self._os
         try:
@@ -456,7 +325,7 @@ class FallbackWriter:
                 os_facade.close(fd)
             self._remove_temp(temp)
             raise
-        return _Spare(fd, mapping, file_length, (info.st_dev, info.st_ino))
+        return Spare(fd, mapping, file_length, (info.st_dev, info.st_ino))
 
     def _fill(
         self,
@@ -536,158 +405,6 @@ class FallbackWriter:
         finally:
             if held is not None:
                 close_locked(self._os, held)
-
-    def _remove_temp(self, temp: str) -> None:
-        """Remove a temporary (or a handed-back spare); one whose unlink fails is kept for close."""
-        try:
-            self._dir.unlink(temp)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            self._leftovers.add(temp)
-            return
-        self._leftovers.discard(temp)
-
-    # -- retire ------------------------------------------------------------------
-
-    @signals_deferred
-    def _retire(self, slot: tuple[Edge, str]) -> int:
-        """Retire our unclaimed segment of `slot`; 0 when a reader claimed it first.
-
-        Never waits past the producer's bound: a segment locked longer, or
-        whose unlink fails, is marked retired and removed later (`reap`).
-        """
-        record = self._segments.get(slot)
-        if record is None:
-            return 0
-        held = open_locked(self._dir, record.path, self._os, wait=True)
-        retired = 0
-        if held is BUSY:
-            retired = self._mark_retired(record, None)
-        elif held is not None:
-            try:
-                info = self._os.fstat(held)
-                if (info.st_dev, info.st_ino) == record.inode:
-                    retired = 1
-                    self._forget_spare(record.generation)
-                    try:
-                        self._dir.unlink(record.path)
-                    except FileNotFoundError:
-                        pass
-                    except OSError:
-                        self._unlink_failures += 1
-                        self._mark_retired(record, held)
-            finally:
-                close_locked(self._os, held)
-        del self._segments[slot]
-        self._used -= record.length
-        if retired:
-            self._retired += 1
-        else:
-            self._claimed += 1
-        return retired
-
-    def _mark_retired(self, record: SegmentRecord, held: int | None) -> int:
-        """Store RETIRED in our segment's frame state and defer its removal; answer 1 (0: gone).
-
-        `held`: the locked descriptor (the unlink failed), or None: another
-        process holds the lock, and the store goes without it. A reader
-        claiming it afterwards finds it retired (and removes it); one whose
-        claim was already under way may still complete it (that get began
-        before this retire).
-        """
-        try:
-            fd = self._dir.open(record.path, OPEN_FLAGS_EXISTING)
-        except FileNotFoundError:
-            return 0  # claimed meanwhile
-        try:
-            info = self._os.fstat(fd)
-            if (info.st_dev, info.st_ino) != record.inode:
-                return 0  # claimed, and the name is another segment's now
-            mapping = self._os.mmap(fd, RING_HEADER_LENGTH + FRAME_KEY_OFFSET)
-            try:
-                with memoryview(mapping) as buf:
-                    words = SharedWords(buf)
-                    try:
-                        store_frame_state_release(words, RING_HEADER_LENGTH, FRAME_STATE_RETIRED)
-                    finally:
-                        words.release()
-            finally:
-                mapping.close()
-        finally:
-            self._os.close(fd)
-        self._forget_spare(record.generation)
-        self._deferred[record.path] = _Deferred(
-            record.path, record.inode, record.length, next_try=time.monotonic() + _REAP_FIRST_DELAY
-        )
-        self._deferred_total += 1
-        return 1
-
-    @signals_deferred
-    def reap(self, force: bool = False) -> int:
-        """Remove retired segments left for later (never waits); answer how many went.
-
-        Each is tried again after a back-off (`force`: now, as close does);
-        a file no longer ours at its name (a reader removed it) is forgotten.
-        """
-        removed = 0
-        now = time.monotonic()
-        for path, deferred in sorted(self._deferred.items()):
-            try:
-                info = self._dir.stat(path)
-                gone = (info.st_dev, info.st_ino) != deferred.inode
-            except FileNotFoundError:
-                gone = True
-            except OSError:
-                gone = False
-            if gone:  # a reader removed it, or the name is another segment's: forgotten
-                del self._deferred[path]
-                removed += 1
-                continue
-            if not force and now < deferred.next_try:
-                continue
-            held = open_locked(self._dir, path, self._os, wait=False)
-            if held is None:
-                del self._deferred[path]  # gone: a reader removed it under its lock
-                removed += 1
-                continue
-            if held is not BUSY:
-                try:
-                    info = self._os.fstat(held)
-                    if (info.st_dev, info.st_ino) != deferred.inode:
-                        del self._deferred[path]  # the name is another segment's
-                        removed += 1
-                        continue
-                    self._unlink_retries += 1
-                    try:
-                        self._dir.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                    except OSError:
-                        self._unlink_failures += 1
-                    else:
-                        del self._deferred[path]
-                        removed += 1
-                        continue
-                finally:
-                    close_locked(self._os, held)
-            deferred.attempts += 1
-            delay = min(_REAP_FIRST_DELAY * 2 ** (deferred.attempts - 1), _REAP_MAX_DELAY)
-            deferred.next_try = now + delay
-        return removed
-
-    def retire(self, edge: Edge, key: str) -> int:
-        """Retire the key's unclaimed segment on `edge`; answer 0 or 1."""
-        return self._retire((edge, key))
-
-    def retire_key(self, key: str) -> int:
-        """Retire the key's unclaimed segments on every edge."""
-        return sum(self._retire(slot) for slot in sorted(self._segments) if slot[1] == key)
-
-    def retire_prefix(self, prefix: str) -> int:
-        """Retire every unclaimed segment whose key is `prefix` + digits, on every edge."""
-        slots = [slot for slot in sorted(self._segments) if is_prefix_match(prefix, slot[1])]
-        return sum(self._retire(slot) for slot in slots)
 
     def has(self, edge: Edge, key: str) -> bool:
         """Whether we hold a segment for the key (it may have been claimed since)."""
