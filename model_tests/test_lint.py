@@ -83,7 +83,7 @@ FILE_LINES_MAX = 500
 # The implementation files still over FILE_LINES_MAX, each with its size when
 # this ratchet was set (3 December 2026): a listed file may shrink, never grow,
 # and leaves the list once it is within the limit; a file not listed may not
-# cross it. Issue 23 asks for none at all; these nine are what is left.
+# cross it. Issue 23 asks for none at all; these eight are what is left.
 OVER_THE_LIMIT = {
     "impl/registered/registration.py": 550,
     "impl/ring/producer.py": 566,
@@ -91,7 +91,6 @@ OVER_THE_LIMIT = {
     "impl/names.py": 594,
     "impl/codec/decode.py": 635,
     "impl/registered/cuda_driver.py": 637,
-    "impl/liveness.py": 656,
     "impl/ring/reader.py": 732,
     "impl/compat.py": 627,
 }
