@@ -452,7 +452,7 @@ def commit_of(root: Path = ROOT) -> str:
 
 
 def _pytest(
-    work: Path, mutant: str, tests: list[str], *, first_failure: bool
+    work: Path, mutant: str, tests: list[str], *, first_failure: bool, deselect: list[str] = ()
 ) -> subprocess.CompletedProcess[str]:
     """pytest in the mutants' copy with `mutant` active ("" for clean code), no xdist."""
     args = [
@@ -472,6 +472,8 @@ def _pytest(
     ]
     if first_failure:
         args.append("-x")
+    for test in deselect:
+        args += ["--deselect", test]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update({"MUTANT_UNDER_TEST": mutant, "PYTHONWARNINGS": "ignore", **SCOPED_SHM})
     try:
@@ -484,7 +486,9 @@ def _pytest(
             timeout=CONFIRM_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as expired:
-        return subprocess.CompletedProcess(args, -9, str(expired.stdout or ""), "timeout")
+        out = expired.stdout or ""
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return subprocess.CompletedProcess(args, -9, out, "timeout")
 
 
 def failed_tests(output: str) -> list[str]:
@@ -508,18 +512,51 @@ def tests_reaching(work: Path, name: str) -> list[str]:
     return sorted(reached, key=lambda test: (durations.get(test, float("inf")), test))
 
 
-def confirm_kill(work: Path, name: str) -> str | None:
-    """The test that alone fails on mutant `name` and alone passes on clean code, or None."""
+CONFIRM_ATTEMPTS = 3  # failing tests tried, one after another, before a kill reads "not confirmed"
+
+
+@dataclass
+class Confirmation:
+    """A kill's confirmation: the test that holds it up, or why none did."""
+
+    test: str | None
+    reason: str
+
+
+def confirm_kill(work: Path, name: str) -> Confirmation:
+    """The test that alone fails on mutant `name` and alone passes on clean code, or why not.
+
+    The reaching tests run shortest first with `-x`; the first failure is then
+    run alone on the mutant and alone on clean code. A failure that does not
+    hold up alone (it failed after another test's leftovers, or it fails on
+    clean code too) is deselected and the search goes on, up to
+    CONFIRM_ATTEMPTS failures. "Fails" is what mutmut counts as a kill
+    (pytest's exit codes KILLED), so a mutant that breaks a test's teardown
+    confirms as it was killed. The reason is kept for the summary.
+    """
     tests = tests_reaching(work, name)
     if not tests:
-        return None
-    found = failed_tests(_pytest(work, name, tests, first_failure=True).stdout)
-    for test in found[:1]:
+        return Confirmation(None, "no test reaches it in the stats")
+    tried: list[str] = []
+    notes: list[str] = []
+    for _ in range(CONFIRM_ATTEMPTS):
+        run = _pytest(work, name, tests, first_failure=True, deselect=tried)
+        found = [test for test in failed_tests(run.stdout) if test not in tried]
+        if not found:
+            what = "timed out" if run.returncode == -9 else f"exit {run.returncode}"
+            notes.append(f"the reaching tests ({len(tests) - len(tried)}) {what}, no failure")
+            break
+        test = found[0]
         alone_mutant = _pytest(work, name, [test], first_failure=True)
-        alone_clean = _pytest(work, "", [test], first_failure=True)
-        if alone_mutant.returncode == 1 and alone_clean.returncode == 0:
-            return test
-    return None
+        if alone_mutant.returncode in KILLED:
+            alone_clean = _pytest(work, "", [test], first_failure=True)
+            if alone_clean.returncode == 0:
+                return Confirmation(test, "; ".join([*notes, f"{test} fails alone"]))
+            notes.append(f"{test} fails on clean code too (exit {alone_clean.returncode})")
+        else:
+            notes.append(f"{test} alone on the mutant: exit {alone_mutant.returncode}")
+        tried.append(test)
+    return Confirmation(None, "; ".join(notes))
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -603,18 +640,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     known = load_equivalents()
     confirmed: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     if not args.report_only:
         # Confirmations are independent pytest runs: as many at once as mutants ran.
         to_confirm = [n for n in names if classify(codes.get(n)) in ("killed", "timeout")]
         with ThreadPoolExecutor(max_workers=max(1, args.max_children)) as pool:
-            for name, test in zip(
+            for name, outcome in zip(
                 to_confirm, pool.map(lambda n: confirm_kill(work, n), to_confirm), strict=True
             ):
-                print(
-                    f"  {name}: {'confirmed by ' + test if test else 'not confirmed'}", flush=True
-                )
-                if test is not None:
-                    confirmed[name] = test
+                verdict = f"confirmed by {outcome.test}" if outcome.test else "not confirmed"
+                print(f"  {name}: {verdict} ({outcome.reason})", flush=True)
+                reasons[name] = outcome.reason
+                if outcome.test is not None:
+                    confirmed[name] = outcome.test
     else:
         previous = (
             json.loads((work / "summary.json").read_text())
@@ -622,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
             else {}
         )
         confirmed = previous.get("confirmed", {})
+        reasons = previous.get("reasons", {})
     per_stratum: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     survivors: list[tuple[str, str, str]] = []
     for name in names:
@@ -649,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": 0,
         "strata": {},
         "confirmed": confirmed,
+        "reasons": reasons,
     }
     strata: dict[str, dict[str, float]] = {}
     total_killed = total = 0
@@ -689,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=dict))
     with open(work / "survivors.txt", "w") as handle:
         for name, status, diff in survivors:
-            handle.write(f"=== {name} ({status})\n{diff}\n")
+            why = f" [{reasons[name]}]" if name in reasons else ""
+            handle.write(f"=== {name} ({status}){why}\n{diff}\n")
     print(f"  survivors' diffs: {work / 'survivors.txt'}")
     if not (args.report_only or args.no_history):
         scope = args.target + (f" ({','.join(sorted(modules))})" if modules else "")

@@ -204,6 +204,46 @@ def test_a_kill_is_confirmed_with_the_reaching_tests_shortest_first(tmp_path: Pa
     assert mutation.tests_reaching(tmp_path, "shmring.impl.names.x_other__mutmut_1") == []
 
 
+def test_a_kill_is_confirmed_past_failures_that_do_not_hold_up_alone(tmp_path: Path) -> None:
+    """A failure seen only after another test's leftovers, or on clean code too, is skipped,
+    the search goes on, and the summary keeps why (stop 33: 6 of 16 kills "not confirmed")."""
+    import json
+
+    mutant = "shmring.impl.names.x_validate_scope__mutmut_2"
+    tests = tmp_path / "mutants"
+    tests.mkdir()
+    (tests / "test_fake.py").write_text(
+        "import os, pathlib\n"
+        f"ON = os.environ.get('MUTANT_UNDER_TEST') == {mutant!r}\n"
+        "MARK = pathlib.Path(__file__).with_name('mark')\n"
+        "def test_leaves_a_mark():\n    MARK.write_text('x')\n"
+        "def test_needs_the_mark():\n"
+        "    had = MARK.exists()\n    MARK.unlink(missing_ok=True)\n    assert not (ON and had)\n"
+        "def test_always_fails():\n    assert False\n"
+        "def test_sees_the_mutant():\n    assert not ON\n"
+    )
+    order = ["leaves_a_mark", "needs_the_mark", "always_fails", "sees_the_mutant"]
+    ids = [f"test_fake.py::test_{test}" for test in order]
+    stats = {
+        "tests_by_mangled_function_name": {"shmring.impl.names.x_validate_scope": ids},
+        "duration_by_test": {test: 0.1 * i for i, test in enumerate(ids)},
+    }
+    (tests / "mutmut-stats.json").write_text(json.dumps(stats))
+    outcome = mutation.confirm_kill(tmp_path, mutant)
+    assert outcome.test == ids[3], outcome.reason
+    assert "test_needs_the_mark alone on the mutant: exit 0" in outcome.reason
+    assert "test_always_fails fails on clean code too" in outcome.reason
+    # With too few attempts the same kill reads "not confirmed", and says why.
+    saved = mutation.CONFIRM_ATTEMPTS
+    try:
+        mutation.CONFIRM_ATTEMPTS = 2
+        outcome = mutation.confirm_kill(tmp_path, mutant)
+    finally:
+        mutation.CONFIRM_ATTEMPTS = saved
+    assert outcome.test is None and "fails on clean code too" in outcome.reason
+    assert mutation.confirm_kill(tmp_path, "shmring.impl.names.x_other__mutmut_1").test is None
+
+
 # -- the test selection ------------------------------------------------------------------------
 
 
