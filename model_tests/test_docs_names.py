@@ -21,6 +21,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import shmring
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,3 +156,67 @@ def test_docs_index_sends_each_reader_somewhere_that_exists() -> None:
     for page in re.findall(r"`([a-z-]+\.md)`", index):
         assert (ROOT / "docs" / page).is_file(), page
     assert "docs/index.md" in (ROOT / "README.md").read_text()
+
+
+# -- docs/code-layout.md: the map of impl/ is the code's ------------------------------------
+
+
+def _code_layout() -> Any:
+    sys.path.insert(0, str(ROOT / "model_tests"))
+    try:
+        return importlib.import_module("code_layout")
+    finally:
+        sys.path.remove(str(ROOT / "model_tests"))
+
+
+def test_code_layout_is_generated_from_the_code() -> None:
+    """The per-module section of docs/code-layout.md is what the generator writes today."""
+    layout = _code_layout()
+    document = (ROOT / "docs" / "code-layout.md").read_text()
+    assert layout.replaced(document, layout.generate()) == document, (
+        "docs/code-layout.md is behind the code: run model_tests/code_layout.py --write"
+    )
+
+
+def test_the_generator_reads_sizes_jobs_and_imports_from_the_source(tmp_path: Path) -> None:
+    """A planted package: its size, docstring and relative and absolute imports come out."""
+    impl = tmp_path / "impl"
+    (impl / "pkg").mkdir(parents=True)
+    (impl / "__init__.py").write_text('"""Top."""\n')
+    (impl / "base.py").write_text('"""The base | of it."""\nimport os\n')
+    (impl / "pkg" / "__init__.py").write_text('"""A package."""\nfrom . import leaf\n')
+    (impl / "pkg" / "leaf.py").write_text(
+        '"""A leaf."""\n\nfrom ..base import x\nfrom shmring.impl import pkg\n'
+        "from ...spec.layout import Y\n"
+    )
+    layout = _code_layout()
+    text = layout.generate(impl)
+    assert "| `pkg/leaf.py` | 5 | A leaf. | `base`, `pkg` | `spec.layout` |" in text
+    assert "| `pkg/__init__.py` | 2 | A package. | `pkg.leaf` |  |" in text
+    assert "| `base.py` | 2 | The base \\| of it. | none |  |" in text
+    assert "4 modules, 10 lines; the largest is `impl/pkg/leaf.py` (5 lines)." in text
+    with pytest.raises(ValueError, match="markers"):
+        layout.replaced("no markers here", text)
+
+
+def test_every_impl_module_has_a_place_in_the_concept_table() -> None:
+    """A new module must be placed in the hand-written concept table, under its package's row."""
+    document = (ROOT / "docs" / "code-layout.md").read_text()
+    table = document.split("## `impl/`, by concept", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    missing = []
+    for path in sorted((ROOT / "impl").rglob("*.py")):
+        relative = path.relative_to(ROOT / "impl")
+        if relative.name == "__init__.py":
+            continue
+        if len(relative.parts) == 1:
+            placed = any(f"`{relative.name}`" in row.split(" | ")[0] for row in rows)
+        else:
+            package = f"`{relative.parts[0]}/`"
+            placed = any(
+                row.split(" | ")[0].startswith(f"| {package}") and f"`{relative.name}`" in row
+                for row in rows
+            )
+        if not placed:
+            missing.append(str(relative))
+    assert missing == [], f"impl modules without a place in docs/code-layout.md: {missing}"
