@@ -468,7 +468,7 @@ def _pytest(
         "-p",
         "no:cacheprovider",
         "--tb=no",
-        "-rf",
+        "-rfE",  # failures and errors (a fixture the mutant breaks errors, it does not fail)
     ]
     if first_failure:
         args.append("-x")
@@ -496,6 +496,43 @@ def failed_tests(output: str) -> list[str]:
     return [
         line.split()[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))
     ]
+
+
+# pytest's words for a test file that did not import: at collection ("ERROR
+# collecting F") and, when the run named node ids of it, "found no collectors
+# for /abs/F::test".
+_COLLECTING = re.compile(r"^ERROR collecting (\S+\.py)", re.MULTILINE)
+_NO_COLLECTORS = re.compile(r"found no collectors for (\S+?\.py)::", re.MULTILINE)
+
+
+def uncollected_files(run: subprocess.CompletedProcess[str], root: Path) -> list[str]:
+    """The test files a run could not import (collection errors), relative to `root`, in order."""
+    found: list[str] = []
+    for match in [*_COLLECTING.finditer(run.stdout), *_NO_COLLECTORS.finditer(run.stderr)]:
+        path = match.group(1)
+        if Path(path).is_absolute():
+            path = str(Path(path).relative_to(root)) if Path(path).is_relative_to(root) else path
+        if path not in found:
+            found.append(path)
+    return found
+
+
+def _confirm_collection(work: Path, name: str, files: list[str]) -> Confirmation | None:
+    """A test file that fails to import on the mutant and imports on clean code: a kill.
+
+    Such a file's tests never run on the mutant (mutmut counts the run's
+    failure as a kill); pytest answers a run naming them "found no
+    collectors" (exit 4) and no test fails. The file is checked alone, with
+    `--collect-only`: exit 2 (a collection error) on the mutant, 0 on clean code.
+    """
+    for path in files[:CONFIRM_ATTEMPTS]:
+        if _pytest(work, name, ["--collect-only", path], first_failure=False).returncode != 2:
+            continue
+        if _pytest(work, "", ["--collect-only", path], first_failure=False).returncode == 0:
+            return Confirmation(
+                path, f"{path} fails to import on the mutant, imports on clean code"
+            )
+    return None
 
 
 def tests_reaching(work: Path, name: str) -> list[str]:
@@ -542,6 +579,10 @@ def confirm_kill(work: Path, name: str) -> Confirmation:
     for _ in range(CONFIRM_ATTEMPTS):
         run = _pytest(work, name, tests, first_failure=True, deselect=tried)
         found = [test for test in failed_tests(run.stdout) if test not in tried]
+        if not found and run.returncode in (2, 4):
+            by_import = _confirm_collection(work, name, uncollected_files(run, work / "mutants"))
+            if by_import is not None:
+                return Confirmation(by_import.test, "; ".join([*notes, by_import.reason]))
         if not found:
             what = "timed out" if run.returncode == -9 else f"exit {run.returncode}"
             notes.append(f"the reaching tests ({len(tests) - len(tried)}) {what}, no failure")
@@ -592,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
         help="summarise the last run's results again (its seed unless --seed), run nothing, record nothing",
     )
     parser.add_argument(
+        "--reconfirm",
+        action="store_true",
+        help="confirm the kills of the last run's mutmut results again (its seed unless --seed), "
+        "without running mutmut; records a row",
+    )
+    parser.add_argument(
         "--tests",
         action="append",
         default=[],
@@ -607,7 +654,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else ROOT / ".shmring" / "mutation" / args.target
     mutmut = [sys.executable, "-m", "mutmut"]
     started = time.monotonic()
-    if args.seed is None and args.report_only and (work / "summary.json").exists():
+    if args.reconfirm:
+        args.reuse = True
+    if (
+        args.seed is None
+        and (args.report_only or args.reconfirm)
+        and (work / "summary.json").exists()
+    ):
         args.seed = json.loads((work / "summary.json").read_text())["seed"]
     seed = fresh_seed() if args.seed is None else args.seed
     fresh = not (args.reuse or args.report_only) or not (work / "mutants").is_dir()
@@ -623,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     modules = {m for m in args.modules.split(",") if m}
     names = draw(every, 0 if args.full else args.size, seed, modules)
     print(f"mutation: {len(names)} mutants of {args.target}/ drawn with seed {seed}", flush=True)
-    if not args.report_only:
+    if not (args.report_only or args.reconfirm):
         with open(work / "mutmut.log", "w") as handle:
             subprocess.run(
                 [*mutmut, "run", "--max-children", str(args.max_children), *names],

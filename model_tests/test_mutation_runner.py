@@ -244,6 +244,46 @@ def test_a_kill_is_confirmed_past_failures_that_do_not_hold_up_alone(tmp_path: P
     assert mutation.confirm_kill(tmp_path, "shmring.impl.names.x_other__mutmut_1").test is None
 
 
+def test_a_test_file_that_does_not_import_on_the_mutant_confirms_the_kill(tmp_path: Path) -> None:
+    """A mutant that breaks a test module's import leaves no failing test, only pytest's
+    "found no collectors" (exit 4): seed 880892088 read two such kills as not confirmed."""
+    import json
+
+    mutant = "shmring.impl.codec.scan.x__is_leaf__mutmut_4"
+    tests = tmp_path / "mutants"
+    (tests / "shmring").mkdir(parents=True)
+    (tests / "shmring" / "test_import.py").write_text(
+        "import os\n"
+        f"if os.environ.get('MUTANT_UNDER_TEST') == {mutant!r}:\n"
+        "    raise ImportError('the mutant breaks this module')\n"
+        "def test_a():\n    pass\n"
+        "def test_b():\n    pass\n"
+    )
+    (tests / "shmring" / "test_fixture.py").write_text(
+        "import os, pytest\n"
+        "@pytest.fixture\n"
+        "def thing():\n"
+        "    assert os.environ.get('MUTANT_UNDER_TEST') != 'shmring.impl.codec.scan.x__other__mutmut_5'\n"
+        "def test_c(thing):\n    pass\n"
+    )
+    ids = ["shmring/test_import.py::test_a", "shmring/test_import.py::test_b"]
+    stats = {
+        "tests_by_mangled_function_name": {
+            "shmring.impl.codec.scan.x__is_leaf": ids,
+            "shmring.impl.codec.scan.x__other": ["shmring/test_fixture.py::test_c"],
+        },
+        "duration_by_test": {},
+    }
+    (tests / "mutmut-stats.json").write_text(json.dumps(stats))
+    outcome = mutation.confirm_kill(tmp_path, mutant)
+    assert outcome.test == "shmring/test_import.py", outcome.reason
+    assert "fails to import on the mutant" in outcome.reason
+    # A fixture the mutant breaks is an error, not a failure: it confirms too (-rfE).
+    other = "shmring.impl.codec.scan.x__other__mutmut_5"
+    outcome = mutation.confirm_kill(tmp_path, other)
+    assert outcome.test == "shmring/test_fixture.py::test_c", outcome.reason
+
+
 # -- the test selection ------------------------------------------------------------------------
 
 
