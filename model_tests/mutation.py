@@ -493,9 +493,13 @@ def _pytest(
 
 def failed_tests(output: str) -> list[str]:
     """Node ids of the failures in pytest's -rf summary."""
-    return [
-        line.split()[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))
-    ]
+    found = []
+    for line in output.splitlines():
+        words = line.split()
+        # "ERROR - <message>" (a run-level error) names no test
+        if len(words) > 1 and words[0] in ("FAILED", "ERROR") and ".py" in words[1]:
+            found.append(words[1])
+    return found
 
 
 # pytest's words for a test file that did not import: at collection ("ERROR

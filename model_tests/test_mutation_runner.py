@@ -177,6 +177,7 @@ def test_pytest_failure_summary_is_read_for_the_failing_test() -> None:
         "..F\n"
         "=========================== short test summary info ============================\n"
         "FAILED shmring/model_tests/test_codec.py::test_round_trip[3] - AssertionError: x\n"
+        "ERROR - found no collectors for /x/test_y.py::test_z\n"
         "1 failed, 2 passed in 1.00s\n"
     )
     assert mutation.failed_tests(output) == [
