@@ -122,6 +122,8 @@ class SharedWords:
         self.u32.release()
         self.u64.release()
 
+    _release_exports = release  # `lifecycle.release_inherited` in a forked child
+
 
 # The data-frame header fields after `length` (holder pid included), packed in one store.
 _FRAME_FIELDS: Final = struct.Struct(compute_struct_format(FRAME_HEADER_FIELDS[1:]))

@@ -167,3 +167,5 @@ class FutexWord:
     def close(self) -> None:
         """Drop the export of the mapping. Idempotent."""
         self._word = None
+
+    _release_exports = close  # `lifecycle.release_inherited` in a forked child

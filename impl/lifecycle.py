@@ -254,35 +254,63 @@ def release_inherited(root: object) -> tuple[int, int]:
     """Release this process's copies of what inherited `root` maps and holds open.
 
     Walks the shmring objects reachable from `root` (never beyond them):
-    closes every mapping (one a borrowed view still exports stays until
+    releases the views our objects hold of each mapping (`_release_exports`),
+    then closes every mapping (one a borrowed view still exports stays until
     the view dies) and every descriptor held in an attribute ending in
     ``fd`` that this process inherited at its fork and that still names
     the same file. Writes nothing into any mapping and removes no file.
     Answers (mappings closed, descriptors closed).
     """
-    mappings = descriptors = 0
+    descriptors = 0
     seen: set[int] = set()
     stack: list[Any] = [root]
+    found: list[mmap.mmap] = []
     while stack:
         obj = stack.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
         if isinstance(obj, mmap.mmap):
-            if not obj.closed:
-                with contextlib.suppress(BufferError, ValueError, OSError):
-                    obj.close()
-                    mappings += 1
+            found.append(obj)
             continue
         if isinstance(obj, (dict, list, tuple, set, frozenset)) or _is_ours(obj):
             if _is_ours(obj):
                 descriptors += _close_inherited_fds(obj)
+                _release_exports(obj)
             stack.extend(
                 child
                 for child in gc.get_referents(obj)
                 if id(child) not in seen and _worth_visiting(child)
             )
+    # Only now: a mapping closes once every view our objects hold of it is released.
+    mappings = 0
+    for mapping in found:
+        if not mapping.closed:
+            with contextlib.suppress(BufferError, ValueError, OSError):
+                mapping.close()
+                mappings += 1
     return mappings, descriptors
+
+
+def _release_exports(obj: object) -> None:
+    """Drop the exports `obj` holds of a mapping, so the mapping can close (`release_inherited`).
+
+    Two kinds, both read-write windows of a whole mapping and never a
+    caller's: a memoryview in the attribute ``_buf`` (a ring's, a pool
+    slot's, the stamp's, an arena's), and what an object releases in its
+    own ``_release_exports`` (`frame_io.SharedWords`' word views,
+    `futex.FutexWord`'s ctypes word). A view something else still exports
+    stays (BufferError): the mapping then stays until that dies. A
+    borrowed payload's own view is neither, and stays as it is.
+    """
+    own = getattr(type(obj), "_release_exports", None)
+    if own is not None:
+        with contextlib.suppress(BufferError, ValueError):
+            own(obj)
+    view = getattr(obj, "_buf", None)
+    if type(view) is memoryview:
+        with contextlib.suppress(BufferError, ValueError):
+            view.release()
 
 
 def _is_ours(obj: object) -> bool:

@@ -187,14 +187,23 @@ class SlotMapping:
         return self._buf
 
     def close(self) -> None:
-        words, self.words = self.words, None
-        buf, self._buf = self._buf, None
-        mapping, self._mapping = self._mapping, None
-        # A SharedMapping has no close: dropping it (here) unmaps it, or its last view does.
-        release_mapping(words, buf, mapping if isinstance(mapping, mmap.mmap) else None)
+        self._release_exports()
         fd, self._fd = self._fd, -1
         if fd >= 0:
             self._os.close(fd)
+
+    def _release_exports(self) -> None:
+        """`lifecycle.release_inherited` in a forked child: drop the mapping, never the descriptor.
+
+        A descriptor the child inherited is `lifecycle`'s to close (it checks
+        that the number still names the file of the fork); the ctypes mapping
+        is unmapped once nothing refers to it (a SharedMapping has no close:
+        dropping it here unmaps it, or its last view does).
+        """
+        words, self.words = self.words, None
+        buf, self._buf = self._buf, None
+        mapping, self._mapping = self._mapping, None
+        release_mapping(words, buf, mapping if isinstance(mapping, mmap.mmap) else None)
 
 
 def _typed(error: OSError, capacity: int) -> OSError:
