@@ -1,0 +1,384 @@
+"""In-process tests of code that other tests reach only in a child process (issue 29).
+
+mutmut's stats run records which tests reach a function in the test's own
+process; what runs only in a forked child or a subprocess (the fork release,
+vllm-omni's output reconstruction, `shmring stat`'s scope walk) counted as
+reached by no test, so its mutants (404 of 14,738 on 2026-12-03) could never
+be killed, whatever the child's test asserted. Each test here reaches such
+code in the test's process and checks its effect; the child-process tests
+stay, for what only a real fork or a fresh interpreter shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shmring import cli
+from shmring.impl import admin, extensions, lifecycle, liveness_file
+from shmring.impl.connector import Connector, GetStatus
+from shmring.impl.directory import as_directory
+from shmring.impl.errors import ForkedError
+from shmring.impl.names import deployment_directory
+from shmring.impl.os_seam import DEFAULT_OS
+from shmring.impl.ring.producer import RingChannel
+from shmring.impl.ring.reader import RingReader
+from shmring.spec.ring import ConsumeMode
+
+EDGE = ("a", "b")
+
+# -- the fork release, run on a connector marked inherited in this process ----------------
+
+
+def _mapped(directory: str) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(directory in line for line in maps)
+
+
+def _held(directory: str) -> int:
+    """Descriptors of the deployment this process holds, less its own liveness file.
+
+    The liveness file (``live.<pid>.<start>``) is the process's, not a
+    connector's: a forked child closes its copy at the fork
+    (`liveness_file`), and here this process is its real owner.
+    """
+    names = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
+    return sum(
+        name.startswith(directory) and not os.path.basename(name).startswith("live.")
+        for name in names
+    )
+
+
+def test_an_inherited_connector_s_close_releases_its_mappings_and_descriptors_only(
+    scope: str,
+) -> None:
+    """What the fork hook and `close()` of a forked child's copy do, step by step, here.
+
+    `_snapshot_fds` records this process's descriptors as the fork would;
+    `_forked_in_child` marks the connector inherited; its close then
+    releases (`release_inherited`) and touches no file: everything the
+    connector made is still there afterwards, and this test removes it.
+    """
+    directory = os.path.realpath(deployment_directory(scope))
+    connector = Connector(scope, ring_capacity=64 * 1024)
+    try:
+        connector.put(EDGE, "small", {"v": 1})
+        connector.put(EDGE, "large", {"v": b"x" * 300_000})  # a pool slot: a ctypes mapping
+        with Connector(scope) as receiver:
+            assert receiver.get(EDGE, "large").value == {"v": b"x" * 300_000}
+        files = sorted(os.listdir(directory))
+        assert _mapped(directory) > 0 and _held(directory) > 0
+        lifecycle._snapshot_fds()
+        connector._forked_in_child()
+        with pytest.raises(ForkedError):
+            connector.put(EDGE, "k", 1)
+        assert connector.close() == 0
+        assert _mapped(directory) == 0  # every ring, stamp and slot mapping released
+        assert _held(directory) == 0  # and every descriptor
+        assert sorted(os.listdir(directory)) == files  # no file touched
+        assert lifecycle.release_inherited(connector) == (0, 0)  # nothing twice
+    finally:
+        lifecycle._inherited_fds.clear()
+        if os.path.isdir(directory):
+            liveness_file.release_liveness_file(as_directory(directory), DEFAULT_OS)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_descriptor_reused_since_the_fork_is_never_closed_as_inherited(
+    tmp_path: Path,
+) -> None:
+    """An attribute naming a number that now names another file keeps it open."""
+
+    class Holder:
+        __module__ = "shmring.test_holder"  # one of ours, for the walk
+
+        def __init__(self, fd: int) -> None:
+            self.fd = fd
+            self.other_fd = -1
+            self.name = "not a descriptor"
+
+    first = os.open(tmp_path / "first", os.O_CREAT | os.O_RDWR)
+    holder = Holder(first)
+    try:
+        lifecycle._snapshot_fds()
+        os.close(first)
+        reused = os.open(tmp_path / "second", os.O_CREAT | os.O_RDWR)  # the same number again
+        assert reused == first
+        assert lifecycle.release_inherited({"held": [holder]}) == (0, 0)
+        os.fstat(reused)  # still open
+        assert holder.fd == first  # left as it was
+        os.close(reused)
+        inherited = os.open(tmp_path / "third", os.O_CREAT | os.O_RDWR)
+        holder.fd = inherited
+        lifecycle._snapshot_fds()
+        assert lifecycle.release_inherited((holder,)) == (0, 1)
+        after = os.open(tmp_path / "fourth", os.O_CREAT | os.O_RDWR)  # opened after the "fork"
+        holder.other_fd = after
+        assert lifecycle.release_inherited([holder]) == (0, 0)
+        os.close(after)  # still open: it was never inherited
+        assert holder.fd == -1
+        with pytest.raises(OSError):
+            os.fstat(inherited)
+    finally:
+        lifecycle._inherited_fds.clear()
+
+
+def test_the_walk_stays_inside_our_objects() -> None:
+    """A mapping reachable only through a foreign object is not ours to close."""
+    import mmap
+
+    class Foreign:
+        def __init__(self, mapping: mmap.mmap) -> None:
+            self.mapping = mapping
+
+    ours_mapping, foreign_mapping = mmap.mmap(-1, 4096), mmap.mmap(-1, 4096)
+    try:
+        assert lifecycle.release_inherited(
+            {"ours": [ours_mapping], "foreign": Foreign(foreign_mapping)}
+        ) == (1, 0)
+        assert ours_mapping.closed and not foreign_mapping.closed
+    finally:
+        foreign_mapping.close()
+
+
+# -- vllm-omni's output reconstruction, with stand-in classes -------------------------------
+
+
+@dataclasses.dataclass
+class _Completion:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class _Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str,
+        prompt_token_ids: list[int],
+        outputs: Any,
+        finished: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs = outputs
+        self.finished = finished
+
+
+class _Refusing:
+    def __init__(self, **kwargs: Any) -> None:
+        raise TypeError("takes nothing this way")
+
+
+@pytest.fixture
+def vllm_outputs(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A stand-in ``vllm.outputs`` module (vLLM is not a dependency)."""
+    outputs = types.ModuleType("vllm.outputs")
+    outputs.RequestOutput = _Request  # type: ignore[attr-defined]
+    outputs.CompletionOutput = _Completion  # type: ignore[attr-defined]
+    vllm = types.ModuleType("vllm")
+    vllm.outputs = outputs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.outputs", outputs)
+    return outputs
+
+
+def _request_dict(**extra: Any) -> dict[str, Any]:
+    return {
+        "request_id": "r1",
+        "prompt": "hi",
+        "prompt_token_ids": [1, 2],
+        "outputs": [{"index": 0, "text": "yo", "token_ids": [3], "finish_reason": "stop"}],
+        "finished": True,
+        **extra,
+    }
+
+
+def test_dicts_shaped_like_vllm_outputs_come_back_as_them_bottom_up(
+    vllm_outputs: types.ModuleType,
+) -> None:
+    tree = {"batch": [_request_dict(multimodal_output={"image": b"px"})], "n": 1}
+    back = extensions.restore_vllm_outputs(tree)
+    (request,) = back["batch"]
+    assert type(request) is _Request and request.request_id == "r1" and request.finished
+    assert request.multimodal_output == {"image": b"px"}  # a key the class does not take
+    (completion,) = request.outputs
+    assert type(completion) is _Completion
+    assert (completion.index, completion.text, completion.token_ids) == (0, "yo", [3])
+    assert back["n"] == 1
+
+
+def test_dicts_not_shaped_like_vllm_outputs_stay_dicts(vllm_outputs: types.ModuleType) -> None:
+    partial = {"request_id": "r1", "prompt": "hi"}  # not every key
+    odd_keys = {**_request_dict(), 7: "a non-str key"}
+    nested = [[{"index": 0, "text": "t", "token_ids": [], "finish_reason": None}]]
+    back = extensions.restore_vllm_outputs({"p": partial, "o": odd_keys, "l": nested})
+    assert back["p"] == partial and type(back["p"]) is dict
+    assert type(back["o"]) is dict and type(back["o"]["outputs"][0]) is _Completion
+    assert type(back["l"][0][0]) is _Completion  # lists inside lists are walked
+    assert extensions.restore_vllm_outputs("text") == "text"
+    assert extensions.restore_vllm_outputs(b"raw") == b"raw"
+
+
+def test_reconstruction_stops_at_its_depth_bound(vllm_outputs: types.ModuleType) -> None:
+    leaf = {"index": 0, "text": "t", "token_ids": [], "finish_reason": None}
+    deep: Any = leaf
+    for _ in range(extensions._MAX_RESTORE_DEPTH + 1):
+        deep = [deep]
+    back = extensions.restore_vllm_outputs(deep)
+    innermost = back
+    while type(innermost) is list:
+        innermost = innermost[0]
+    assert innermost == leaf and type(innermost) is dict  # beyond the bound: left as it is
+    shallow = extensions.restore_vllm_outputs([[leaf]])
+    assert type(shallow[0][0]) is _Completion
+
+
+def test_a_class_that_refuses_its_fields_is_rebuilt_from_attributes() -> None:
+    built = extensions._build(_Refusing, {"a": 1, "b": [2]})
+    assert type(built) is _Refusing and (built.a, built.b) == (1, [2])
+    assert extensions._init_names(_Completion) == {"index", "text", "token_ids", "finish_reason"}
+    assert extensions._init_names(_Request) == {
+        "request_id",
+        "prompt",
+        "prompt_token_ids",
+        "outputs",
+        "finished",
+    }
+    assert extensions._init_names(_Refusing) == frozenset()  # **kwargs names nothing
+
+
+def test_without_vllm_the_tree_is_returned_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm.outputs", types.ModuleType("vllm.outputs"))
+    tree = [_request_dict()]
+    assert extensions.restore_vllm_outputs(tree) is tree and type(tree[0]) is dict
+
+
+def test_a_vllm_type_travels_as_its_attributes_and_refuses_another_state() -> None:
+    rebuild = extensions._rebuilder(_Request)
+    state = extensions._attributes(_Request("r", "p", [1], [], False))
+    assert state == {
+        "request_id": "r",
+        "prompt": "p",
+        "prompt_token_ids": [1],
+        "outputs": [],
+        "finished": False,
+    }
+    back = rebuild(state)
+    assert type(back) is _Request and vars(back) == state
+    for bad in ([1, 2], {1: "x"}):
+        with pytest.raises(TypeError, match="state must be a dict of attributes"):
+            rebuild(bad)
+
+
+# -- `shmring stat`'s scope walk and its JSON ----------------------------------------------
+
+
+def test_stat_walks_only_this_uid_s_valid_deployment_directories(tmp_path: Path) -> None:
+    uid = os.getuid()
+    (tmp_path / f"shmring-{uid}-good").mkdir()
+    (tmp_path / f"shmring-{uid}-also_good").mkdir()
+    (tmp_path / f"shmring-{uid}-bad scope!").mkdir()  # not a valid scope
+    (tmp_path / f"shmring-{uid}-afile").write_bytes(b"")  # not a directory
+    (tmp_path / f"shmring-{uid}-link").symlink_to(tmp_path / f"shmring-{uid}-good")
+    (tmp_path / f"shmring-{uid + 1}-theirs").mkdir()  # another uid's prefix
+    (tmp_path / "unrelated").mkdir()
+    assert admin.list_scopes(str(tmp_path)) == ["also_good", "good"]
+    assert admin.list_scopes(str(tmp_path), uid=uid + 1) == []  # the name alone is not enough
+    assert admin.list_scopes(str(tmp_path / "absent")) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory another owner")
+def test_stat_skips_a_directory_with_our_prefix_that_another_uid_owns(tmp_path: Path) -> None:
+    uid = os.getuid()
+    planted = tmp_path / f"shmring-{uid}-planted"
+    planted.mkdir()
+    os.chown(planted, 4242, 4242)
+    (tmp_path / f"shmring-{uid}-mine").mkdir()
+    assert admin.list_scopes(str(tmp_path)) == ["mine"]
+    assert admin.list_scopes(str(tmp_path), uid=4242) == []
+
+
+def test_stat_json_names_the_scope_and_every_field(
+    scope: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Connector(scope, ring_capacity=64 * 1024) as connector:
+        connector.put(EDGE, "k", b"v")
+        assert cli.main(["stat", "--scope", scope, "--json"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert cli.main(["stat", "--json"]) == 0  # every scope of this uid: ours among them
+        every = json.loads(capsys.readouterr().out)
+        status = admin.deployment_status(scope)
+    assert document == json.loads(json.dumps(admin.status_as_dict(scope, status)))
+    assert document["scope"] == scope and document["exists"] is True
+    (ring,) = document["rings"]
+    assert ring["edge"] == list(EDGE) and ring["published_frames"] == 1
+    assert [entry for entry in every if entry["scope"] == scope] == [document]
+
+
+# -- a publication cohort's members met by a borrowed get -----------------------------------
+
+
+def test_a_borrowed_get_of_cohort_members_waits_for_the_cohort_then_owns_its_copy(
+    scope: str,
+) -> None:
+    small, large = {"v": [1, 2]}, {"v": b"x" * 300_000}
+    with Connector(scope, ring_capacity=1 << 16) as producer, Connector(scope) as receiver:
+        with producer.publication_cohort(EDGE):
+            producer.put(EDGE, "small", small)  # a ring frame
+            producer.put(EDGE, "large", large)  # a pool slot
+            for key in ("small", "large"):
+                assert receiver.get(EDGE, key, borrow=True).status is GetStatus.NOT_FOUND
+        before = receiver.health().bytes_transferred
+        got_small = receiver.get(EDGE, "small", borrow=True)
+        got_large = receiver.get(EDGE, "large", borrow=True)
+        borrowed_bytes = receiver.health().bytes_transferred - before
+        assert (got_small.status, got_large.status) == (GetStatus.DELIVERED, GetStatus.DELIVERED)
+        assert got_small.value == small and got_large.value == large
+        assert type(got_large.value["v"]) is bytes  # an owned copy, not a view
+        health = receiver.health()
+        assert health.borrowed_live == 0
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        stats = ring.statistics()
+        assert (stats.published_frames, stats.claimed_frames) == (0, 0)  # both frames DONE
+        # The bytes counted are the members' stored bytes, as an owned get counts them.
+        with producer.publication_cohort(EDGE):  # the next cohort: pending past the first
+            producer.put(EDGE, "small2", small)
+            producer.put(EDGE, "large2", large)
+            for key in ("small2", "large2"):
+                assert receiver.get(EDGE, key, borrow=True).status is GetStatus.NOT_FOUND
+        before = receiver.health().bytes_transferred
+        assert receiver.get(EDGE, "small2").value == small
+        assert receiver.get(EDGE, "large2").value == large
+        assert borrowed_bytes == receiver.health().bytes_transferred - before > 300_000
+
+
+# -- what a user prints ----------------------------------------------------------------------
+
+
+def test_a_connector_and_a_lease_say_what_they_are(scope: str, tmp_path: Path) -> None:
+    with Connector(scope, ring_capacity=64 * 1024) as connector:
+        assert repr(connector) == f"Connector(scope={scope!r}, capacity=65536, rings=0)"
+        connector.put(EDGE, "k", b"v" * 10)
+        assert repr(connector) == f"Connector(scope={scope!r}, capacity=65536, rings=1)"
+    assert repr(connector) == f"Connector(scope={scope!r}, capacity=65536, closed)"
+    path = str(tmp_path / "ring")
+    with RingChannel.create(path, 4096) as ring:
+        ring.put("k", b"payload")
+        with RingReader.attach(path, os_facade=DEFAULT_OS) as reader:
+            lease = reader.get("k", mode=ConsumeMode.LEASE).payload
+            assert repr(lease) == f"Lease(position={lease.position}, 7 bytes)"
+            lease.release()
+            assert repr(lease) == f"Lease(position={lease.position}, released)"
