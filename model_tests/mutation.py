@@ -23,8 +23,10 @@ docs/mutation.md (date, commit, seed, sample size, score, interval).
 
 The configuration lives in pyproject.toml ([tool.mutmut]); the run happens in
 a copy of the tree under .shmring/mutation/TARGET so the working tree is
-never touched. Writes .shmring/mutation/TARGET/summary.json and
-survivors.txt (the diff of every mutant not killed, for triage).
+never touched. Writes .shmring/mutation/TARGET/summary.json,
+survivors.txt (the diff of every mutant not killed, for triage) and
+unreached.txt (the functions no test reaches in its own process, whose
+mutants no test can kill: `unreached`).
 """
 
 from __future__ import annotations
@@ -215,6 +217,27 @@ def mutants(work: Path) -> dict[str, str | None]:
     for meta in sorted((work / "mutants").rglob("*.py.meta")):
         found.update(json.loads(meta.read_text())["exit_code_by_key"])
     return found
+
+
+def unreached(work: Path, names: list[str]) -> dict[str, int]:
+    """Functions with mutants that mutmut's stats run saw no test reach -> their mutant count.
+
+    The stats run records the calls made in the test's own process: code
+    run only in a forked child or a subprocess counts as reached by no test,
+    and its mutants can never be killed, whatever the child asserted
+    (`test_in_process_reach.py` was written for the 36 such functions found
+    on 2026-12-03). Largest first.
+    """
+    stats_file = work / "mutants" / "mutmut-stats.json"
+    if not stats_file.exists():
+        return {}
+    reached = json.loads(stats_file.read_text())["tests_by_mangled_function_name"]
+    counts: dict[str, int] = defaultdict(int)
+    for name in names:
+        function = name.partition("__mutmut_")[0]
+        if function not in reached:
+            counts[function] += 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def module_of(name: str) -> str:
@@ -782,6 +805,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["stratified"] = {"estimate": round(estimate, 3), "margin95": round(margin, 3)}
     print(
         f"  all mutants (each stratum weighted by its size): {estimate:.0%} +- {margin:.0%} (95%)"
+    )
+    missed = unreached(work, every)
+    summary["unreached"] = {"functions": len(missed), "mutants": sum(missed.values())}
+    (work / "unreached.txt").write_text("".join(f"{n} {f}\n" for f, n in missed.items()))
+    print(
+        f"  reached by no test in its own process: {len(missed)} functions, "
+        f"{sum(missed.values())} of {len(every)} mutants ({work / 'unreached.txt'})"
     )
     (work / "summary.json").write_text(json.dumps(summary, indent=2, default=dict))
     with open(work / "survivors.txt", "w") as handle:

@@ -356,3 +356,22 @@ def test_a_test_file_left_out_without_a_reason_is_refused(tmp_path: Path) -> Non
     _suite(tmp_path)
     with pytest.raises(ValueError, match="test_lint"):
         mutation.selection(tmp_path, {"model_tests/test_lint.py": " "})
+
+
+def test_functions_no_test_reaches_in_its_own_process_are_listed_largest_first(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(
+        json.dumps({"tests_by_mangled_function_name": {"m.x_reached": ["t"]}})
+    )
+    names = [
+        "m.x_reached__mutmut_1",
+        "m.x_child_only__mutmut_1",
+        "m.x_child_only__mutmut_2",
+        "m.xǁCǁrepr__mutmut_1",
+    ]
+    assert mutation.unreached(tmp_path, names) == {"m.x_child_only": 2, "m.xǁCǁrepr": 1}
+    assert mutation.unreached(tmp_path / "absent", names) == {}
