@@ -136,6 +136,8 @@ def test_the_walk_stays_inside_our_objects() -> None:
     import mmap
 
     class Foreign:
+        __module__ = "elsewhere"  # not ours wherever this file is imported from
+
         def __init__(self, mapping: mmap.mmap) -> None:
             self.mapping = mapping
 
@@ -231,18 +233,28 @@ def test_dicts_not_shaped_like_vllm_outputs_stay_dicts(vllm_outputs: types.Modul
     assert extensions.restore_vllm_outputs(b"raw") == b"raw"
 
 
-def test_reconstruction_stops_at_its_depth_bound(vllm_outputs: types.ModuleType) -> None:
+def test_reconstruction_stops_at_its_depth_bound(
+    vllm_outputs: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bound of 8 here: 512 levels of recursion under mutmut's trampolines
+    # (two frames a level) pass Python's recursion limit, on clean code too.
+    monkeypatch.setattr(extensions, "_MAX_RESTORE_DEPTH", 8)
     leaf = {"index": 0, "text": "t", "token_ids": [], "finish_reason": None}
     deep: Any = leaf
-    for _ in range(extensions._MAX_RESTORE_DEPTH + 1):
+    for _ in range(8 + 1):
         deep = [deep]
     back = extensions.restore_vllm_outputs(deep)
     innermost = back
     while type(innermost) is list:
         innermost = innermost[0]
     assert innermost == leaf and type(innermost) is dict  # beyond the bound: left as it is
-    shallow = extensions.restore_vllm_outputs([[leaf]])
-    assert type(shallow[0][0]) is _Completion
+    at_bound: Any = dict(leaf)
+    for _ in range(8):
+        at_bound = [at_bound]
+    innermost = extensions.restore_vllm_outputs(at_bound)
+    while type(innermost) is list:
+        innermost = innermost[0]
+    assert type(innermost) is _Completion  # at the bound: still rebuilt
 
 
 def test_a_class_that_refuses_its_fields_is_rebuilt_from_attributes() -> None:
