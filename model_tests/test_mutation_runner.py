@@ -245,6 +245,57 @@ def test_a_kill_is_confirmed_past_failures_that_do_not_hold_up_alone(tmp_path: P
     assert mutation.confirm_kill(tmp_path, "shmring.impl.names.x_other__mutmut_1").test is None
 
 
+def test_reaching_tests_are_cut_into_batches_by_recorded_time(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "mutants").mkdir()
+    stats = {"duration_by_test": {"a": 30.0, "b": 25.0, "c": 10.0, "d": 100.0, "e": 0.5}}
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(json.dumps(stats))
+    tests = ["a", "b", "c", "d", "e", "f"]
+    # "d" alone is over the limit and still gets a batch; "f" is untimed (one second)
+    assert mutation.reaching_batches(tmp_path, tests, 60.0) == [
+        ["a", "b"],
+        ["c"],
+        ["d"],
+        ["e", "f"],
+    ]
+    assert mutation.reaching_batches(tmp_path, tests, 1000.0) == [tests]
+    assert mutation.reaching_batches(tmp_path, [], 60.0) == []
+
+
+def test_a_batch_that_times_out_does_not_end_the_search(tmp_path: Path) -> None:
+    """One run of 389 and 505 reaching tests timed out and two of mutmut's kills read "not
+    confirmed" (seed 3041359273): a hung batch now costs that batch only."""
+    import json
+
+    mutant = "shmring.impl.names.x_validate_scope__mutmut_3"
+    tests = tmp_path / "mutants"
+    tests.mkdir()
+    (tests / "test_hang.py").write_text(
+        "import os, time\n"
+        f"ON = os.environ.get('MUTANT_UNDER_TEST') == {mutant!r}\n"
+        "def test_hangs_on_the_mutant():\n    time.sleep(60 if ON else 0)\n"
+        "def test_sees_the_mutant():\n    assert not ON\n"
+    )
+    ids = ["test_hang.py::test_hangs_on_the_mutant", "test_hang.py::test_sees_the_mutant"]
+    stats = {
+        "tests_by_mangled_function_name": {"shmring.impl.names.x_validate_scope": ids},
+        "duration_by_test": {ids[0]: 0.1, ids[1]: 0.2},
+    }
+    (tests / "mutmut-stats.json").write_text(json.dumps(stats))
+    saved = mutation.CONFIRM_TIMEOUT_S, mutation.CONFIRM_BATCH_S
+    try:
+        mutation.CONFIRM_TIMEOUT_S, mutation.CONFIRM_BATCH_S = 4, 0.15
+        outcome = mutation.confirm_kill(tmp_path, mutant)
+        assert outcome.test == ids[1], outcome.reason
+        # One batch of both: the hang takes the whole run and nothing is confirmed.
+        mutation.CONFIRM_BATCH_S = 10.0
+        outcome = mutation.confirm_kill(tmp_path, mutant)
+        assert outcome.test is None and "1 batches timed out" in outcome.reason, outcome.reason
+    finally:
+        mutation.CONFIRM_TIMEOUT_S, mutation.CONFIRM_BATCH_S = saved
+
+
 def test_a_test_file_that_does_not_import_on_the_mutant_confirms_the_kill(tmp_path: Path) -> None:
     """A mutant that breaks a test module's import leaves no failing test, only pytest's
     "found no collectors" (exit 4): seed 880892088 read two such kills as not confirmed."""
