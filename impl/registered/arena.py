@@ -288,11 +288,6 @@ class RegisteredArena(RingProducer):
             return last.position + last.frame_length
         return self._head
 
-    def payload_tensor(self, reservation: ArenaReservation) -> torch.Tensor:
-        """The reserved payload bytes as a uint8 tensor (shares the registered mapping)."""
-        start = reservation.frame_offset + ARENA_PAYLOAD_OFFSET
-        return self._require_payload()[start : start + reservation.nbytes]
-
     def copy_into(self, reservation: ArenaReservation, src: torch.Tensor) -> None:
         """Device-to-host copy of `src`'s wire bits into the reserved payload, synchronized."""
         start = reservation.frame_offset + ARENA_PAYLOAD_OFFSET
