@@ -55,11 +55,9 @@ import contextlib
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Any
 
-from ..spec.connector import Route
 from . import codec, extensions
 from .compat_config import (
     DEFAULT_THRESHOLD_BYTES,
@@ -67,38 +65,34 @@ from .compat_config import (
     PASSIVE_CONFIG_KEYS,
     _check_config,
     _config_value,
-    _receiving_stage,
-    _wakeups_enabled,
     scope_from_config,
 )
+from .compat_metadata import (
+    RING_METADATA_KEY,
+    SEGMENT_METADATA_KEY,
+    ForeignReceivers,
+    descriptor_in_metadata,
+    put_metadata,
+)
+from .compat_wakeups import StageWakeups
 from .connector import (
     DEFAULT_FALLBACK_BUDGET,
     DEFAULT_RING_CAPACITY,
     Connector,
     Delivery,
     Descriptor,
-    descriptor_from_dict,
 )
 from .connector.config import DEFAULT_POOL_BUDGET_BYTES
-from .discovery.stamp import StageBell
 from .errors import (
     ConfigurationError,
-    CorruptFrameError,
     InvalidKeyError,
     ShmringError,
     UnsupportedPayloadError,
 )
-from .names import DEFAULT_SHM_ROOT, DIRECTORY_PREFIX, deployment_directory
+from .names import DEFAULT_SHM_ROOT
 from .os_seam import OsFacade
 
 logger = logging.getLogger("shmring.compat")
-
-RING_METADATA_KEY: Final = "host_ring"
-SEGMENT_METADATA_KEY: Final = "shm"
-# Receivers of other scopes a facade keeps open, for descriptors naming them.
-MAX_FOREIGN_SCOPES: Final = 4
-# One wait on a stage bell sleeps at most this long before it looks again.
-_MAX_BELL_WAIT_SECONDS: Final = 1.0
 
 
 class SerializedPayload:
@@ -138,14 +132,13 @@ def _base_deserialize(data: bytes | memoryview) -> Any:
     return extensions.restore_vllm_outputs(codec.decode(data))
 
 
-class SharedMemoryConnector:
+class SharedMemoryConnector(StageWakeups):
     """vllm-omni's ``SharedMemoryConnector`` (and ``OmniConnectorBase``) over a shmring `Connector`."""
 
     # As vllm-omni's shared-memory connector: payloads go through `serialize_obj`'s codec.
     supports_raw_data: bool = False
     _connector: Connector | None = None  # set once construction succeeded (see __del__)
     _closed: bool = False
-    _stage_bell: StageBell | None = None  # this receiver's stage bell, once registered
 
     def __init__(self, config: Mapping[str, Any], *, os_facade: OsFacade | None = None) -> None:
         if not isinstance(config, Mapping):
@@ -180,7 +173,7 @@ class SharedMemoryConnector:
         self._connector = connector
         self._failed_puts = 0
         self._failed_gets = 0
-        self._foreign: OrderedDict[str, Connector] = OrderedDict()  # scope -> its receiver
+        self._foreign = ForeignReceivers(shm_root, os_facade)
         cls = type(self)
         self._own_serialize = cls.serialize_obj is not SharedMemoryConnector.serialize_obj
         self._own_deserialize = cls.deserialize_obj is not SharedMemoryConnector.deserialize_obj
@@ -266,10 +259,8 @@ class SharedMemoryConnector:
             self._failed_puts += 1
             logger.error("shmring: put failed for key=%r: %s", put_key, error)
             return False, 0, None
-        name = RING_METADATA_KEY if descriptor.route is Route.RING else SEGMENT_METADATA_KEY
-        fields = descriptor.to_dict()
-        fields["name"] = os.path.relpath(connector.file_path(descriptor), self.shm_root)
-        return True, descriptor.size, {name: fields, "size": descriptor.size}
+        name = os.path.relpath(connector.file_path(descriptor), self.shm_root)
+        return True, descriptor.size, put_metadata(descriptor, name)
 
     def get(
         self, from_stage: Any, to_stage: Any, get_key: str, metadata: Any = None
@@ -346,81 +337,14 @@ class SharedMemoryConnector:
 
     def _receiver(self, get_key: str, metadata: Any) -> tuple[Connector | None, Descriptor | None]:
         """The connector to get through and the descriptor the metadata names (None: by key)."""
-        handle = self._handle(get_key, metadata)
+        handle = descriptor_in_metadata(get_key, metadata)
         if handle is None:
             return self.connector, None
         descriptor, name = handle
         directory = name.split("/", 1)[0] if isinstance(name, str) else None
         if directory is None or directory == os.path.basename(self.connector.directory):
             return self.connector, descriptor
-        return self._foreign_receiver(directory, get_key), descriptor
-
-    def _handle(self, get_key: str, metadata: Any) -> tuple[Descriptor, Any] | None:
-        if isinstance(metadata, Mapping) and get_key in metadata:
-            metadata = metadata[get_key]
-        if not isinstance(metadata, Mapping):
-            return None
-        for name, route in (
-            (RING_METADATA_KEY, Route.RING),
-            (SEGMENT_METADATA_KEY, Route.FALLBACK),
-        ):
-            data = metadata.get(name)
-            if isinstance(data, Mapping) and data.get("pool") is True:
-                route = Route.POOL  # what the ring does not take, its reference on the ring
-            if isinstance(data, Mapping) and "producer" in data:
-                try:
-                    descriptor = descriptor_from_dict(route, data)
-                except CorruptFrameError as error:
-                    logger.warning(
-                        "shmring: ignoring malformed metadata for key=%r: %s", get_key, error
-                    )
-                    return None
-                if descriptor.key != get_key:
-                    return None  # metadata of another key: look up by key
-                return descriptor, data.get("name")
-        return None  # vllm-omni's own shm metadata, or anything else: look up by key
-
-    def _foreign_receiver(self, directory: str, get_key: str) -> Connector | None:
-        """A receiver in the deployment a descriptor names (another scope, same uid and shm root).
-
-        None (the get answers None) for a name that is not one of this uid's
-        deployments, a deployment that is gone, or one whose directory is
-        not ours to trust (another owner, open to others: refused).
-        """
-        prefix = f"{DIRECTORY_PREFIX}{os.getuid()}-"
-        scope = directory[len(prefix) :] if directory.startswith(prefix) else ""
-        path = os.path.join(self.shm_root, directory)
-        try:
-            if not scope or deployment_directory(scope, self.shm_root) != path:
-                raise ConfigurationError(f"not a deployment of this uid: name={directory!r}")
-            receiver = self._foreign.get(scope)
-            if receiver is not None:
-                self._foreign.move_to_end(scope)
-                return receiver
-            if not os.path.isdir(path):
-                return None  # its producers are gone: nothing to find
-            receiver = Connector(
-                scope,
-                ring_capacity=0,
-                pool_budget_bytes=0,
-                os_facade=self._os_facade,
-                shm_root=self.shm_root,
-            )
-            try:
-                receiver.join()
-            except BaseException:
-                with contextlib.suppress(OSError, ShmringError):
-                    receiver.close()
-                raise
-        except ConfigurationError as error:
-            logger.warning("shmring: refusing the descriptor of key=%r: %s", get_key, error)
-            return None
-        self._foreign[scope] = receiver
-        while len(self._foreign) > MAX_FOREIGN_SCOPES:
-            _, oldest = self._foreign.popitem(last=False)
-            with contextlib.suppress(OSError, ShmringError):
-                oldest.close()
-        return receiver
+        return self._foreign.receiver(directory, get_key), descriptor
 
     # -- publication cohorts ---------------------------------------------------------------
 
@@ -458,90 +382,6 @@ class SharedMemoryConnector:
             return 0
         return self.connector.cleanup_prefix(prefix)
 
-    # -- wake-ups -----------------------------------------------------------------------
-
-    def _bell(self) -> StageBell | None:
-        """This receiver's stage bell, registered once (None: no stage, no futexes, or closed)."""
-        bell = self._stage_bell
-        if bell is not None and bell.value() is not None:
-            return bell
-        if self._closed:
-            return None
-        stage = _receiving_stage(self.stage_id)
-        if stage is None:
-            return None
-        bell = self.connector.stage_bell(stage)
-        if bell is not None:
-            bell.register()  # before any snapshot: puts to the stage ring it from here on
-            self._stage_bell = bell
-        return bell
-
-    def get_wakeup_generation(self) -> int | None:
-        """Snapshot before polling; a put to this connector's stage changes it (`wait_for_change`).
-
-        None when there is nothing to wait on: ``stage_id`` None, negative or
-        not a number, ``VLLM_OMNI_SHM_WAKEUP=0``, or this connector closed
-        (the caller keeps its timed poll), as in vllm-omni.
-        """
-        if self._closed or not _wakeups_enabled():
-            return None
-        bell = self._bell()
-        return bell.value() if bell is not None else None
-
-    def wait_for_change(self, generation: int | None, *, timeout: float) -> bool:
-        """Block until a put to this connector's stage since `generation`, or `timeout`; answer which.
-
-        Puts to other stages do not wake it. False at once without a bell
-        (see `get_wakeup_generation`) or once closed.
-        """
-        if generation is None or self._closed or not _wakeups_enabled():
-            return False
-        bell = self._bell()
-        if bell is None:
-            return False
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            current = bell.value()
-            if current is None or self._closed:
-                return False
-            if current != generation:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            bell.wait(generation, min(left, _MAX_BELL_WAIT_SECONDS))
-
-    @property
-    def event_notifications_enabled(self) -> bool:
-        """Whether `wait_for_data` can wait (``shm_event_notifications`` on, a stage id >= 0)."""
-        return self._data_seen is not None and not self._closed
-
-    def wait_for_data(self, timeout: float) -> bool:
-        """vllm-omni's event notification: True once a put to this stage arrived since the last call.
-
-        A put made since the previous call (or since construction) answers
-        True at once; otherwise it waits up to `timeout`. False when event
-        notifications are off (``shm_event_notifications``).
-        """
-        seen = self._data_seen
-        if seen is None or self._closed:
-            return False
-        bell = self._bell()
-        if bell is None:
-            return False
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            current = bell.value()
-            if current is None:
-                return False
-            if current != seen:
-                self._data_seen = current
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            bell.wait(seen, min(left, _MAX_BELL_WAIT_SECONDS))
-
     def abandon_get(self, get_key: str) -> None:
         """Stop looking for `get_key`: forget the receive state kept for it (retires nothing)."""
         if not self._closed:
@@ -567,10 +407,9 @@ class SharedMemoryConnector:
         if bell is not None:
             with contextlib.suppress(OSError, ValueError):
                 bell.unregister()
-        foreign, self._foreign = self._foreign, OrderedDict()
-        for receiver in foreign.values():
-            with contextlib.suppress(OSError, ShmringError):
-                receiver.close()
+        foreign = getattr(self, "_foreign", None)
+        if foreign is not None:
+            foreign.close()
         if connector is not None:
             connector.close()
 
