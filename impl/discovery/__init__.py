@@ -35,7 +35,7 @@ from ..names import (
     parse_live_file_name,
     parse_marker_file_name,
 )
-from .cache import DiscoveryCache, DiscoveryStatistics
+from .cache import DiscoveryCache
 from .gc import (
     collect_orphans,
     reclaim_dead_files,
@@ -55,7 +55,6 @@ __all__ = [
     "STAMP_FILE_NAME",
     "STAMP_OFFSET",
     "DiscoveryCache",
-    "DiscoveryStatistics",
     "Edge",
     "Liveness",
     "Membership",

@@ -15,7 +15,6 @@ Every system call goes through the `OsFacade` the caller gives.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from ..directory import Directory, as_directory
 from ..errors import ResourceExhaustedError, ShmringError
@@ -25,17 +24,6 @@ from ..names import ConnectorIdentity, Edge, parse_marker_file_name
 from ..os_seam import OsFacade
 from .gc import reclaim_dead_files
 from .stamp import Stamp
-
-
-@dataclass(frozen=True)
-class DiscoveryStatistics:
-    """What one receiver's discovery did."""
-
-    scans: int  # directory scans; grows only when the stamp moved (or no stamp is available)
-    pruned: int  # stale markers of dead producers this receiver removed
-    seen_stamp: int | None  # the stamp cached at the last scan; None before the first
-    producers: int  # (edge, producer) pairs known from the last scan and not released
-    reclaimed: int = 0  # other files of dead producers (rings, live, segments, spares) it removed
 
 
 class DiscoveryCache:
@@ -170,14 +158,5 @@ class DiscoveryCache:
             if not known:
                 del self.producers[edge]
 
-    def statistics(self) -> DiscoveryStatistics:
-        return DiscoveryStatistics(
-            scans=self.scans,
-            pruned=self.pruned,
-            reclaimed=self.reclaimed,
-            seen_stamp=self.seen_stamp,
-            producers=sum(len(v) for v in self.producers.values()),
-        )
 
-
-__all__ = ["DiscoveryCache", "DiscoveryStatistics"]
+__all__ = ["DiscoveryCache"]
