@@ -394,3 +394,97 @@ def test_a_connector_and_a_lease_say_what_they_are(scope: str, tmp_path: Path) -
             assert repr(lease) == f"Lease(position={lease.position}, 7 bytes)"
             lease.release()
             assert repr(lease) == f"Lease(position={lease.position}, released)"
+
+
+# -- the fork and exit hooks, called in this process on objects of the test's own -----------
+
+
+class _Hooked:
+    """A tracked object that records the hooks' calls; `fails` makes both of them raise."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.fails = fails
+        self.marked = 0
+        self.closes = 0
+
+    def _forked_in_child(self) -> None:
+        self.marked += 1
+        if self.fails:
+            raise RuntimeError("a hook that fails")
+
+    def close(self) -> None:
+        self.closes += 1
+        if self.fails:
+            raise RuntimeError("a close that fails")
+
+
+@pytest.fixture
+def own_lifecycle(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """lifecycle's registries for this test alone (the process's own objects are not touched)."""
+    import weakref
+
+    state: dict[str, Any] = {
+        "tracked": weakref.WeakSet(),
+        "at_exit": weakref.WeakSet(),
+        "fds": {},
+        "main": [None],
+    }
+    monkeypatch.setattr(lifecycle, "_tracked", state["tracked"])
+    monkeypatch.setattr(lifecycle, "_close_at_exit", state["at_exit"])
+    monkeypatch.setattr(lifecycle, "_inherited_fds", state["fds"])
+    monkeypatch.setattr(lifecycle, "_main_thread", state["main"])
+    monkeypatch.setattr(lifecycle, "_generation", lifecycle._generation)
+    return state
+
+
+def test_the_fork_hook_marks_every_tracked_object_and_records_the_inherited_fds(
+    own_lifecycle: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    kept, failing = _Hooked(), _Hooked(fails=True)
+    lifecycle.track(kept)
+    lifecycle.track(failing, close_at_exit=False)
+    assert len(own_lifecycle["at_exit"]) == 1
+    before = lifecycle.generation()
+    read_end, write_end = os.pipe()
+    try:
+        with caplog.at_level("ERROR", logger="shmring.impl.lifecycle"):
+            lifecycle._after_fork_in_child()
+        assert lifecycle.generation() == before + 1
+        assert lifecycle.is_inherited(before) and not lifecycle.is_inherited(before + 1)
+        assert (kept.marked, failing.marked) == (1, 1)  # the failing one stopped nobody
+        assert "marking an inherited shmring object failed" in caplog.text
+        assert len(own_lifecycle["at_exit"]) == 0  # the parent's objects: the parent closes them
+        assert kept.closes == 0
+        assert own_lifecycle["main"] == [threading.get_ident()]
+        info = os.fstat(read_end)
+        assert own_lifecycle["fds"][read_end] == (info.st_dev, info.st_ino)
+        assert own_lifecycle["fds"][write_end] == (os.fstat(write_end).st_dev, info.st_ino)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_the_fork_hook_with_nothing_tracked_records_no_fds(own_lifecycle: dict[str, Any]) -> None:
+    own_lifecycle["fds"][99999] = (1, 2)  # a stale record of the previous fork: cleared
+    before = lifecycle.generation()
+    lifecycle._after_fork_in_child()
+    assert lifecycle.generation() == before + 1
+    assert own_lifecycle["fds"] == {}
+
+
+def test_the_exit_hook_closes_each_object_once_and_logs_a_close_that_failed(
+    own_lifecycle: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    first, failing, last = _Hooked(), _Hooked(fails=True), _Hooked()
+    closed_by_owner = _Hooked()
+    for obj in (first, failing, last, closed_by_owner):
+        lifecycle.track(obj)
+    lifecycle.closed(closed_by_owner)
+    with caplog.at_level("WARNING", logger="shmring.impl.lifecycle"):
+        lifecycle._close_all_at_exit()
+    assert (first.closes, failing.closes, last.closes, closed_by_owner.closes) == (1, 1, 1, 0)
+    assert "at interpreter exit failed" in caplog.text
+    lifecycle._close_all_at_exit()  # once: a second run closes nothing again
+    assert (first.closes, failing.closes, last.closes) == (1, 1, 1)
