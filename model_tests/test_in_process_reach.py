@@ -442,9 +442,10 @@ def test_the_fork_hook_marks_every_tracked_object_and_records_the_inherited_fds(
 ) -> None:
     import threading
 
-    kept, failing = _Hooked(), _Hooked(fails=True)
+    kept, failing, other = _Hooked(), _Hooked(fails=True), _Hooked()
     lifecycle.track(kept)
     lifecycle.track(failing, close_at_exit=False)
+    lifecycle.track(other, close_at_exit=False)
     assert len(own_lifecycle["at_exit"]) == 1
     before = lifecycle.generation()
     read_end, write_end = os.pipe()
@@ -453,7 +454,8 @@ def test_the_fork_hook_marks_every_tracked_object_and_records_the_inherited_fds(
             lifecycle._after_fork_in_child()
         assert lifecycle.generation() == before + 1
         assert lifecycle.is_inherited(before) and not lifecycle.is_inherited(before + 1)
-        assert (kept.marked, failing.marked) == (1, 1)  # the failing one stopped nobody
+        # every one, in whatever order: the failing one stopped nobody
+        assert (kept.marked, failing.marked, other.marked) == (1, 1, 1)
         assert "marking an inherited shmring object failed" in caplog.text
         assert len(own_lifecycle["at_exit"]) == 0  # the parent's objects: the parent closes them
         assert kept.closes == 0
