@@ -23,11 +23,12 @@ the world can do:
   cover with a real second process (the producer then waits its full lock
   timeout, far too long for a campaign cell).
 
-A site no transport code reaches (`utime`) is listed in `UNREACHED`;
-(`write` is reached since issue 26: a member's liveness file records its pid
-namespace at the join; a failure there leaves the join working without it.)
-the suite checks that no scenario reaches it, so the day the transport
-starts using one, the test fails until it gets a catalogue entry.
+A site no transport code reaches would be listed in `UNREACHED` (none is
+now: `write` is reached since issue 26, a member's liveness file records
+its pid namespace at the join, and the seam's `utime`, which nothing
+called, is gone); the suite checks that no scenario reaches a listed one,
+so the day the transport starts using it, the test fails until it gets a
+catalogue entry.
 """
 
 from __future__ import annotations
@@ -114,7 +115,6 @@ OS_CATALOGUE: Final = {
         transient_only=(_E.EAGAIN,),
         note="take a ring, segment, stamp or members lock (unlocking never fails)",
     ),
-    os_seam.SITE_UTIME: Site(os_seam.SITE_UTIME, LAYER_OS, (_E.EPERM, _E.EIO)),
     os_seam.SITE_UNLINK: Site(
         os_seam.SITE_UNLINK,
         LAYER_OS,
@@ -211,7 +211,7 @@ DIRECTORY_SITES: Final = (
 )
 
 #: OS sites the transport never calls (checked by the suite, see module doc).
-UNREACHED: Final = frozenset((os_seam.SITE_UTIME,))
+UNREACHED: Final[frozenset[str]] = frozenset()
 
 
 def all_sites() -> tuple[Site, ...]:

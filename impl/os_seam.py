@@ -32,7 +32,6 @@ SITE_FTRUNCATE: Final = "ftruncate"
 SITE_FALLOCATE: Final = "fallocate"
 SITE_MMAP: Final = "mmap"
 SITE_FLOCK: Final = "flock"
-SITE_UTIME: Final = "utime"
 SITE_UNLINK: Final = "unlink"
 SITE_MKDIR: Final = "mkdir"
 SITE_RMDIR: Final = "rmdir"
@@ -50,7 +49,6 @@ SITES: Final = (
     SITE_FALLOCATE,
     SITE_MMAP,
     SITE_FLOCK,
-    SITE_UTIME,
     SITE_UNLINK,
     SITE_MKDIR,
     SITE_RMDIR,
@@ -169,13 +167,6 @@ class OsFacade:
     def rename(self, source: str, target: str) -> None:
         self._enter(SITE_RENAME)
         os.rename(source, target)
-
-    def utime(self, path: str, ns: tuple[int, int] | None = None) -> None:
-        self._enter(SITE_UTIME)
-        if ns is None:
-            os.utime(path)
-        else:
-            os.utime(path, ns=ns)
 
     # -- files relative to a directory descriptor ------------------------------
     #
