@@ -490,3 +490,47 @@ def test_the_exit_hook_closes_each_object_once_and_logs_a_close_that_failed(
     assert "at interpreter exit failed" in caplog.text
     lifecycle._close_all_at_exit()  # once: a second run closes nothing again
     assert (first.closes, failing.closes, last.closes) == (1, 1, 1)
+
+
+# -- a spare discarded while an interrupted frame still exports its mapping ------------------
+
+
+@pytest.mark.parametrize("exported", [True, False])
+def test_a_spare_discarded_while_propagating_always_closes_its_descriptor(
+    tmp_path: Path, exported: bool
+) -> None:
+    """`_discard_quietly` (a put failing mid-fill): the mapping an interrupted frame still
+    exports stays until that view dies, and the descriptor is closed either way."""
+    import mmap
+
+    from shmring.impl.fallback.spares import Spare, SpareStock
+    from shmring.impl.os_seam import SITE_CLOSE, OsFacade
+
+    class CountsCloses(OsFacade):
+        closes = 0
+
+        def _enter(self, site: str) -> None:
+            if site == SITE_CLOSE:
+                CountsCloses.closes += 1
+
+    path = tmp_path / "spare"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, mmap.PAGESIZE)
+    mapping = mmap.mmap(fd, mmap.PAGESIZE)
+    info = os.fstat(fd)
+    spare = Spare(fd, mapping, mmap.PAGESIZE, (info.st_dev, info.st_ino))
+    stock = SpareStock()
+    stock._os = CountsCloses()
+    view = memoryview(mapping) if exported else None
+    try:
+        stock._discard_quietly(spare)
+        assert spare.fd == -1 and CountsCloses.closes == 1
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed (nothing else opened since in this test)
+        assert mapping.closed is (not exported)
+        stock._discard_quietly(spare)  # again: nothing left to close
+        assert CountsCloses.closes == 1
+    finally:
+        if view is not None:
+            view.release()
+        mapping.close()
