@@ -534,3 +534,42 @@ def test_a_spare_discarded_while_propagating_always_closes_its_descriptor(
         if view is not None:
             view.release()
         mapping.close()
+
+
+# -- a transfer sender and receiver marked inherited in this process -------------------------
+
+
+def test_an_inherited_transfer_pair_refuses_work_and_its_close_removes_nothing(scope: str) -> None:
+    """What a forked child's copies do (`_forked_in_child`), reached in this process."""
+    torch = pytest.importorskip("torch")
+    from shmring.impl.registered.cuda_driver import SimulatedCudaDriver
+    from shmring.impl.registered.transfer import TransferOptions, TransferReceiver, TransferSender
+    from shmring.model_tests.registration_machine import transfer_files
+
+    options = TransferOptions(
+        enable_registered_shm=True, enable_borrowed_frames=True, arena_capacity=16384
+    )
+    sender = TransferSender(scope, options, driver=SimulatedCudaDriver())
+    receiver = TransferReceiver(scope, options)
+    directory = deployment_directory(scope)
+    try:
+        descriptor = sender.send({"x": torch.arange(16, dtype=torch.float32)})
+        assert receiver.receive(descriptor)["x"].tolist() == list(range(16))
+        again = sender.send({"x": torch.arange(4, dtype=torch.float32)})
+        files = transfer_files(directory)
+        mapped = _mapped(directory)
+        assert files and mapped
+        sender._forked_in_child()
+        receiver._forked_in_child()
+        with pytest.raises(ForkedError, match="sender inherited through fork"):
+            sender.send({"x": torch.zeros(2)})
+        with pytest.raises(ForkedError, match="receiver inherited through fork"):
+            receiver.receive(again)
+        sender.close()
+        receiver.close()
+        assert transfer_files(directory) == files  # the parent's files stay the parent's
+        assert _mapped(directory) == 0  # this process's copies of the mappings are gone
+        sender.close()  # idempotent, still only a release
+        assert transfer_files(directory) == files
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
