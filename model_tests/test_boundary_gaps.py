@@ -182,9 +182,10 @@ def test_a_borrowed_array_s_owner_speaks_array_interface_version_3() -> None:
     from shmring.impl.registered.views import borrow
 
     keep = np.zeros(64, dtype=np.uint8)
-    view = borrow(keep, 16, "<f4", (2, 3))
+    dtype = np.dtype(np.float32)
+    view = borrow(keep, 16, dtype, (2, 3))
     interface = view.base.__array_interface__
     assert interface["version"] == 3
-    assert interface["shape"] == (2, 3) and interface["typestr"] == "<f4"
+    assert interface["shape"] == (2, 3) and interface["typestr"] == dtype.str
     assert interface["data"] == (int(keep.ctypes.data) + 16, False)
-    assert interface["strides"] is None and interface["descr"] == np.dtype("<f4").descr
+    assert interface["strides"] is None and interface["descr"] == dtype.descr
