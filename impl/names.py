@@ -7,9 +7,9 @@ is read from its name alone, so that discovery, the garbage collector,
 opening it. This module is the one place those names are built and parsed:
 each kind of file has one pattern in the parse table (`_FILE_NAMES`), and
 every specific parser below uses that same pattern. Names are built only
-from validated parts: a scope or stage name can never smuggle in a path
-separator, ``..``, a NUL byte, or a dot that would make a name ambiguous
-(stage names may not contain ``.``, so every name parses back unambiguously).
+from validated parts (`shmring.impl.name_checks`: a scope or stage name can
+never smuggle in a path separator, ``..``, a NUL byte, or a dot), so every
+name parses back unambiguously.
 
 The names, ``<p>`` being ``<pid>.<start time>`` of the owning process::
 
@@ -62,6 +62,14 @@ from .identity import (  # re-exported (__all__): who a process and a producer a
     read_proc_stat,
     read_start_time,
 )
+from .name_checks import (  # the checks of user-given names (validate_*, MAX_*: re-exported)
+    _STAGE,
+    MAX_SCOPE_LENGTH,
+    MAX_STAGE_NAME_LENGTH,
+    _validate_edge,
+    validate_scope,
+    validate_stage_name,
+)
 from .os_seam import DEFAULT_OS, OsFacade
 
 if TYPE_CHECKING:
@@ -84,8 +92,6 @@ ARENA_FILE_PREFIX: Final = "arena"
 POOL_SLOT_FILE_PREFIX: Final = "pool"
 COHORT_GATE_FILE_PREFIX: Final = "cohort"
 
-MAX_SCOPE_LENGTH: Final = 64
-MAX_STAGE_NAME_LENGTH: Final = 64
 KEY_DIGEST_SIZE: Final = 16  # bytes of blake2b in a fallback segment name
 
 ConnectorIdentity = tuple[int, int, int]  # (pid, start time, instance): one producer
@@ -96,11 +102,6 @@ Edge = tuple[str, str]  # (source stage, destination stage)
 # One pattern per kind of file. Where a name carries its owner, the groups
 # `pid` and `start` hold it (and `instance`, where there is one).
 
-# A scope is the last part of the directory name, so "-" is harmless there.
-_SCOPE_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-# Stage names sit between dots in a file name: no dot allowed.
-_STAGE: Final = r"[A-Za-z0-9_-]+"
-_STAGE_PATTERN: Final = re.compile(_STAGE)
 _OWNER: Final = r"(?P<pid>[0-9]+)\.(?P<start>[0-9]+)"
 _INSTANCE: Final = r"(?:\.(?P<instance>[0-9]+))?"
 # A ring's stage names are as long as `validate_stage_name` allows, no longer.
@@ -200,45 +201,6 @@ def file_owner(name: str) -> ProducerIdentity | None:
 def _parse_identity(match: re.Match[str]) -> ConnectorIdentity:
     instance = match.group("instance")
     return int(match.group("pid")), int(match.group("start")), int(instance) if instance else 0
-
-
-# -- validation ----------------------------------------------------------------
-
-
-def validate_scope(scope: object) -> str:
-    """Answer `scope` if it can name a deployment directory; ConfigurationError otherwise."""
-    if not isinstance(scope, str):
-        raise ConfigurationError(f"scope must be a str: scope={scope!r}")
-    if not scope or len(scope) > MAX_SCOPE_LENGTH:
-        raise ConfigurationError(f"scope must be 1..{MAX_SCOPE_LENGTH} characters: scope={scope!r}")
-    if ".." in scope or _SCOPE_PATTERN.fullmatch(scope) is None:
-        raise ConfigurationError(
-            "scope may hold only ASCII letters, digits, '_', '-' and single '.', "
-            f"and may not start with '.' or '-': scope={scope!r}"
-        )
-    return scope
-
-
-def validate_stage_name(name: object) -> str:
-    """Answer `name` if it can name a stage in a ring file name; InvalidKeyError otherwise."""
-    if not isinstance(name, str):
-        raise InvalidKeyError(f"stage name must be a str: name={name!r}")
-    if not name or len(name) > MAX_STAGE_NAME_LENGTH:
-        raise InvalidKeyError(
-            f"stage name must be 1..{MAX_STAGE_NAME_LENGTH} characters: name={name!r}"
-        )
-    if _STAGE_PATTERN.fullmatch(name) is None:
-        raise InvalidKeyError(
-            f"stage name may hold only ASCII letters, digits, '_' and '-': name={name!r}"
-        )
-    return name
-
-
-def _validate_edge(edge: Edge) -> Edge:
-    source, destination = edge
-    validate_stage_name(source)
-    validate_stage_name(destination)
-    return edge
 
 
 def _directory_path(directory: str | Directory) -> str:

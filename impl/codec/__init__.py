@@ -28,7 +28,9 @@ descriptor, shared and own areas). The package, one module per concept:
   layout's formats, the lazy torch / numpy tables;
 * `scan`: what travels: the walk that counts leaves and refuses the rest;
 * `encode`: `prepare` (size first) and `EncodePlan.write_into` (copy second);
-* `decode`: `decode`, with the bounds checks that make a forged header harmless.
+* `decode`: `decode`, with the bounds checks that make a forged header harmless;
+* `bins`: a borrowed decode's large bins, found by walking the msgpack items;
+* `rebuild`: registered objects back from their ``[tag, state]`` pairs.
 
 Ownership on decode. Nothing returned is a view of the input buffer (a ring
 frame is reused as soon as the get returns); a leaf of `SHARED_LEAF_LIMIT`
@@ -76,7 +78,8 @@ from __future__ import annotations
 from ...spec.layout import CODEC_FORMAT_VERSION as FORMAT_VERSION
 from ...spec.layout import CODEC_FRAMED_MARKER as FRAMED_MARKER
 from ...spec.layout import CODEC_REGION_ALIGNMENT as REGION_ALIGNMENT
-from .decode import BORROWED_BYTES_MIN, decode, decode_borrowed
+from .bins import BORROWED_BYTES_MIN
+from .decode import decode, decode_borrowed
 from .encode import EncodePlan, encode, prepare
 from .wire import (
     DEFAULT_LEAF_EXT_CODE,

@@ -20,10 +20,9 @@ and bytes values of `BORROWED_BYTES_MIN` bytes or more are views of it
 (numpy read-only, bytes as read-only memoryviews, tensors over a writable
 `tensor_face`); the rest (the shared area, small bytes, every other value)
 is copied as above. The views hold the payload: the frame stays claimed
-until the last one dies. Large bytes values sit inline in the msgpack, so
-the decoder first walks the msgpack items (`_large_bins`, a flat walk:
-every item's length is in its own header) and hands msgspec a header in
-which each large bin is an Ext naming its place; the checks are the same.
+until the last one dies. Large bytes values sit inline in the msgpack: the
+decoder hands msgspec a header in which each is an Ext naming its place
+(`bins`: the msgpack item walk that finds them); the checks are the same.
 """
 
 from __future__ import annotations
@@ -47,10 +46,18 @@ from ...spec.layout import (
     CODEC_SHARED_AREA,
     CODEC_TYPE_TAG,
 )
-from .. import extensions
 from ..errors import CorruptFrameError
 from ..ring.borrow import BorrowedPayload, tensor_face
 from . import fresh
+from .bins import (
+    _BIN_EXT_DATA_LENGTH,
+    _BORROWED_BIN_TAG,
+    BORROWED_BYTES_MIN,
+    _borrowed_header,
+    _large_bins,
+    _with_bin_exts,
+)
+from .rebuild import _corrupt, _rebuild, _TypeTag
 from .wire import (
     _ALIGN_MASK,
     _BFLOAT16_CODE,
@@ -63,22 +70,12 @@ from .wire import (
     _PREFIX,
     DEFAULT_LEAF_EXT_CODE,
     MAX_NDIM,
-    MAX_NESTING,
-    SHARED_LEAF_LIMIT,
     TIMESTAMP_EXT_CODE,
     _numpy_storage,
     _type_name,
     load_numpy,
     load_torch,
 )
-
-# Bytes values this large are borrowed by `decode_borrowed` (smaller ones are copied).
-BORROWED_BYTES_MIN: Final = SHARED_LEAF_LIMIT
-# First byte of the Ext a borrowed decode puts in place of a large bin (never on
-# the wire: a wire Ext starting with it is a bad descriptor, as before).
-_BORROWED_BIN_TAG: Final = CODEC_TYPE_TAG - 1
-# Registered objects rebuilt from nesting deeper than this are refused as corrupt.
-_MAX_REBUILD_DEPTH: Final = 4 * MAX_NESTING
 
 # numpy and torch once a payload held one of their objects (`wire.load_*`).
 _np: Any = None
@@ -96,10 +93,6 @@ def _torch_module() -> Any:
     global _torch
     _torch = load_torch()
     return _torch
-
-
-def _corrupt(message: str) -> CorruptFrameError:
-    return CorruptFrameError(f"corrupt payload: {message}")
 
 
 def _check_type(expected: type, obj: Any) -> Any:
@@ -260,48 +253,6 @@ class _LeafReader:
         return memoryview(self.root[start:end])
 
 
-class _TypeTag:
-    """A decoded type tag: the name of the registered class whose state follows it."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _rebuild(obj: Any, depth: int) -> Any:
-    """Replace every ``[tag, state]`` pair in a freshly decoded tree by its registered object."""
-    if depth > _MAX_REBUILD_DEPTH:
-        raise _corrupt(f"registered objects nested deeper than {_MAX_REBUILD_DEPTH}")
-    cls = type(obj)
-    if cls is list:
-        if len(obj) == 2 and type(obj[0]) is _TypeTag:
-            name = obj[0].name
-            state = _rebuild(obj[1], depth + 1)
-            codec = extensions.codec_for_name(name)
-            if codec is None:
-                raise _corrupt(
-                    f"payload holds an object of unregistered type name={name!r}; "
-                    "register it with shmring.register_type on this side too"
-                )
-            try:
-                return codec.decode(state)
-            except Exception as error:
-                raise _corrupt(f"cannot rebuild a {name}: {error!r}") from error
-        for index, value in enumerate(obj):
-            if type(value) is list or type(value) is dict or type(value) is _TypeTag:
-                obj[index] = _rebuild(value, depth + 1)
-    elif cls is dict:
-        for key, value in obj.items():
-            if type(key) is _TypeTag:
-                raise _corrupt("a type tag as a dict key")
-            if type(value) is list or type(value) is dict or type(value) is _TypeTag:
-                obj[key] = _rebuild(value, depth + 1)
-    elif cls is _TypeTag:
-        raise _corrupt(f"type tag name={obj.name!r} outside a [tag, state] pair")
-    return obj
-
-
 def _has_non_bool_byte(storage: Any, start: int, nbytes: int) -> bool:
     if nbytes == 1:
         return bool(storage[start] > 1)
@@ -323,90 +274,6 @@ def _plain_decoder_for(type_: Any) -> Decoder[Any]:
         decoder = Decoder(type=type_, dec_hook=_check_type)
         _plain_typed[type_] = decoder
     return decoder
-
-
-# -- borrowed decode -----------------------------------------------------------------
-
-# msgpack item headers 0xC0..0xDF: (header bytes, bytes of the length field that
-# follows the type byte; 0: none). Containers count items, not bytes: their header
-# is all they occupy themselves (their items follow). -1: no such item (0xC1).
-_MSGPACK_ITEMS: Final = (
-    (1, 0), (-1, 0), (1, 0), (1, 0),  # nil, (never used), false, true
-    (2, 1), (3, 2), (5, 4),  # bin 8 / 16 / 32
-    (3, 1), (4, 2), (6, 4),  # ext 8 / 16 / 32 (length, then the type byte)
-    (5, 0), (9, 0),  # float 32 / 64
-    (2, 0), (3, 0), (5, 0), (9, 0), (2, 0), (3, 0), (5, 0), (9, 0),  # uint, int 8..64
-    (3, 0), (4, 0), (6, 0), (10, 0), (18, 0),  # fixext 1 / 2 / 4 / 8 / 16
-    (2, 1), (3, 2), (5, 4),  # str 8 / 16 / 32
-    (3, 0), (5, 0), (3, 0), (5, 0),  # array 16 / 32, map 16 / 32
-)  # fmt: skip
-_MSGPACK_BIN32: Final = 0xC6
-_MSGPACK_EXT8: Final = 0xC7
-_MSGPACK_EXT32: Final = 0xC9
-_MSGPACK_FIXEXT1: Final = 0xD4
-_MSGPACK_FIXEXT16: Final = 0xD8
-_MSGPACK_FIXSTR: Final = 0xA0
-_MSGPACK_FIXSTR_MASK: Final = 0x1F
-_MSGPACK_ITEMS_FIRST: Final = 0xC0
-_MSGPACK_ITEMS_END: Final = 0xE0  # from here: negative fixints
-# The Ext that stands for a large bin: the tag, then the bin's index (u32).
-_BIN_INDEX_LENGTH: Final = 4
-_BIN_EXT_DATA_LENGTH: Final = 1 + _BIN_INDEX_LENGTH
-
-
-def _signed(byte: int) -> int:
-    return byte - 256 if byte >= 128 else byte
-
-
-def _large_bins(
-    src: memoryview, start: int, end: int
-) -> tuple[list[tuple[int, int, int]], set[int]]:
-    """The bins of at least BORROWED_BYTES_MIN bytes in the msgpack items of src[start:end].
-
-    Answers ([(item start, data start, data end)], the ext codes used). A flat
-    walk, one item header at a time; anything malformed stops it with what
-    it found so far (msgspec then reports the corruption as usual).
-    """
-    bins: list[tuple[int, int, int]] = []
-    codes: set[int] = set()
-    pos = start
-    items = _MSGPACK_ITEMS
-    while pos < end:
-        byte = src[pos]
-        if byte < _MSGPACK_FIXSTR:
-            pos += 1  # positive fixint, fixmap, fixarray
-        elif byte < _MSGPACK_ITEMS_FIRST:
-            pos += 1 + (byte & _MSGPACK_FIXSTR_MASK)  # fixstr
-        elif byte >= _MSGPACK_ITEMS_END:
-            pos += 1  # negative fixint
-        else:
-            head, width = items[byte - _MSGPACK_ITEMS_FIRST]
-            if head < 0 or pos + head > end:
-                break
-            size = int.from_bytes(src[pos + 1 : pos + 1 + width], "big") if width else 0
-            if byte == _MSGPACK_BIN32 and size >= BORROWED_BYTES_MIN and pos + head + size <= end:
-                bins.append((pos, pos + head, pos + head + size))
-            elif _MSGPACK_EXT8 <= byte <= _MSGPACK_EXT32:
-                codes.add(_signed(src[pos + head - 1]))  # ext 8 / 16 / 32: type after the length
-            elif _MSGPACK_FIXEXT1 <= byte <= _MSGPACK_FIXEXT16:
-                codes.add(_signed(src[pos + 1]))
-            pos += head + size
-    return bins, codes
-
-
-def _with_bin_exts(
-    src: memoryview, start: int, end: int, bins: list[tuple[int, int, int]], code: int
-) -> bytes:
-    """src[start:end] with each large bin replaced by an ext8 (`_BORROWED_BIN_TAG`, its index)."""
-    pieces: list[Any] = []
-    last = start
-    head = bytes((_MSGPACK_EXT8, _BIN_EXT_DATA_LENGTH, code & 0xFF, _BORROWED_BIN_TAG))
-    for index, (item, _, data_end) in enumerate(bins):
-        pieces.append(src[last:item])
-        pieces.append(head + index.to_bytes(_BIN_INDEX_LENGTH, "big"))
-        last = data_end
-    pieces.append(src[last:end])
-    return b"".join(pieces)
 
 
 def decode_borrowed(payload: BorrowedPayload, *, type: Any = None) -> Any:
@@ -595,7 +462,9 @@ def _decode_framed(
             header = bytes(src[CODEC_PREFIX_LENGTH:header_end])
         else:
             reader.root = root
-            header = _borrowed_header(reader, src, header_end, payload)
+            reader.payload = payload
+            reader.bin_cursor = 0
+            reader.bins, header = _borrowed_header(src, CODEC_PREFIX_LENGTH, header_end, code)
         result = reader.decoder_for(type_).decode(header)
         if (
             reader.shared_cursor != shared_length
@@ -619,17 +488,3 @@ def _decode_framed(
         reader.shared = None
         if root is not None:
             _unpoint(reader)
-
-
-def _borrowed_header(
-    reader: _LeafReader, src: memoryview, header_end: int, payload: BorrowedPayload | None
-) -> bytes:
-    """A borrowed decode's header: its large bins replaced by Exts that name them."""
-    reader.payload = payload
-    reader.bin_cursor = 0
-    if header_end - CODEC_PREFIX_LENGTH >= BORROWED_BYTES_MIN:
-        bins, _ = _large_bins(src, CODEC_PREFIX_LENGTH, header_end)
-        if bins:
-            reader.bins = [(start, end) for _, start, end in bins]
-            return _with_bin_exts(src, CODEC_PREFIX_LENGTH, header_end, bins, reader.code)
-    return bytes(src[CODEC_PREFIX_LENGTH:header_end])
