@@ -88,8 +88,8 @@ def test_a_fresh_seed_is_drawn_per_run() -> None:
 
 # -- equivalents -------------------------------------------------------------------------------
 
-_DIFF = """--- shmring/impl/registered/arena.py
-+++ shmring/impl/registered/arena.py
+_DIFF = """--- shmring/impl/registered/arena_reader.py
++++ shmring/impl/registered/arena_reader.py
 @@ -1,4 +1,4 @@
  def __init__(self, directory, name, os_facade=DEFAULT_OS):
 -            if info.st_size < RING_HEADER_LENGTH:
@@ -100,8 +100,8 @@ _DIFF = """--- shmring/impl/registered/arena.py
 
 def test_equivalents_match_by_function_and_changed_line_not_by_number() -> None:
     known = mutation.load_equivalents()
-    name = "shmring.impl.registered.arena.xǁArenaReaderǁ__init____mutmut_18"
-    assert mutation.function_of(name) == "impl.registered.arena.ArenaReader.__init__"
+    name = "shmring.impl.registered.arena_reader.xǁArenaReaderǁ__init____mutmut_18"
+    assert mutation.function_of(name) == "impl.registered.arena_reader.ArenaReader.__init__"
     assert mutation.function_of("shmring.impl.errors.x_describe_errno__mutmut_1") == (
         "impl.errors.describe_errno"
     )

@@ -1,4 +1,4 @@
-"""The CUDA driver port: every CUDA call the registered transfer path makes.
+"""The CUDA driver port: every CUDA call the registered transfer path makes, and the real driver.
 
 Design rationale. Fault plans must reach each CUDA call (register,
 unregister, the device-to-host copy, the stream synchronize) without
@@ -27,14 +27,17 @@ machine without a GPU. So the transport talks to CUDA only through a
 
 Calls are named by the constants of `shmring.spec.registration`
 (`CALL_HOST_REGISTER`, ...), which fault plans use too.
+
+Where the code is: the port itself and what both drivers keep
+(`CudaDriver`, `TransferStreams`, `HostRanges`, `driver_error`) are
+`shmring.impl.registered.driver_port`'s, the simulated driver
+`shmring.impl.registered.simulated_driver`'s; this module holds the real
+driver and re-exports both (see __all__), so importers take every driver
+name from here.
 """
 
 from __future__ import annotations
 
-import abc
-import bisect
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from ...spec.registration import (
@@ -42,27 +45,31 @@ from ...spec.registration import (
     CALL_HOST_REGISTER,
     CALL_HOST_UNREGISTER,
     CALL_SYNCHRONIZE,
-    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
-    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-    CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
-    CUDA_ERROR_UNKNOWN,
-    CUDA_SUCCESS,
-    DRIVER_CALLS,
-    FAULT_EVERY,
 )
-from ..errors import ConfigurationError, MissingExtraError, RegistrationError
+from ..errors import ConfigurationError, MissingExtraError
+
+# The port and the simulated driver have their own modules; they are
+# re-exported here (see __all__) for the importers, which take them from cuda_driver.
+from .driver_port import (
+    RUNTIME_NAMES,
+    CopyStatistics,
+    CudaDriver,
+    HostRanges,
+    TransferStreams,
+    driver_error,
+    is_registered_destination,
+    written_span,
+)
+from .simulated_driver import (
+    PlannedFault,
+    SimulatedCudaDriver,
+    SimulatedDriverStatistics,
+    SimulatedStream,
+)
 
 if TYPE_CHECKING:
     import torch
-
-# The runtime's name for each port call, used in error messages.
-RUNTIME_NAMES = {
-    CALL_HOST_REGISTER: "cudaHostRegister",
-    CALL_HOST_UNREGISTER: "cudaHostUnregister",
-    CALL_COPY_TO_HOST: "cudaMemcpyAsync (device to host)",
-    CALL_SYNCHRONIZE: "cudaStreamSynchronize",
-}
 
 
 # The driver is older than the runtime the bindings were built for: the
@@ -70,17 +77,6 @@ RUNTIME_NAMES = {
 CUDA_ERROR_INSUFFICIENT_DRIVER: Final = "cudaErrorInsufficientDriver"
 # cuda.bindings appeared in cuda-python 12.6.1; older releases have only `cuda.cudart`.
 CUDA_PYTHON_REQUIREMENT: Final = "cuda-python>=12.6.1"
-
-
-def driver_error(call: str, cuda_error: str | None, detail: str = "") -> RegistrationError:
-    """The typed error a failed driver call raises; the message names the runtime call.
-
-    `cuda_error=None` says the CUDA error name is unknown (torch gave text no
-    runtime error string matches); the message says so rather than guess.
-    """
-    suffix = f" ({detail})" if detail else ""
-    name = cuda_error if cuda_error is not None else "CUDA error name unknown"
-    return RegistrationError(f"{RUNTIME_NAMES[call]} failed: {name}{suffix}", cuda_error)
 
 
 def load_runtime() -> Any:
@@ -95,158 +91,6 @@ def load_runtime() -> Any:
             f"{type(error).__name__}: {error}",
         ) from error
     return runtime
-
-
-class TransferStreams:
-    """One transfer stream per source device, and the ones used since the last synchronize.
-
-    torch runs a device-to-host copy on a stream of the *source's* device, so
-    a copy from a second GPU on the first GPU's stream would not be ordered
-    by that stream: `synchronize` would return, and the mapping be
-    unregistered and published, while the DMA still writes. So every device
-    gets its own stream, made on first use, and `synchronize` waits for every
-    stream a copy went to. Both drivers keep their streams here.
-    """
-
-    def __init__(self, make_stream: Callable[[Any], Any]) -> None:
-        self._make_stream = make_stream
-        self._streams: dict[Any, Any] = {}  # device -> its transfer stream
-        self._pending: list[Any] = []  # devices with copies since the last synchronize, in order
-
-    def stream_for(self, device: Any) -> Any:
-        """The transfer stream of `device` (made on first use); it now counts as pending."""
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = self._make_stream(device)
-        if device not in self._pending:
-            self._pending.append(device)
-        return stream
-
-    def existing(self, device: Any) -> Any:
-        """The transfer stream `device` already has (KeyError if none); changes nothing."""
-        return self._streams[device]
-
-    def devices(self) -> list[Any]:
-        """Every device that has a transfer stream."""
-        return list(self._streams)
-
-    def pending(self) -> list[Any]:
-        """The devices whose streams took a copy since the last complete synchronize."""
-        return list(self._pending)
-
-    def synchronize(self) -> None:
-        """Wait for every pending stream; one that raises stays pending (and so do the rest)."""
-        while self._pending:
-            self._streams[self._pending[0]].synchronize()
-            self._pending.pop(0)
-
-
-class HostRanges:
-    """Host ranges registered now (never overlapping), by base address.
-
-    A copy is into page-locked memory only if EVERY byte it writes lies in a
-    registered range (`covers`): torch's `is_pinned` and a lookup of the base
-    pointer alone say yes for a destination whose tail runs past its range.
-    """
-
-    def __init__(self) -> None:
-        self._starts: list[int] = []  # sorted base addresses
-        self._lengths: dict[int, int] = {}
-
-    def add(self, address: int, length: int) -> None:
-        bisect.insort(self._starts, address)
-        self._lengths[address] = length
-
-    def remove(self, address: int) -> None:
-        self._starts.remove(address)
-        del self._lengths[address]
-
-    def __contains__(self, address: object) -> bool:
-        """Whether a range is based at `address`."""
-        return address in self._lengths
-
-    def containing(self, address: int) -> int | None:
-        """Base of the range containing `address`, if any."""
-        index = bisect.bisect_right(self._starts, address) - 1
-        if index >= 0:
-            start = self._starts[index]
-            if address < start + self._lengths[start]:
-                return start
-        return None
-
-    def overlaps(self, address: int, length: int) -> bool:
-        index = bisect.bisect_right(self._starts, address) - 1
-        if index >= 0 and self._starts[index] + self._lengths[self._starts[index]] > address:
-            return True
-        following = index + 1
-        return following < len(self._starts) and self._starts[following] < address + length
-
-    def covers(self, address: int, length: int) -> bool:
-        """Whether every byte of [address, address + length) lies in a range (adjacent ones chain)."""
-        end = address + length
-        while address < end:
-            start = self.containing(address)
-            if start is None:
-                return False
-            address = start + self._lengths[start]
-        return True
-
-    def items(self) -> dict[int, int]:
-        return {start: self._lengths[start] for start in self._starts}
-
-
-def written_span(dst: torch.Tensor) -> tuple[int, int]:
-    """(address, length) of the bytes a copy into `dst` writes: its strided span, not its base alone."""
-    if dst.numel() == 0:
-        return dst.data_ptr(), 0
-    last = sum((n - 1) * step for n, step in zip(dst.shape, dst.stride(), strict=True))
-    return dst.data_ptr(), (last + 1) * dst.element_size()
-
-
-def is_registered_destination(ranges: HostRanges, dst: torch.Tensor) -> bool:
-    """Whether the whole span a copy into `dst` writes is registered (empty: nothing is written)."""
-    address, length = written_span(dst)
-    return length > 0 and ranges.covers(address, length)
-
-
-@dataclass(frozen=True)
-class CopyStatistics:
-    """What a driver's copies did: the evidence that a transfer took the asynchronous, registered way."""
-
-    copies_started: int  # copy_to_host calls that started a copy
-    # Of those, copies whose whole destination span was page-locked (registered
-    # through this driver, and still registered) when the copy started: only
-    # these run asynchronously (a `non_blocking` copy into pageable memory is
-    # synchronous) and at full speed.
-    copies_into_page_locked: int
-    streams: int  # transfer streams made so far (one per source device)
-
-
-class CudaDriver(abc.ABC):
-    """What the transport needs from CUDA. Every method raises `RegistrationError` on failure."""
-
-    #: Whether `copy_to_host` takes CPU tensors as sources (only the simulation does).
-    accepts_host_sources: bool = False
-
-    @abc.abstractmethod
-    def copy_statistics(self) -> CopyStatistics:
-        """Counters of the copies made through this driver."""
-
-    @abc.abstractmethod
-    def host_register(self, address: int, length: int) -> None:
-        """Page-lock [address, address + length) and make it visible to the device."""
-
-    @abc.abstractmethod
-    def host_unregister(self, address: int) -> None:
-        """Undo `host_register` for the range based at `address`."""
-
-    @abc.abstractmethod
-    def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Start copying `src` into the host tensor `dst` (same shape and dtype) on the transfer stream."""
-
-    @abc.abstractmethod
-    def synchronize(self) -> None:
-        """Wait until every copy started on the transfer stream is complete."""
 
 
 # -- the real driver -----------------------------------------------------------
@@ -398,207 +242,6 @@ def torch_cuda_error_name(exc: BaseException, runtime: Any | None) -> str | None
     if type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text:
         return CUDA_ERROR_MEMORY_ALLOCATION
     return None
-
-
-# -- the simulated driver ------------------------------------------------------
-
-
-@dataclass
-class PlannedFault:
-    """A failure the simulated driver will answer (the model's `DriverFault`)."""
-
-    call: str | None  # a port call name, or None for every call
-    error: str  # the CUDA error name to answer
-    nth: int  # 1 = the first matching call from now; FAULT_EVERY = every matching call
-    seen: int = 0  # matching calls counted so far
-    spent: bool = False  # an nth fault fires once
-
-
-@dataclass(frozen=True)
-class SimulatedDriverStatistics:
-    """Counters of a `SimulatedCudaDriver`."""
-
-    calls: int  # port calls made, failed ones included
-    registered_ranges: int  # ranges registered now
-    registered_bytes: int  # bytes in those ranges
-    copies: int  # copies completed (landed at a synchronize)
-    copies_into_registered: int  # of those, copies whose destination lay in a registered range
-    copies_pending: int  # copies started and not yet synchronized
-    streams: int  # transfer streams made (one per source device)
-    injected_failures: int  # calls answered by a planned fault
-
-
-@dataclass
-class _Counters:
-    calls: int = 0
-    started: int = 0
-    started_registered: int = 0
-    copies: int = 0
-    copies_into_registered: int = 0
-    injected_failures: int = 0
-    per_call: dict[str, int] = field(default_factory=dict)
-
-
-class SimulatedStream:
-    """A transfer stream of the simulated driver: copies queue here and land at `synchronize`."""
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-        self.queued: list[tuple[torch.Tensor, torch.Tensor, bool]] = []  # (dst, src, registered)
-
-    def synchronize(self) -> None:
-        while self.queued:
-            dst, src, _ = self.queued.pop(0)
-            dst.copy_(src)
-
-
-class SimulatedCudaDriver(CudaDriver):
-    """A CUDA driver for machines without one.
-
-    Keeps registered ranges (never overlapping) and answers error names as
-    the real runtime does. `copy_to_host` accepts CPU sources and is
-    asynchronous as the real one is: the copy is queued on the transfer
-    stream of the source's device (`TransferStreams`) and lands, with torch on
-    the CPU, when `synchronize` runs. Planned faults (`fail`, `fail_first`,
-    `fail_every`) make a call raise the given error and change nothing.
-    """
-
-    accepts_host_sources = True
-
-    def __init__(self) -> None:
-        self._ranges = HostRanges()
-        self._faults: list[PlannedFault] = []
-        self._counters = _Counters()
-        self.streams = TransferStreams(SimulatedStream)
-
-    # -- fault planning ------------------------------------------------------
-
-    def fail(self, call: str | None = None, error: str = CUDA_ERROR_UNKNOWN, nth: int = 1) -> None:
-        """Make the nth matching call from now answer `error` (nth=FAULT_EVERY: every one)."""
-        if call is not None and call not in DRIVER_CALLS:
-            raise ConfigurationError(
-                f"unknown driver call: call={call!r} (expected one of {DRIVER_CALLS})"
-            )
-        if error == CUDA_SUCCESS or not error.startswith("cudaError"):
-            raise ConfigurationError(f"a fault must answer a CUDA error name: error={error!r}")
-        if nth < 0:
-            raise ConfigurationError(f"fault position must be >= 0: nth={nth}")
-        self._faults.append(PlannedFault(call=call, error=error, nth=nth))
-
-    def fail_first(self, call: str | None = None, error: str = CUDA_ERROR_UNKNOWN) -> None:
-        self.fail(call, error, 1)
-
-    def fail_every(self, call: str | None = None, error: str = CUDA_ERROR_UNKNOWN) -> None:
-        self.fail(call, error, FAULT_EVERY)
-
-    def clear_faults(self) -> None:
-        self._faults.clear()
-
-    def _enter(self, call: str) -> None:
-        """Count the call against every matching fault; raise the first that fires."""
-        self._counters.calls += 1
-        self._counters.per_call[call] = self._counters.per_call.get(call, 0) + 1
-        firing: str | None = None
-        for fault in self._faults:
-            if fault.spent or (fault.call is not None and fault.call != call):
-                continue
-            fault.seen += 1
-            fires = fault.nth == FAULT_EVERY or fault.seen == fault.nth
-            if fires and fault.nth != FAULT_EVERY:
-                fault.spent = True
-            if fires and firing is None:
-                firing = fault.error
-        if firing is not None:
-            self._counters.injected_failures += 1
-            raise driver_error(call, firing, "injected by SimulatedCudaDriver")
-
-    # -- ranges --------------------------------------------------------------
-
-    def host_register(self, address: int, length: int) -> None:
-        self._enter(CALL_HOST_REGISTER)
-        if length <= 0 or address <= 0:
-            raise driver_error(
-                CALL_HOST_REGISTER,
-                CUDA_ERROR_INVALID_VALUE,
-                f"address={address:#x} length={length}",
-            )
-        if self._ranges.overlaps(address, length):
-            raise driver_error(
-                CALL_HOST_REGISTER,
-                CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
-                f"address={address:#x} length={length}",
-            )
-        self._ranges.add(address, length)
-
-    def host_unregister(self, address: int) -> None:
-        self._enter(CALL_HOST_UNREGISTER)
-        if address not in self._ranges:
-            raise driver_error(
-                CALL_HOST_UNREGISTER, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, f"address={address:#x}"
-            )
-        self._ranges.remove(address)
-
-    def copy_to_host(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        self._enter(CALL_COPY_TO_HOST)
-        if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
-            raise driver_error(
-                CALL_COPY_TO_HOST,
-                CUDA_ERROR_INVALID_VALUE,
-                f"dst {tuple(dst.shape)} {dst.dtype} != src {tuple(src.shape)} {src.dtype}",
-            )
-        registered = is_registered_destination(self._ranges, dst)
-        self.streams.stream_for(src.device).queued.append((dst, src, registered))
-        self._counters.started += 1
-        self._counters.started_registered += int(registered)
-
-    def copy_statistics(self) -> CopyStatistics:
-        return CopyStatistics(
-            copies_started=self._counters.started,
-            copies_into_page_locked=self._counters.started_registered,
-            streams=len(self.streams.devices()),
-        )
-
-    def synchronize(self) -> None:
-        try:
-            self._enter(CALL_SYNCHRONIZE)
-        except RegistrationError:
-            # A failed synchronize leaves the destinations undefined: the
-            # queued copies never land (and hold no view of the mapping).
-            for device in self.streams.pending():
-                self.streams.existing(device).queued.clear()
-            raise
-        for device in self.streams.pending():
-            stream = self.streams.existing(device)
-            self._counters.copies += len(stream.queued)
-            self._counters.copies_into_registered += sum(1 for *_, r in stream.queued if r)
-        self.streams.synchronize()
-
-    # -- inspection ------------------------------------------------------------
-
-    def registered_ranges(self) -> dict[int, int]:
-        """Base address -> length of every range registered now."""
-        return self._ranges.items()
-
-    def is_registered(self, address: int) -> bool:
-        """Whether `address` lies inside a registered range."""
-        return self._ranges.containing(address) is not None
-
-    def calls_of(self, call: str) -> int:
-        return self._counters.per_call.get(call, 0)
-
-    def statistics(self) -> SimulatedDriverStatistics:
-        return SimulatedDriverStatistics(
-            calls=self._counters.calls,
-            registered_ranges=len(self._ranges.items()),
-            registered_bytes=sum(self._ranges.items().values()),
-            copies=self._counters.copies,
-            copies_into_registered=self._counters.copies_into_registered,
-            copies_pending=sum(
-                len(self.streams.existing(d).queued) for d in self.streams.pending()
-            ),
-            streams=len(self.streams.devices()),
-            injected_failures=self._counters.injected_failures,
-        )
 
 
 def cuda_available() -> bool:

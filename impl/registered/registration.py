@@ -33,8 +33,10 @@ Model steps (`shmring.spec.registration`) and where they are done here:
 / `process_remove` / `process_publish` / `process_transfer` / `process_close`
 are the `Registry` methods of the same names (`_abort` is `Registry.abort`);
 `process_receive` is the receiver's (`shmring.impl.registered.transfer_receiver`); the
-driver steps (`process_host_register` ...) are `shmring.impl.registered.cuda_driver`'s.
-The copies are `shmring.impl.registered.host_copy`'s, the files `shmring.impl.registered.shm_file`'s.
+driver steps (`process_host_register` ...) are the drivers' (the simulated one in
+`shmring.impl.registered.simulated_driver`, the real one in `shmring.impl.registered.cuda_driver`).
+The copies are `shmring.impl.registered.host_copy`'s, the files `shmring.impl.registered.shm_file`'s,
+the range and segment records `shmring.impl.registered.segments`'s.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import contextlib
 import errno
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ...spec.registration import (
     SEGMENT_ALLOCATED,
@@ -78,126 +80,23 @@ from .host_copy import (
     wire_dtype_of,
 )
 
-# The copy helpers and ShmFile have their own modules; they are re-exported
-# here (see __all__) for the importers that still take them from registration.
+# The copy helpers, ShmFile and the segment records have their own modules;
+# they are re-exported here (see __all__) for the importers that still take
+# them from registration.
 from .member import ScopeMember
+from .segments import (
+    PublishedSegment,
+    RegisteredRange,
+    RegisteredSegment,
+    prune_taken_names,
+    unlink_published,
+)
 from .shm_file import ShmFile
 
 if TYPE_CHECKING:
     import torch
 else:  # the `torch` extra: a MissingExtraError naming it when absent
     torch = import_extra("torch", "the registered transfer (shmring.impl.registered)")
-
-# Published names a producer remembers before it checks which receivers took.
-_PUBLISHED_NAMES_PRUNE_AT: Final = 256
-
-
-def prune_taken_names(names: list[str], directory: Directory) -> list[str]:
-    """Drop the published names receivers already unlinked, once the list is long."""
-    if len(names) < _PUBLISHED_NAMES_PRUNE_AT:
-        return names
-    kept = []
-    for name in names:
-        try:
-            directory.stat(name)
-        except FileNotFoundError:
-            continue
-        kept.append(name)
-    return kept
-
-
-def unlink_published(names: list[str], held: ScopeMember) -> None:
-    """Unlink the names no receiver took, through the held descriptor (never by path)."""
-    directory = held.current()
-    if directory is None:
-        return
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            directory.unlink(name)
-
-
-# -- registered ranges and segments ------------------------------------------------------
-
-
-class RegisteredRange:
-    """Bookkeeping for one host range a registry asked the driver to register.
-
-    `registered` is True from a successful register until a successful
-    unregister and is never cleared otherwise; `retained` is set when the
-    unregister failed for good (the owner must then keep the mapping).
-    """
-
-    def __init__(
-        self, address: int, length: int, label: str, on_released: Callable[[], None] | None = None
-    ) -> None:
-        self.address = address
-        self.length = length
-        self.label = label
-        self.registered = False
-        self.retained = False
-        # Run when a retained range is finally unregistered (at registry close):
-        # the owner may then close and unlink its mapping.
-        self.on_released = on_released
-
-
-class RegisteredSegment:
-    """One per-transfer segment on the producer side, with its lifecycle state.
-
-    `state` is one of the `shmring.spec.registration` SEGMENT_* names. The
-    producer owns the mapping until publish; after publish the receiver owns
-    the memory (it maps it by name and unlinks the name).
-    """
-
-    def __init__(self, segment_id: int, file: ShmFile) -> None:
-        self.segment_id = segment_id
-        self.file = file
-        self.range = RegisteredRange(file.address, file.length, file.name, self._released_at_close)
-        self.state = SEGMENT_ALLOCATED
-        self.copied = False  # the copy completed; only copied segments are published
-
-    def _released_at_close(self) -> None:
-        """A retained segment's late unregister succeeded: now it may go."""
-        self.file.unmap()
-        self.file.unlink()
-        self.state = SEGMENT_REMOVED
-
-    @property
-    def name(self) -> str:
-        return self.file.name
-
-    @property
-    def path(self) -> str:
-        return self.file.path
-
-    @property
-    def length(self) -> int:
-        return self.file.length
-
-    @property
-    def address(self) -> int:
-        return self.file.address
-
-    @property
-    def registered(self) -> bool:
-        return self.range.registered
-
-    @property
-    def mapped(self) -> bool:
-        return self.file.mapped
-
-    @property
-    def linked(self) -> bool:
-        return self.file.linked
-
-
-@dataclass(frozen=True)
-class PublishedSegment:
-    """What the receiver needs to map a published segment."""
-
-    name: str  # file name in the deployment directory (no path)
-    length: int  # file length in bytes
-    identity: tuple[int, int]  # the file's (st_dev, st_ino), checked by the receiver
-    owner_uid: int  # the file's owner, checked by the receiver
 
 
 @dataclass(frozen=True)
@@ -546,5 +445,6 @@ __all__ = [
     "dtype_name",
     "host_view",
     "prune_taken_names",
+    "unlink_published",
     "wire_dtype_of",
 ]
