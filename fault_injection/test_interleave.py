@@ -71,19 +71,25 @@ def _reordered(
 class CopyAfterUnlockReader(RingReader):
     """Copies a copy-out payload after releasing the claim lock ("to keep the hold short")."""
 
+    # The delivery under the lock answers a view of the payload, not a copy ...
+    _deliver = _reordered(
+        RingReader._deliver,
+        [
+            (
+                "            value: Any = buf[payload_start:payload_end].tobytes()\n"
+                "            checked: bytes | memoryview = value\n",
+                "            value = checked = buf[payload_start:payload_end]\n",
+            ),
+        ],
+    )
+    # ... and the claim copies it once the lock is released.
     _claim = _reordered(
         RingReader._claim,
         [
             (
-                "                value: Any = buf[payload_start:payload_end].tobytes()\n"
-                "                checked: bytes | memoryview = value\n",
-                "                value = None\n"
-                "                checked: bytes | memoryview = buf[payload_start:payload_end]\n",
-            ),
-            (
                 "        if by_key:\n            del self._index[key_bytes]",
-                "        if value is None:\n"
-                "            value = buf[payload_start:payload_end].tobytes()\n"
+                "        if isinstance(value, memoryview):\n"
+                "            value = value.tobytes()\n"
                 "        if by_key:\n            del self._index[key_bytes]",
             ),
         ],
@@ -93,9 +99,9 @@ class CopyAfterUnlockReader(RingReader):
 class TrustingIndexReader(RingReader):
     """Claims through its index entry without loading the tail again under the lock."""
 
-    _claim = _reordered(
-        RingReader._claim,
-        [("            if load_tail_acquire(words) > position:\n", "            if False:\n")],
+    _check_under_lock = _reordered(
+        RingReader._check_under_lock,
+        [("        if load_tail_acquire(words) > position:\n", "        if False:\n")],
     )
 
 

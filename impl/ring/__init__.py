@@ -3,9 +3,11 @@
 Modules: `results` (what a put or get answers), `mapping` (the shared file
 and the pieces both sides use), `engine` (`RingProducer`: the one producer
 engine, reserve / commit / reclaim / dead holders, under the host ring and
-the registered arena), `producer` (`RingChannel`), `frames` (the one header
-check and frame walker), `reader` (`RingReader`), `borrow` (`Lease`, the
-one lease, and the one kept-view guard). The rationale below holds for all of them.
+the registered arena), `producer` (`RingChannel`) and `closing` (how its
+ring ends, and a file a neighbour damaged), `frames` (the one header check
+and frame walker), `reader` (`RingReader`: scan, index) and `claim` (the
+claim step of its get), `borrow` (`Lease`, the one lease, and the one
+kept-view guard). The rationale below holds for all of them.
 
 Design rationale. The model (`shmring.spec.ring`) says *what* a ring does;
 this module does it over a POSIX shared-memory file that several processes
