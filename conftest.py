@@ -64,3 +64,36 @@ def dev_shm_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
     # that are not ours; shmring's names all carry "shmring".
     ours = sorted(path for path in added if "shmring" in path or "psm_" in path)
     assert not ours, f"test left files in /dev/shm: {ours}"
+
+
+def _flock_count() -> int:
+    """flock locks this process holds now (/proc/locks; 0 where it cannot be read)."""
+    pid = str(os.getpid())
+    try:
+        with open("/proc/locks", encoding="ascii") as locks:
+            return sum(1 for line in locks if line.split()[4:5] == [pid] and "FLOCK" in line)
+    except OSError:
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def no_flock_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves this process holding more flock locks than before it.
+
+    A lock a test leaves (an object that closed without releasing its
+    descriptor) is dropped whenever the garbage collector gets to it: the
+    fault cells count this process's locks around each cell, so under
+    xdist a later cell of another test failed with "flock locks 2 -> 1"
+    (2026-12-04). Counted per process, so it holds under xdist as well: one
+    worker runs one test at a time. Fewer locks than before is a leftover
+    of an earlier test being collected, not this test's doing.
+    """
+    before = _flock_count()
+    yield
+    after = _flock_count()
+    if after > before:
+        import gc
+
+        gc.collect()  # a cycle may hold the last reference
+        after = _flock_count()
+    assert after <= before, f"test left {after - before} flock lock(s) held by this process"

@@ -557,8 +557,8 @@ def test_an_inherited_transfer_pair_refuses_work_and_its_close_removes_nothing(s
         assert receiver.receive(descriptor)["x"].tolist() == list(range(16))
         again = sender.send({"x": torch.arange(4, dtype=torch.float32)})
         files = transfer_files(directory)
-        mapped = _mapped(directory)
-        assert files and mapped
+        assert files and _mapped(directory) and _held(directory)
+        lifecycle._snapshot_fds()  # as the fork would: what is open now was inherited
         sender._forked_in_child()
         receiver._forked_in_child()
         with pytest.raises(ForkedError, match="sender inherited through fork"):
@@ -569,7 +569,11 @@ def test_an_inherited_transfer_pair_refuses_work_and_its_close_removes_nothing(s
         receiver.close()
         assert transfer_files(directory) == files  # the parent's files stay the parent's
         assert _mapped(directory) == 0  # this process's copies of the mappings are gone
+        assert _held(directory) == 0  # and of the descriptors
         sender.close()  # idempotent, still only a release
         assert transfer_files(directory) == files
     finally:
+        lifecycle._inherited_fds.clear()
+        if os.path.isdir(directory):
+            liveness_file.release_liveness_file(as_directory(directory), DEFAULT_OS)
         shutil.rmtree(directory, ignore_errors=True)
