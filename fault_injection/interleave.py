@@ -219,6 +219,11 @@ class Scheduler:
                 return
             raise Interrupt(f"interrupted at {label!r}")
 
+    def alone(self) -> bool:
+        """Whether every actor but the running one has finished (nobody left to wake it)."""
+        actor = self.current
+        return all(other.state == "done" for other in self._actors if other is not actor)
+
     def wait_for_unlock(self, label: str) -> None:
         """A try-lock point of an actor whose last try failed: wait until some lock is released."""
         actor = self.current
@@ -922,12 +927,19 @@ def explore_interrupts(
 
 def registered_scenarios() -> tuple[Scenario, ...]:
     """Every scenario the command line knows (interleavings, interrupts, liveness, neighbours)."""
+    from .interleave_doorbell import DOORBELL_SCENARIOS
     from .interleave_interrupts import INTERRUPT_SCENARIOS
     from .interleave_liveness import LIVENESS_SCENARIOS
     from .interleave_neighbours import NEIGHBOUR_SCENARIOS
     from .interleave_scenarios import SCENARIOS
 
-    return (*SCENARIOS, *INTERRUPT_SCENARIOS, *LIVENESS_SCENARIOS, *NEIGHBOUR_SCENARIOS)
+    return (
+        *SCENARIOS,
+        *INTERRUPT_SCENARIOS,
+        *LIVENESS_SCENARIOS,
+        *DOORBELL_SCENARIOS,
+        *NEIGHBOUR_SCENARIOS,
+    )
 
 
 def _is_registered(scenario: Scenario) -> bool:
@@ -969,10 +981,12 @@ def explore_environment(budget: str, seed: int) -> dict[str, int]:
 
     Interrupts: every stop point of `interrupt_*` at one preemption less than
     the budget's bound, every failure one of `KNOWN_OPEN` (counted) or a new
-    one (raised). The liveness verdict: bounded and PCT as the other
-    scenarios. A neighbour's unlink and truncation: every stop point it may
-    act at, at one preemption less than the bound.
+    one (raised). The liveness verdict and the doorbell's ring (a store
+    buffer modelled): bounded and PCT as the other scenarios. A
+    neighbour's unlink and truncation: every stop point it may act at, at
+    one preemption less than the bound.
     """
+    from .interleave_doorbell import DOORBELL_SCENARIOS
     from .interleave_interrupts import (
         INTERRUPT_SCENARIOS,
         KNOWN_OPEN,
@@ -1003,7 +1017,7 @@ def explore_environment(budget: str, seed: int) -> dict[str, int]:
     counts["interrupted stop points"] = points
     counts["interrupted schedules"] = schedules
     counts["interrupt findings open (KNOWN_OPEN)"] = known
-    for scenario in LIVENESS_SCENARIOS:
+    for scenario in (*LIVENESS_SCENARIOS, *DOORBELL_SCENARIOS):
         for report in (
             explore_bounded(scenario, preemptions, max_schedules=cap),
             explore_random(scenario, random_schedules, depth=3, seed=seed),

@@ -9,20 +9,30 @@ this module calls `syscall(SYS_futex, ...)` through ctypes; where that is not
 available (another OS or architecture) `AVAILABLE` is False and callers fall
 back to sleeping in short steps.
 
-A waker increments the word and wakes every waiter in ONE system call,
-FUTEX_WAKE_OP with the word as both of its words: the kernel adds one with a
-locked instruction (a full fence on x86: everything the waker stored before,
-a ring frame say, is visible before the new value) and then wakes. So the
-word is an exact counter of rings (mod 2**32) even when wakers in several
-processes race, and a receiver that read value v before it looked for work
-and reads v again knows nobody rang since (`connector.waiting.FallbackMisses`
-relies on it). Python has no atomic read-modify-write on shared memory
-(the `atomics` wheel costs 6-22 us per operation here, more than the system
-call), which is why the kernel does it. Where FUTEX_WAKE_OP is refused the
-word is incremented with a plain load and store, then FUTEX_WAKE: two
-wakers racing may then lose one increment (never the wake call), and
-callers bound every wait (and every skipped look) in time. Readers load the
-word with plain aligned 32-bit loads.
+Two ways to ring a word. `bump_and_wake` increments it and wakes every
+waiter in ONE system call, FUTEX_WAKE_OP with the word as both of its
+words: the kernel adds one with a locked instruction (a full fence on x86:
+everything the waker stored before, a ring frame say, is visible before the
+new value) and then wakes, so the word counts rings exactly (mod 2**32)
+even when wakers in several processes race (the stage bells count so).
+Python has no atomic read-modify-write on shared memory (the `atomics`
+wheel costs 6-22 us per operation here, more than the system call), which
+is why the kernel does it. Where FUTEX_WAKE_OP is refused the word is
+incremented with a plain load and store, then FUTEX_WAKE: two wakers
+racing may then lose one increment (never the wake call), and callers
+bound every wait in time.
+
+The deployment doorbell rings without a system call when nobody sleeps on
+it (issue 23, `discovery.stamp.Stamp.ring`): `store` of a `fresh_value`
+(a plain store: no count to lose, and a value no ring wrote before, so a
+receiver comparing with what it read sees every ring), `full_fence`, then
+`wake` only when the waiter count says someone sleeps. The fence is what
+makes the count safe to read: without it the store may still sit in this
+CPU's store buffer when the count is loaded, a receiver registering at
+that moment reads the old value and sleeps, and nobody wakes it (the
+interleaving explorer's `doorbell` scenario finds exactly that schedule
+when the fence is taken out). Readers load the word with plain aligned
+32-bit loads.
 """
 
 from __future__ import annotations
@@ -30,8 +40,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 import platform
+import random
 import sys
+import threading
 import time
 from typing import Final
 
@@ -47,6 +60,39 @@ _WAKE_ALL: Final = 0x7FFFFFFF
 _ADD_ONE: Final = (1 << 28) | (1 << 12)
 
 AVAILABLE: Final = sys.platform == "linux" and _SYS_FUTEX is not None
+
+
+# The full fence: a new lock's acquire and release. POSIX lists sem_wait /
+# sem_post and the pthread mutex calls among the functions that "synchronize
+# memory" with other threads of control (XBD 4.12), and CPython's lock is
+# one of them (3.13's PyMutex: a sequentially consistent compare-and-swap);
+# on x86-64 each is a locked instruction. A new lock each time (97 ns, as
+# one kept lock costs) because a kept one can be left held: a signal
+# handler raising between the two calls left it so, and the next ring
+# waited for it forever (`fault_injection/test_interrupts.py`'s storm
+# found it); a handler that rings while this thread is inside the fence
+# would wait too. Where a machine orders memory more weakly than these
+# calls promise in practice, a missed wake costs a receiver at most its
+# bounded sleep (`connector.waiting.MAX_DOORBELL_WAIT_SECONDS`), never a
+# message.
+_new_lock: Final = threading.Lock
+
+
+def full_fence() -> None:
+    """Order every store this thread made before it against every load after it."""
+    lock = _new_lock()
+    lock.acquire()
+    lock.release()
+
+
+_values: Final = random.Random()  # reseeded in a forked child (below)
+os.register_at_fork(after_in_child=_values.seed)
+
+
+def fresh_value(current: int) -> int:
+    """A random u32 other than `current`: what a plain-store ring writes (see above)."""
+    value = _values.getrandbits(32)
+    return value ^ 1 if value == current else value
 
 
 class _Timespec(ctypes.Structure):
@@ -103,6 +149,17 @@ class FutexWord:
             if word.value != expected:
                 return True
         return word.value != expected
+
+    def store(self, value: int) -> None:
+        """Write `value` with one plain aligned store; no system call, wakes nobody."""
+        word = self._word
+        if word is not None:
+            word.value = value
+
+    def wake(self) -> None:
+        """Wake every process waiting on the word (one FUTEX_WAKE); the word is left as it is."""
+        if self._word is not None and _syscall is not None:
+            _syscall(_SYS_FUTEX, self._pointer, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
 
     def bump_and_wake(self) -> None:
         """Change the word, then wake every process waiting on it."""

@@ -465,10 +465,10 @@ U64_FORMAT: Final = LITTLE_ENDIAN + U64_CHAR
 # The deployment's ``stamp`` file (shmring.impl.discovery.stamp), one page
 # long, every field little-endian::
 #
-#     0               8               12                              64
-#     +---------------+---------------+------------ zero fill ---------+
-#     | stamp u64     | doorbell u32  |                                |
-#     +---------------+---------------+--------------------------------+
+#     0               8               12              16              64
+#     +---------------+---------------+---------------+-- zero fill ---+
+#     | stamp u64     | doorbell u32  | waiters u32   |                |
+#     +---------------+---------------+---------------+----------------+
 #     64: STAGE_BELL_SLOTS stage bells, STAGE_BELL_LENGTH bytes each:
 #     +---------------+---------------+
 #     | bell u32      | interest u32  |   slot i at STAGE_BELLS_OFFSET + i * 8
@@ -476,7 +476,10 @@ U64_FORMAT: Final = LITTLE_ENDIAN + U64_CHAR
 #
 # `stamp` is `spec.discovery`'s DirectoryState.stamp: it strictly increases
 # with every change of the marker set, under the file's exclusive flock. The
-# doorbell is a futex word every connector bumps after it publishes.
+# doorbell is a futex word every connector rings after it publishes: a plain
+# store of a fresh value (`impl.discovery.stamp.Stamp.ring`), then, after a
+# full fence, a FUTEX_WAKE only when `waiters` is not zero. `waiters` counts
+# the receivers asleep on the doorbell (atomic adds, made before they sleep).
 #
 # A stage bell (issue 27) is the futex word of one destination stage: a put
 # to that stage bumps it, so a receiver of the stage sleeps until traffic to
@@ -489,9 +492,11 @@ U64_FORMAT: Final = LITTLE_ENDIAN + U64_CHAR
 
 STAMP_FIELD: Final = Section("stamp", 0, 8, U64_CHAR)
 DOORBELL_FIELD: Final = compute_section_after(STAMP_FIELD, "doorbell", 4, U32_CHAR)
-STAMP_FILE_FIELDS: Final = (STAMP_FIELD, DOORBELL_FIELD)
+DOORBELL_WAITERS_FIELD: Final = compute_section_after(DOORBELL_FIELD, "waiters", 4, U32_CHAR)
+STAMP_FILE_FIELDS: Final = (STAMP_FIELD, DOORBELL_FIELD, DOORBELL_WAITERS_FIELD)
 STAMP_OFFSET: Final = STAMP_FIELD.offset
 DOORBELL_OFFSET: Final = DOORBELL_FIELD.offset
+DOORBELL_WAITERS_OFFSET: Final = DOORBELL_WAITERS_FIELD.offset  # receivers asleep on it
 STAGE_BELLS_OFFSET: Final = CACHE_LINE_LENGTH
 STAGE_BELL_WORD_FIELD: Final = Section("bell", 0, 4, U32_CHAR)  # within a slot: the futex word
 STAGE_BELL_INTEREST_FIELD: Final = compute_section_after(

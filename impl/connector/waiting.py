@@ -49,11 +49,9 @@ class Doorbell:
     """The deployment doorbell, once joined (before that, or without a stamp, there is none)."""
 
     stamp: Stamp | None = None
-    wake: Callable[[], None] | None = None  # rings the bell (`Stamp.waker`); None without one
 
     def attach(self, stamp: Stamp | None) -> None:
         self.stamp = stamp
-        self.wake = stamp.waker() if stamp is not None else None
 
     def value(self) -> int | None:
         """The doorbell's value, or None when there is none to wait on."""
@@ -97,11 +95,13 @@ class Doorbell:
 class FallbackMisses:
     """When a polling get may skip looking for the key's segment (one failing openat).
 
-    Every put rings the doorbell after it publishes, and a ring is an exact
-    increment (`futex.FutexWord.bump_and_wake`: one atomic add in the
-    kernel, after the publication is visible), so when the bell still reads
-    what it read before our last look found nothing, nothing was published
-    since by any producer that rings: the look would find nothing again. A
+    Every put rings the doorbell after it publishes, and a ring writes a
+    value no ring wrote before (`discovery.stamp.Stamp.ring`: a fresh random
+    value, never the one it overwrites, after the publication is visible),
+    so when the bell still reads what it read before our last look found
+    nothing, nothing was published since by any producer that rings: the
+    look would find nothing again (but for a 2**-32 chance per ring that a
+    ring writes that very value again: the recheck below bounds it too). A
     producer that cannot ring (its discovery stamp failed) is still found:
     the segment is looked for again at least every `FALLBACK_RECHECK_SECONDS`.
     That bound is why only `get_with_deadline` skips: a plain `get` answers

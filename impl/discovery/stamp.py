@@ -34,6 +34,7 @@ from typing import Final
 
 from ...spec.layout import (
     DOORBELL_OFFSET,
+    DOORBELL_WAITERS_OFFSET,
     STAGE_BELL_INTEREST_OFFSET,
     STAGE_BELL_LENGTH,
     STAGE_BELL_WORD_OFFSET,
@@ -46,7 +47,7 @@ from .. import futex
 from ..directory import Directory, as_directory, check_private_file
 from ..errors import BrokenError, ClosedError
 from ..frame_io import u64_words
-from ..futex import FutexWord
+from ..futex import FutexWord, fresh_value, full_fence
 from ..lifecycle import signals_deferred
 from ..names import STAMP_FILE_NAME
 from ..os_seam import FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
@@ -65,13 +66,19 @@ class Stamp:
     connector rings after it publishes (ring frame, fallback segment, retire,
     new producer), so a blocked receive sleeps in the kernel instead of
     polling and wakes as soon as anything may have arrived (`doorbell`,
-    `wait`, `ring`).
+    `wait`, `ring`), and the count of receivers asleep on it, so that a
+    ring costs a system call only when one sleeps (issue 23).
     """
 
     _fd: int = -1
     _mapping: mmap.mmap | None = None
     _buf: memoryview | None = None
     _doorbell: FutexWord | None = None
+    _waiters: FutexWord | None = None  # receivers asleep on the doorbell
+    # The fence `ring` makes between its store and the waiter count's load; the
+    # interleaving explorer's doorbell world puts its own in (a drain of the
+    # actor's store buffer), as it puts its words in: a production stamp keeps this.
+    _fence: Callable[[], None] = staticmethod(full_fence)
 
     def __init__(self, path: str, os_facade: OsFacade) -> None:
         self.path = path
@@ -99,6 +106,7 @@ class Stamp:
                 stamp._buf = u64_words(raw)
             if futex.AVAILABLE:
                 stamp._doorbell = FutexWord(stamp._mapping, DOORBELL_OFFSET)
+                stamp._waiters = FutexWord(stamp._mapping, DOORBELL_WAITERS_OFFSET)
         except BaseException:
             # Never replace what propagates (issue 24): a view the stopped frame still
             # exports keeps the mapping until that frame goes; the descriptor closes now.
@@ -145,15 +153,31 @@ class Stamp:
         return doorbell.load() if doorbell is not None else None
 
     def ring(self) -> None:
-        """Wake every receiver blocked in `wait` on this deployment."""
-        doorbell = self._doorbell
-        if doorbell is not None:
-            doorbell.bump_and_wake()
+        """After a publication: a fresh doorbell value, and a wake-up if a receiver sleeps.
 
-    def waker(self) -> Callable[[], None] | None:
-        """`ring` as one bound call for a hot path (None without futexes); a no-op once closed."""
+        The value is a plain store (`futex.fresh_value`: never the value
+        just overwritten, so every receiver comparing with what it read sees
+        the ring, and nothing counts to be lost between racing producers);
+        spinning receivers see it within a load. The full fence orders it
+        (and the publication before it) before the load of the waiter
+        count; a receiver adds itself to the count (atomically: a fence of
+        its own) before the kernel compares the doorbell with what it read,
+        so either it sees the new value and does not sleep, or this load
+        sees it counted and the FUTEX_WAKE wakes it. The same fence orders
+        the publication before a stage bell's interest load (the put path
+        rings the doorbell first).
+        """
         doorbell = self._doorbell
-        return doorbell.bump_and_wake if doorbell is not None else None
+        if doorbell is None:
+            return
+        try:
+            doorbell.store(fresh_value(doorbell.load()))
+        except ValueError:  # closed under us
+            return
+        self._fence()
+        waiters = self._waiters
+        if waiters is not None and waiters.load():
+            doorbell.wake()
 
     def spin(self, seen: int, seconds: float) -> bool:
         """Busy-wait (bounded: `seconds`) until the doorbell moves past `seen`; answer whether it did."""
@@ -166,11 +190,15 @@ class Stamp:
         Without futexes (`seen` is None), sleeps `timeout`; callers keep the
         timeout short then.
         """
-        doorbell = self._doorbell
-        if doorbell is None or seen is None:
+        doorbell, waiters = self._doorbell, self._waiters
+        if doorbell is None or waiters is None or seen is None:
             time.sleep(max(timeout, 0.0))
             return
-        doorbell.wait(seen, timeout)
+        waiters.add(1)  # before the kernel's compare: a ring from now on wakes us (`ring`)
+        try:
+            doorbell.wait(seen, timeout)
+        finally:
+            waiters.add(-1)
 
     def prune_and_bump(
         self, directory: str | Directory, names: Iterable[str], scanned_at: int
@@ -220,9 +248,10 @@ class Stamp:
         bells, self._stage_bells = self._stage_bells, {}
         for bell in bells.values():
             bell.close()
-        doorbell, self._doorbell = self._doorbell, None
-        if doorbell is not None:
-            doorbell.close()
+        for word in (self._doorbell, self._waiters):
+            if word is not None:
+                word.close()
+        self._doorbell = self._waiters = None
         buf, self._buf = self._buf, None
         if buf is not None:
             buf.release()
