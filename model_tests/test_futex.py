@@ -218,3 +218,35 @@ def test_one_ring_wakes_a_waiter_already_asleep(
     finally:
         word.close()
         mapping.close()
+
+
+def test_a_fresh_value_is_never_the_value_it_replaces() -> None:
+    """The one value a plain-store ring may not write: the one a receiver just read."""
+    state = futex._values.getstate()
+    upcoming = futex._values.getrandbits(32)
+    futex._values.setstate(state)
+    assert futex.fresh_value(upcoming) == upcoming ^ 1
+    futex._values.setstate(state)
+    assert futex.fresh_value(upcoming ^ 1) == upcoming  # any other value: as drawn
+
+
+def test_a_forked_child_draws_other_fresh_values_than_its_parent() -> None:
+    """Parent and child ringing one doorbell must not write the same sequence."""
+    import os
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write_end, b" ".join(b"%d" % futex.fresh_value(0) for _ in range(4)))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        child = [int(v) for v in os.read(read_end, 200).split()]
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        os.close(read_end)
+    parent = [futex.fresh_value(0) for _ in range(4)]
+    assert len(child) == 4 and child != parent
