@@ -11,6 +11,7 @@ consumers other than numpy.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import subprocess
@@ -112,7 +113,10 @@ class _KillsAtThePidfdPoll(OsFacade):
 def test_descriptor_0_is_a_pidfd_like_any_other() -> None:
     """A process that closed its stdin gets descriptor 0 from its next open, a pidfd too."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    saved = os.dup(0)
+    try:
+        saved = os.dup(0)
+    except OSError:  # no stdin at all (a test runner's worker): descriptor 0 is free already
+        saved = -1
     try:
         status = None
         for _ in range(100):
@@ -124,17 +128,23 @@ def test_descriptor_0_is_a_pidfd_like_any_other() -> None:
         producer = (child.pid, status[0])
         facade = _KillsAtThePidfdPoll(child)
         liveness = Liveness(facade)
-        os.close(0)
+        if saved >= 0:
+            os.close(0)
         try:
             answer = liveness.is_alive(producer)
         finally:
-            os.dup2(saved, 0)
+            if saved >= 0:
+                os.dup2(saved, 0)
+            else:
+                with contextlib.suppress(OSError):
+                    os.close(0)  # the pidfd, if the liveness kept it
         assert facade.pidfd_sites == 2  # the pidfd (descriptor 0) was polled
         assert answer is False  # it died after /proc's answer: the pidfd says so
         assert liveness.pidfd_count == 0
         liveness.close()
     finally:
-        os.close(saved)
+        if saved >= 0:
+            os.close(saved)
         child.kill()
         child.wait()
 
