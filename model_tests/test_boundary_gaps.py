@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,32 @@ def test_a_borrowed_array_s_owner_speaks_array_interface_version_3() -> None:
     assert interface["shape"] == (2, 3) and interface["typestr"] == dtype.str
     assert interface["data"] == (int(keep.ctypes.data) + 16, False)
     assert interface["strides"] is None and interface["descr"] == dtype.descr
+
+
+# -- a tensor over a mapping outlives its owner's close ----------------------------------------
+
+
+def _maps_naming(path: str) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(path in line for line in maps)
+
+
+def test_a_shm_file_is_never_unmapped_under_a_live_tensor(tmp_path: Path) -> None:
+    """torch.frombuffer holds no export of what it is given: over the mmap itself, `unmap`
+    unmapped under a caller's tensor and the next read of it crashed the process."""
+    pytest.importorskip("torch")
+    from shmring.impl.registered.shm_file import ShmFile
+
+    shm = ShmFile(str(tmp_path), "f", 4096)
+    path = str(tmp_path / "f")
+    try:
+        shm.tensor[:4] = 7
+        kept = shm.tensor[:4]
+    finally:
+        shm.unmap()
+        shm.unlink()
+    assert not shm.mapped
+    assert kept.tolist() == [7, 7, 7, 7]  # still mapped: the tensor holds it
+    assert _maps_naming(path) == 1
+    del kept
+    assert _maps_naming(path) == 0  # the last view gone, the mapping with it

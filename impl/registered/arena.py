@@ -192,6 +192,10 @@ class RegisteredArena(RingProducer):
         if self._closed:
             raise ClosedError(f"arena is closed: name={self.name!r}")
 
+    def _release_exports(self) -> None:
+        """`lifecycle.release_inherited` in a forked child: drop the payload tensor over the file."""
+        self._payload = None
+
     def _require_payload(self) -> torch.Tensor:
         if self._payload is None:
             raise ClosedError(f"arena is closed: name={self.name!r}")

@@ -64,7 +64,12 @@ class ShmFile:
             raise
         finally:
             os_facade.close(fd)
-        self._tensor = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        # Over a memoryview, not the mmap itself: torch keeps only a reference
+        # to the object it is given, and a memoryview holds an export, so the
+        # mapping cannot be closed while any tensor over it lives (given the
+        # mmap, close() unmapped under live tensors, and a later read of one
+        # crashed the process: a forked child's release did, 2026-12-04).
+        self._tensor = torch.frombuffer(memoryview(self._mapping), dtype=torch.uint8)
         self.address = self._tensor.data_ptr()
 
     @property
@@ -94,6 +99,10 @@ class ShmFile:
             # A view alive: the mapping closes when it dies.
             with contextlib.suppress(BufferError):
                 mapping.close()
+
+    def _release_exports(self) -> None:
+        """`lifecycle.release_inherited` in a forked child: drop our tensor over the mapping."""
+        self._tensor = None
 
     def unlink(self) -> None:
         """Remove the name; a receiver that already unlinked it is fine. Idempotent.
