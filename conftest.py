@@ -12,6 +12,13 @@ SHM_ROOT = "/dev/shm"
 SCOPED_CHECK = "SHMRING_SHM_CHECK"  # "scope": count only the test's scope (shared machines)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In mutmut's stats run only: cyclic garbage collected between tests (`model_tests/gc_guard.py`)."""
+    from shmring.model_tests.gc_guard import register_in_stats_run
+
+    register_in_stats_run(config)
+
+
 def _shm_entries() -> set[str]:
     """Every path below /dev/shm (two levels deep) that belongs to this uid."""
     found: set[str] = set()
