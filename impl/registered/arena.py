@@ -184,10 +184,6 @@ class RegisteredArena(RingProducer):
             registered=self._range is not None and self._range.registered,
         )
 
-    def frame_state(self, position: int) -> int:
-        """The state stored in the shared header of the frame at `position`."""
-        return frame_io.load_frame_state_acquire(self._words, _data_offset(position, self.capacity))
-
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"arena is closed: name={self.name!r}")

@@ -157,6 +157,14 @@ class RingProducer:
         state = load_frame_state_acquire(words, _data_offset(position, self._capacity))
         return state in (FRAME_STATE_PUBLISHED, FRAME_STATE_CLAIMED)
 
+    def frame_state(self, position: int) -> int:
+        """The state stored in the shared header of the frame at `position` (one in the lap).
+
+        What the lockstep machines compare with the model, for the host ring
+        and the arena alike (`model_tests/engine_machine.py`).
+        """
+        return load_frame_state_acquire(self._words, _data_offset(position, self._capacity))
+
     def admits(self, key_length: int, payload_length: int) -> bool:
         """`spec.ring.is_admitted` for a frame of this shape (never a question of free space)."""
         return self._shapes[key_length, payload_length] >= 0
