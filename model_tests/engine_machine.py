@@ -234,24 +234,25 @@ class EngineLockstepMachine(RuleBasedStateMachine):
             assert position is not None
             self.payloads[position] = (key, payload)  # positions never repeat
 
+    def _claim(self, data: st.DataObject, mode: ConsumeMode) -> tuple[int, str, bytes]:
+        """A deliverable frame drawn and claimed in the model: its position, key and payload."""
+        position = data.draw(st.sampled_from(self.deliverable()), label="position")
+        key, payload = self.payloads[position]
+        note(f"{mode.name.lower()}(position={position})")
+        got = ring_spec.process_get(self.ring, key, position, mode)
+        assert (got.status, got.payload) == (GetStatus.DELIVERED, payload)
+        return position, key, payload
+
     @precondition(lambda self: bool(self.deliverable()))
     @rule(data=st.data())
     def copy_out(self, data: st.DataObject) -> None:
-        position = data.draw(st.sampled_from(self.deliverable()), label="position")
-        key, payload = self.payloads[position]
-        note(f"copy out(position={position})")
-        got = ring_spec.process_get(self.ring, key, position, ConsumeMode.COPY_OUT)
-        assert got.status is GetStatus.DELIVERED
-        assert self.engine.copy_out(key, position) == payload == got.payload
+        position, key, payload = self._claim(data, ConsumeMode.COPY_OUT)
+        assert self.engine.copy_out(key, position) == payload
 
     @precondition(lambda self: bool(self.deliverable()))
     @rule(target=leases, data=st.data())
     def lease(self, data: st.DataObject) -> object:
-        position = data.draw(st.sampled_from(self.deliverable()), label="position")
-        key, payload = self.payloads[position]
-        note(f"lease(position={position})")
-        got = ring_spec.process_get(self.ring, key, position, ConsumeMode.LEASE)
-        assert got.status is GetStatus.DELIVERED
+        position, key, payload = self._claim(data, ConsumeMode.LEASE)
         handle, seen = self.engine.lease(key, position)
         assert seen == payload
         return (position, handle)
