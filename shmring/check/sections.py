@@ -320,6 +320,9 @@ LOCKSTEP_MACHINES: tuple[tuple[str, str, int, int], ...] = (
     ("shmring.model_tests.registration_machine", "DriverMachine", 80, 40),
     ("shmring.model_tests.registration_machine", "RegistryMachine", 80, 40),
     ("shmring.model_tests.arena_machine", "ArenaMachine", 30, 30),
+    # The shared rules of every engine on the ring model, once per engine (issue 23).
+    ("shmring.model_tests.engine_machine", "RingEngineMachine", 60, 40),
+    ("shmring.model_tests.engine_machine", "ArenaEngineMachine", 40, 40),
 )
 
 _SCALE = {"quick": 1, "standard": 4, "deep": 20}
@@ -413,7 +416,13 @@ def _lockstep_rounds(budget: str) -> int:
 
 
 # Seconds one round of each machine took at the quick budget (scheduling only).
-_LOCKSTEP_COSTS = {"restart": 0.5, "driver": 0.5, "arena": 0.5}
+_LOCKSTEP_COSTS = {
+    "restart": 0.5,
+    "driver": 0.5,
+    "arena": 0.5,
+    "ringengine": 0.5,
+    "arenaengine": 0.5,
+}
 
 
 def _lockstep_round(budget: str, seed: int, round_: int) -> list[Unit]:
