@@ -183,6 +183,16 @@ def test_pytest_failure_summary_is_read_for_the_failing_test() -> None:
     assert mutation.failed_tests(output) == [
         "shmring/model_tests/test_codec.py::test_round_trip[3]"
     ]
+    # A parametrized id with spaces in it is read whole (up to its closing bracket).
+    spaced = (
+        "FAILED shmring/model_tests/test_c.py::test_bad[stage_id-True-stage_id must be an int]"
+        " - AssertionError: [x] - y\n"
+        "ERROR shmring/model_tests/test_c.py::test_bad[a b]\n"
+    )
+    assert mutation.failed_tests(spaced) == [
+        "shmring/model_tests/test_c.py::test_bad[stage_id-True-stage_id must be an int]",
+        "shmring/model_tests/test_c.py::test_bad[a b]",
+    ]
     assert mutation.classify(1) == "killed" and mutation.classify(0) == "survived"
     assert mutation.classify(None) == "not checked" and mutation.classify(33) == "no tests"
 
