@@ -63,6 +63,17 @@ def test_a_scope_of_exactly_the_longest_length_is_accepted_and_one_more_is_refus
         validate_scope("")
 
 
+@pytest.mark.parametrize("scope", ["bad scope", "a..b", ".hidden", "-dash"])
+def test_a_refused_scope_is_told_exactly_what_a_scope_may_hold(scope: str) -> None:
+    """The message a user reads when a scope is refused (one text for every reason but length)."""
+    with pytest.raises(ConfigurationError) as caught:
+        validate_scope(scope)
+    assert str(caught.value) == (
+        "scope may hold only ASCII letters, digits, '_', '-' and single '.', "
+        f"and may not start with '.' or '-': scope={scope!r}"
+    )
+
+
 # -- a byte budget filled exactly ----------------------------------------------------------------
 
 

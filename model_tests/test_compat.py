@@ -117,6 +117,23 @@ def test_missing_or_foreign_metadata_falls_back_to_the_key(
     assert receiver.get(0, 1, "req_4", metadata) == (b"abc", size)
 
 
+def test_malformed_metadata_falls_back_to_the_key_and_says_what_was_wrong(
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Metadata in our shape that cannot be read is ignored with its reason: the get looks up the key."""
+    sender, receiver = stages
+    _, _, metadata = sender.put(0, 1, "req_7", b"abc")
+    ((name, data),) = (
+        (k, v) for k, v in metadata.items() if isinstance(v, dict) and "producer" in v
+    )
+    broken = {**metadata, name: {**data, "size": "three"}}
+    with caplog.at_level("WARNING", logger="shmring.compat"):
+        assert receiver.get(0, 1, "req_7", broken) == (b"abc", 5)
+    warnings = [r.getMessage() for r in caplog.records if "malformed metadata" in r.getMessage()]
+    assert len(warnings) == 1 and "key='req_7'" in warnings[0], warnings
+    assert "size must be a non-negative int: size='three'" in warnings[0], warnings
+
+
 def test_stale_metadata_returns_none(
     stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
 ) -> None:

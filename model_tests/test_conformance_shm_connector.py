@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from shmring import SharedMemoryConnector
+from shmring.fault_injection.kit.processes import watchdog
 from shmring.model_tests.conformance_kit import SHM_ROOT, facade, file_of, segment_name
 
 
@@ -144,6 +145,25 @@ def test_an_event_notification_wakes_the_target_stage(scope: str) -> None:
     assert receiver.event_notifications_enabled is False
 
 
+def test_a_wait_with_nothing_arriving_ends_at_its_timeout(scope: str) -> None:
+    """wait_for_data and wait_for_change answer False once their timeout passed, not later.
+
+    Each wait sleeps on the stage bell at most 1 s at a time and looks at
+    its deadline between: a wrong deadline there waits for good, which the
+    watchdog turns into a failure.
+    """
+    options = {"shm_event_notifications": True, "shm_notification_namespace": scope}
+    receiver = SharedMemoryConnector({"stage_id": 2, "extra": options})
+    try:
+        with watchdog(5):
+            assert receiver.wait_for_data(0.05) is False
+            generation = receiver.get_wakeup_generation()
+            assert generation is not None
+            assert receiver.wait_for_change(generation, timeout=0.05) is False
+    finally:
+        receiver.close()
+
+
 @pytest.mark.parametrize("falsy", [0, {}, b"", [], False, None], ids=repr)
 def test_a_falsy_payload_round_trips_and_leaves_no_file(scope: str, falsy: object) -> None:
     """test_falsey_payload_removes_lock_file, TestCleanup::test_get_removes_lock_file_even_for_falsy_payload."""
@@ -259,7 +279,12 @@ def test_a_descriptor_naming_another_owners_deployment_is_refused(
             outside = {**forged, "shm": {**forged["shm"], "name": "../etc/passwd"}}
             assert receiver.get("s0", "s1", "k", outside) is None
         assert os.listdir(foreign) == []  # nothing made in it
-        assert any("refusing the descriptor" in record.getMessage() for record in caplog.records)
+        # Each refusal says which key and why (the error itself, not only that it happened).
+        refusals = [
+            r.getMessage() for r in caplog.records if "refusing the descriptor" in r.getMessage()
+        ]
+        assert any("key='k'" in m and "owned by uid=12345" in m for m in refusals), refusals
+        assert any("not a deployment of this uid: name='..'" in m for m in refusals), refusals
     finally:
         os.rmdir(foreign)
 

@@ -193,6 +193,9 @@ def test_a_missing_submodule_of_an_extra_names_the_extra(module: str, top: str, 
     assert (caught.value.module, caught.value.extra) == (top, extra)
     assert f"pip install 'shmring[{extra}]'" in str(caught.value)
     assert isinstance(caught.value.__cause__, ImportError)
+    # The message keeps what the import said, so a broken install is told from a missing one.
+    cause = caught.value.__cause__
+    assert f"({type(cause).__name__}: {cause})" in str(caught.value), str(caught.value)
 
 
 def test_an_installed_submodule_of_an_extra_is_imported() -> None:

@@ -233,6 +233,18 @@ def test_dicts_not_shaped_like_vllm_outputs_stay_dicts(vllm_outputs: types.Modul
     assert extensions.restore_vllm_outputs(b"raw") == b"raw"
 
 
+@pytest.mark.parametrize("absent", ["RequestOutput", "CompletionOutput"])
+def test_a_vllm_outputs_module_without_both_classes_rebuilds_nothing(
+    vllm_outputs: types.ModuleType, monkeypatch: pytest.MonkeyPatch, absent: str
+) -> None:
+    """Either class missing (or not a class): no reconstruction at all, not half of one."""
+    monkeypatch.setattr(vllm_outputs, absent, "not a class")
+    assert extensions.vllm_output_classes() is None
+    tree = {"batch": [_request_dict()]}
+    back = extensions.restore_vllm_outputs(tree)
+    assert type(back["batch"][0]) is dict and type(back["batch"][0]["outputs"][0]) is dict
+
+
 def test_reconstruction_stops_at_its_depth_bound(
     vllm_outputs: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
