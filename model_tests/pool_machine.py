@@ -128,6 +128,8 @@ class PoolLockstepMachine(RuleBasedStateMachine):
         self.tags = itertools.count(1)
         self.holders = itertools.count(1)
         self.before: pool_spec.PoolState | None = None
+        # Acquires the model answered EXHAUSTED: the producer counts them too (not in spec.pool).
+        self.exhausted = 0
 
     @initialize(budget=st.sampled_from(BUDGETS))
     def setup(self, budget: int) -> None:
@@ -174,6 +176,7 @@ class PoolLockstepMachine(RuleBasedStateMachine):
         if expected.index is None:
             assert slot is None, f"model {expected.status}, implementation slot {slot.index}"
             label = "too large" if expected.status is AcquireStatus.TOO_LARGE else "exhausted"
+            self.exhausted += expected.status is AcquireStatus.EXHAUSTED
             TALLY.label(label)
             return multiple()
         assert slot is not None and slot.index == expected.index, (
@@ -312,6 +315,7 @@ class PoolLockstepMachine(RuleBasedStateMachine):
             model.reused,
             model.evicted,
         ), f"model {model}, implementation {stats}"
+        assert stats.exhausted == self.exhausted, (stats.exhausted, self.exhausted)
         on_disk = sorted(
             parsed[1]
             for name in os.listdir(self.path)

@@ -28,10 +28,10 @@ from shmring.impl.connector.descriptors import (
     RingDescriptor,
     descriptor_from_dict,
 )
-from shmring.impl.errors import ConfigurationError, UnsupportedPayloadError
+from shmring.impl.errors import ConfigurationError, CorruptFrameError, UnsupportedPayloadError
 from shmring.impl.fallback.claim import SegmentMappings
 from shmring.impl.futex import FutexWord
-from shmring.impl.liveness import Liveness, read_process_status
+from shmring.impl.liveness import Liveness, is_liveness_file_name, read_process_status
 from shmring.impl.names import MAX_SCOPE_LENGTH, validate_scope
 from shmring.impl.os_seam import SITE_PIDFD, OsFacade
 
@@ -240,3 +240,37 @@ def test_a_shm_file_is_never_unmapped_under_a_live_tensor(tmp_path: Path) -> Non
     assert _maps_naming(path) == 1
     del kept
     assert _maps_naming(path) == 0  # the last view gone, the mapping with it
+
+
+# -- the names a directory walk tells apart ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "is_live"),
+    [
+        ("live.123.456", True),
+        ("live.123", False),  # two parts
+        ("live.1.2.3", False),  # four parts, every one of them in the right shape
+        ("ring.123.456", False),  # three parts, not "live"
+        ("live.x.456", False),
+        ("live.123.x", False),
+    ],
+)
+def test_a_liveness_file_name_is_exactly_live_pid_start_time(name: str, is_live: bool) -> None:
+    """Each condition of the name on its own: three parts, "live", then two numbers."""
+    assert is_liveness_file_name(name) is is_live
+
+
+# -- a decode's error says what was wrong ------------------------------------------------------
+
+
+def test_an_empty_payload_is_refused_as_one_owned_or_borrowed() -> None:
+    import numpy
+
+    from shmring.impl.ring.borrow import BorrowedPayload
+
+    with pytest.raises(CorruptFrameError, match="empty payload"):
+        codec.decode(memoryview(b""))
+    keep = numpy.zeros(0, numpy.uint8)
+    with pytest.raises(CorruptFrameError, match="empty payload"):
+        codec.decode_borrowed(BorrowedPayload(keep, int(keep.ctypes.data), 0, label="test"))
