@@ -63,6 +63,36 @@ HISTORY_HEADER = (
 # otherwise fail every run, on clean code too (conftest.py).
 SCOPED_SHM = {"SHMRING_SHM_CHECK": "scope"}
 CONFIRM_TIMEOUT_S = 300  # one pytest run while confirming a kill (the mutant may hang)
+# A mutant can break the code that cleans up (a close that no longer unlinks), and
+# a run killed at its timeout cleans up nothing: the fresh samples of 2026-12-04
+# left 16 deployment directories in /dev/shm. Where it may (root, unshare), every
+# mutmut and confirming run gets a /dev/shm of its own, gone when it ends.
+_PRIVATE_SHM = 'mount -t tmpfs -o size=8g tmpfs /dev/shm && exec "$0" "$@"'
+
+
+def in_private_shm(command: list[str], *, root: bool | None = None) -> list[str]:
+    """`command` run in a mount namespace with its own tmpfs /dev/shm, where this may be done.
+
+    Root (`root`: whether this process is, by default asked) with
+    util-linux's unshare: the namespace's tmpfs goes with its last process.
+    Otherwise `command` as it is (what the run leaves in /dev/shm is then
+    listed at its end, `shm_left` in summary.json).
+    """
+    unshare = shutil.which("unshare")
+    if not (os.geteuid() == 0 if root is None else root) or unshare is None:
+        return command
+    return [unshare, "--mount", "--propagation", "private", "sh", "-c", _PRIVATE_SHM, *command]
+
+
+def shm_entries() -> set[str]:
+    """The names in /dev/shm that belong to this uid (a run's leftovers are the new ones)."""
+    try:
+        with os.scandir("/dev/shm") as entries:
+            return {e.name for e in entries if e.stat(follow_symlinks=False).st_uid == os.getuid()}
+    except OSError:
+        return set()
+
+
 PACKAGES = {
     "impl": "impl",
     "spec": "spec",
@@ -501,7 +531,7 @@ def _pytest(
     env.update({"MUTANT_UNDER_TEST": mutant, "PYTHONWARNINGS": "ignore", **SCOPED_SHM})
     try:
         return subprocess.run(
-            [*args, *tests],
+            in_private_shm([*args, *tests]),
             cwd=work / "mutants",
             env=env,
             capture_output=True,
@@ -744,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else ROOT / ".shmring" / "mutation" / args.target
     mutmut = [sys.executable, "-m", "mutmut"]
     started = time.monotonic()
+    shm_before = shm_entries()
     if args.reconfirm:
         args.reuse = True
     if (
@@ -769,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.report_only or args.reconfirm):
         with open(work / "mutmut.log", "w") as handle:
             subprocess.run(
-                [*mutmut, "run", "--max-children", str(args.max_children), *names],
+                in_private_shm([*mutmut, "run", "--max-children", str(args.max_children), *names]),
                 cwd=work,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -859,6 +890,11 @@ def main(argv: list[str] | None = None) -> int:
     summary["killed"], summary["counted"] = total_killed, total
     summary["interval"] = [round(low, 3), round(high, 3)]
     summary["seconds"] = round(time.monotonic() - started)
+    left = sorted(shm_entries() - shm_before)
+    summary["shm_left"] = left
+    if left:
+        # Not removed: with no namespace of its own, another run's files look the same.
+        print(f"  left in /dev/shm during the run (mutants that broke cleanup?): {left}")
     print(
         f"  sample (seed {seed}, commit {commit}): killed {total_killed} of {total} non-equivalent "
         f"({total_killed / max(total, 1):.0%}, 95% Wilson {low:.0%}-{high:.0%}), every kill confirmed, "

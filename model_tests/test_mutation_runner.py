@@ -8,6 +8,10 @@ checked here on made-up mutant names.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -436,3 +440,28 @@ def test_functions_no_test_reaches_in_its_own_process_are_listed_largest_first(
     ]
     assert mutation.unreached(tmp_path, names) == {"m.x_child_only": 2, "m.xǁCǁrepr": 1}
     assert mutation.unreached(tmp_path / "absent", names) == {}
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a private /dev/shm needs root and unshare",
+)
+def test_a_run_gets_a_dev_shm_of_its_own_and_leaves_nothing_in_the_real_one() -> None:
+    """What a mutant writes to /dev/shm (and fails to remove) goes with the run's namespace."""
+    name = f"shmring-mutation-probe-{os.getpid()}"
+    script = (
+        f"open('/dev/shm/{name}', 'w').close(); import os; print(sorted(os.listdir('/dev/shm')))"
+    )
+    done = subprocess.run(
+        mutation.in_private_shm([sys.executable, "-c", script]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == repr([name])  # its own /dev/shm: empty but for what it made
+    assert not os.path.exists(f"/dev/shm/{name}")
+    assert name not in mutation.shm_entries()
+
+
+def test_without_root_a_run_is_left_as_it_is() -> None:
+    assert mutation.in_private_shm(["pytest", "-x"], root=False) == ["pytest", "-x"]
