@@ -148,6 +148,17 @@ class OsFacade:
         self._enter(SITE_STAT)
         return os.fstat(fd)
 
+    def file_size(self, fd: int) -> int:
+        """The size of `fd`'s file (the `stat` site): `lseek` to its end, no stat_result.
+
+        A quarter of `fstat`'s price where only the size is wanted (a
+        reader's truncation check at every get, issue 23); it moves the
+        descriptor's offset, so only for descriptors nothing reads or
+        writes by offset (mapped files).
+        """
+        self._enter(SITE_STAT)
+        return os.lseek(fd, 0, os.SEEK_END)
+
     def stat(self, path: str) -> os.stat_result:
         self._enter(SITE_STAT)
         return os.stat(path, follow_symlinks=False)

@@ -135,12 +135,12 @@ class _RingFile:
 
         A same-uid neighbour can truncate the file (issue 22, defect 3);
         touching a mapped page past the new end is SIGBUS, which kills the
-        process. One fstat before the bytes are touched turns that into a
+        process. One lseek (the size) before the bytes are touched turns that into a
         typed refusal; a truncation landing between this check and the
         access still faults (docs/threat-model.md, "SIGBUS").
         """
         try:
-            size = self._os.fstat(self._fd).st_size
+            size = self._os.file_size(self._fd)
         except OSError:
             return None  # cannot tell (an injected fault): see `_shrunk_now`
         if size < self._file_length:
@@ -151,14 +151,14 @@ class _RingFile:
         return None
 
     def _shrunk_now(self) -> bool:
-        """One fstat: whether the file is shorter than the mapping (`_shrink_problem`).
+        """One lseek: whether the file is shorter than the mapping (`_shrink_problem`).
 
-        A failing fstat of our own descriptor (only ever an injected fault)
+        A failing size check of our own descriptor (only ever an injected fault)
         cannot tell, and the file is taken as whole: refusing would consume
         a deliverable frame for a fault that says nothing about the file.
         """
         try:
-            return self._os.fstat(self._fd).st_size < self._file_length
+            return self._os.file_size(self._fd) < self._file_length
         except OSError:
             return False
 
