@@ -137,7 +137,7 @@ OS_CATALOGUE: Final = {
         os_seam.SITE_STAT,
         LAYER_OS,
         (_E.EIO, _E.EACCES),
-        note="stat/fstat, and lseek for a mapped ring's size at each get: validate a file, check st_nlink under a lock, refresh the budget",
+        note="stat/fstat; lseek (a mapped ring's size) and faccessat (a get's segment look): validate a file, check st_nlink under a lock, refresh the budget",
     ),
     os_seam.SITE_SCANDIR: Site(
         os_seam.SITE_SCANDIR,

@@ -20,7 +20,7 @@ import fcntl
 import os
 import stat
 
-from .errors import ConfigurationError, CorruptFrameError, DirectoryReplacedError
+from .errors import ConfigurationError, CorruptFrameError, DirectoryReplacedError, ShmringError
 from .names import DEFAULT_SHM_ROOT, deployment_directory
 from .os_seam import DEFAULT_OS, DIR_MODE, FILE_MODE, OPEN_FLAGS_EXISTING, OsFacade
 
@@ -66,6 +66,10 @@ class Directory:
 
     def stat(self, name: str) -> os.stat_result:
         raise NotImplementedError
+
+    def may_exist(self, name: str) -> bool:
+        """False only when `name` is surely absent now (a cheap look); True when it may be there."""
+        return True
 
     def unlink(self, name: str) -> None:
         raise NotImplementedError
@@ -162,6 +166,13 @@ class DeploymentDirectory(Directory):
 
     def stat(self, name: str) -> os.stat_result:
         return self._os.stat_at(self._require_fd(), self.name_of(name))
+
+    def may_exist(self, name: str) -> bool:
+        """One faccessat; a failing one (a fault, a closed directory) cannot tell: True."""
+        try:
+            return self._os.exists_at(self._require_fd(), self.name_of(name))
+        except (OSError, ShmringError):
+            return True
 
     def unlink(self, name: str) -> None:
         self._os.unlink_at(self._require_fd(), self.name_of(name))

@@ -194,6 +194,16 @@ class OsFacade:
         self._enter_at(SITE_STAT, dir_fd)
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
+    def exists_at(self, dir_fd: int, name: str) -> bool:
+        """Whether `name` in the directory names anything (a symlink too); no descriptor, no raise.
+
+        The `stat` site. A get's look for a segment that is not there costs
+        this one call instead of a failed open, its exception and the
+        signal mask's three calls around it (issue 23).
+        """
+        self._enter_at(SITE_STAT, dir_fd)
+        return os.access(name, os.F_OK, dir_fd=dir_fd, follow_symlinks=False)
+
     def unlink_at(self, dir_fd: int, name: str) -> None:
         self._enter_at(SITE_UNLINK, dir_fd)
         os.unlink(name, dir_fd=dir_fd)

@@ -760,7 +760,7 @@ def test_stopped_and_killed_workers_hold_no_descriptors(scope: str) -> None:
 
 
 class _OpenAttempts(OsFacade):
-    """Records every open attempt's file name, failed ones included."""
+    """Records every look for a file by name: open attempts (failed ones included) and existence checks."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
@@ -772,6 +772,10 @@ class _OpenAttempts(OsFacade):
     def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
         self.names.append(name)
         return super().open_at(dir_fd, name, flags, mode)
+
+    def exists_at(self, dir_fd: int, name: str) -> bool:
+        self.names.append(name)
+        return super().exists_at(dir_fd, name)
 
 
 def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope: str) -> None:
@@ -795,6 +799,66 @@ def test_a_polling_get_looks_for_the_segment_only_when_the_doorbell_moved(scope:
         # A put rings the doorbell: the next poll looks and finds it.
         producer.put(EDGE, "waited", tagged_payload(2, 2000))  # over a quarter: fallback
         assert payload_tag(receiver.get_with_deadline(EDGE, "waited", timeout=5).value) == 2
+
+
+class _Looks(OsFacade):
+    """Records segment opens and existence checks apart; `failing_look` makes every check fail."""
+
+    def __init__(self, failing_look: bool = False) -> None:
+        self.opened: list[str] = []
+        self.checked: list[str] = []
+        self.failing_look = failing_look
+
+    def open_at(self, dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+        self.opened.append(name)
+        return super().open_at(dir_fd, name, flags, mode)
+
+    def exists_at(self, dir_fd: int, name: str) -> bool:
+        self.checked.append(name)
+        if self.failing_look:
+            raise OSError(errno.EIO, "injected: the look fails")
+        return super().exists_at(dir_fd, name)
+
+
+def test_a_get_of_a_key_without_a_segment_opens_nothing_and_one_with_one_claims_it(
+    scope: str,
+) -> None:
+    """Issue 23: the common miss is one faccessat, not a failed open in a signal-deferred section."""
+    from shmring.impl.names import fallback_segment_file_name
+
+    seam = _Looks()
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as receiver,
+    ):
+        producer.put(EDGE, "other", tagged_payload(1, 100))
+        absent = fallback_segment_file_name(EDGE, "absent")
+        assert receiver.get(EDGE, "absent").status is GetStatus.NOT_FOUND
+        assert seam.checked.count(absent) == 1 and absent not in seam.opened
+        # A segment that is there is looked at, opened and claimed, exactly once.
+        assert producer.put(EDGE, "big", tagged_payload(2, 2000)).route is Route.FALLBACK
+        present = fallback_segment_file_name(EDGE, "big")
+        got = receiver.get(EDGE, "big")
+        assert got.delivered and payload_tag(got.value) == 2 and got.route is Route.FALLBACK
+        assert seam.checked.count(present) == 1 and seam.opened.count(present) == 1
+        assert receiver.get(EDGE, "big").status is GetStatus.NOT_FOUND  # claimed once
+
+
+def test_a_segment_look_that_fails_opens_as_before(scope: str) -> None:
+    """A failing faccessat cannot tell: the get opens the segment and delivers it."""
+    from shmring.impl.names import fallback_segment_file_name
+
+    seam = _Looks(failing_look=True)
+    with (
+        Connector(scope, ring_capacity=CAPACITY, pool_budget_bytes=0) as producer,
+        Connector(scope, ring_capacity=CAPACITY, os_facade=seam) as receiver,
+    ):
+        assert producer.put(EDGE, "big", tagged_payload(3, 2000)).route is Route.FALLBACK
+        got = receiver.get(EDGE, "big")
+        assert got.delivered and payload_tag(got.value) == 3
+        name = fallback_segment_file_name(EDGE, "big")
+        assert seam.checked.count(name) == 1 and seam.opened.count(name) == 1
+        assert receiver.get(EDGE, "absent").status is GetStatus.NOT_FOUND
 
 
 def test_a_producer_that_cannot_ring_the_doorbell_is_still_found_by_a_polling_get(

@@ -27,7 +27,7 @@ from ..fallback import (
     SegmentMappings,
     claim_segment,
 )
-from ..names import ConnectorIdentity
+from ..names import ConnectorIdentity, fallback_segment_file_name
 from ..os_seam import OsFacade
 from .cohort import NOTHING_HELD, CohortGates, CohortPending
 from .decoders import alive_or_assumed, borrow_sized
@@ -121,6 +121,19 @@ class FallbackRoute:
         return self._writer.close() if self._writer is not None else 0
 
     # -- receiver: claim -------------------------------------------------------------------
+
+    def may_hold(self, edge: Edge, key: str) -> bool:
+        """False when the key's segment is surely not there now (one faccessat, nothing opened).
+
+        A get by key asks first: the common miss then costs no failed open
+        and no signal-deferred section. True when it may be there (or the
+        look failed): `claim` looks as before. A segment renamed into place
+        just after this answers NOT_FOUND, as a get that ran a moment
+        earlier would.
+        """
+        deployment = self._deployment
+        assert deployment is not None  # joined
+        return deployment.directory.may_exist(fallback_segment_file_name(edge, key))
 
     def claim(
         self,

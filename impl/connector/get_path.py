@@ -99,8 +99,12 @@ class GetPath:
         """
         if self._misses.unchanged(edge, key, bell):
             return BUSY if busy else NOT_FOUND
-        with lifecycle.deferred_signals():  # a segment is opened, locked, unlinked
-            got = self._fallback_route.claim(edge, key, None, busy, borrow)
+        fallback = self._fallback_route
+        if not fallback.may_hold(edge, key):
+            got = BUSY if busy else NOT_FOUND  # what `claim` answers when there is no segment
+        else:
+            with lifecycle.deferred_signals():  # a segment is opened, locked, unlinked
+                got = fallback.claim(edge, key, None, busy, borrow)
         if bell is not None and got.status is _NOT_FOUND_STATUS:
             self._misses.record(edge, key, bell)
         return got
