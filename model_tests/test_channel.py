@@ -31,6 +31,7 @@ from shmring.impl.errors import (
     InvalidKeyError,
     NoSpaceError,
     ProducerGoneError,
+    UnsupportedPayloadError,
 )
 from shmring.impl.frame_io import read_frame_header
 from shmring.impl.names import (
@@ -302,6 +303,37 @@ def test_decode_that_raises_leaves_the_frame_deliverable(ring_dir: str) -> None:
         with pytest.raises(ValueError, match="decoder failed"):
             reader.get("k", decode=broken)
         assert reader.get("k").payload == b"retry me"
+
+
+@pytest.mark.parametrize(
+    ("mode", "refused"),
+    [
+        (ConsumeMode.COPY_OUT, UnsupportedPayloadError),
+        (ConsumeMode.COPY_OUT, CorruptFrameError),
+        (ConsumeMode.LEASE, UnsupportedPayloadError),
+        (ConsumeMode.LEASE, CorruptFrameError),
+    ],
+    ids=["owned-unsupported", "owned-corrupt", "borrowed-unsupported", "borrowed-corrupt"],
+)
+def test_a_payload_its_decoder_refuses_is_retired_and_the_decoders_error_raised(
+    ring_dir: str, mode: ConsumeMode, refused: type[Exception]
+) -> None:
+    """A payload that does not decode is consumed (vllm-omni's behaviour), on the owned and borrowed path alike.
+
+    Any other failure of the decoder leaves the frame deliverable (the test above).
+    """
+    with _ring(ring_dir) as (channel, reader):
+        channel.put("bad", b"never decodes")
+        channel.put("next", b"fine")
+
+        def refuse(payload: object) -> object:
+            raise refused("refused by the test's decoder")
+
+        with pytest.raises(refused, match="refused by the test's decoder"):
+            reader.get("bad", mode=mode, decode=refuse)
+        assert reader.get("bad").status is NOT_FOUND  # retired: no later get fails on it
+        assert reader.statistics().claimed_frames == 0  # nothing holds it
+        assert reader.get("next").payload == b"fine"
 
 
 def test_lease_view_is_read_only_and_release_frees_space(ring_dir: str) -> None:

@@ -134,14 +134,26 @@ def test_malformed_metadata_falls_back_to_the_key_and_says_what_was_wrong(
     assert "size must be a non-negative int: size='three'" in warnings[0], warnings
 
 
+@pytest.mark.parametrize("waiting", [False, True], ids=["get", "get_with_deadline"])
 def test_stale_metadata_returns_none(
-    stages: tuple[SharedMemoryConnector, SharedMemoryConnector],
+    stages: tuple[SharedMemoryConnector, SharedMemoryConnector], waiting: bool
 ) -> None:
+    """Metadata names one version: an older one answers None (never the newer payload), on both gets."""
     sender, receiver = stages
+
+    def get(metadata: Any) -> Any:
+        if waiting:
+            return receiver.get_with_deadline(
+                0, 1, "req_5", metadata, deadline=time.monotonic() + 5
+            )
+        return receiver.get(0, 1, "req_5", metadata)
+
     _, _, old = sender.put(0, 1, "req_5", b"old")
     _, size, new = sender.put(0, 1, "req_5", b"new")
-    assert receiver.get(0, 1, "req_5", old) is None
-    assert receiver.get(0, 1, "req_5", new) == (b"new", size)
+    started = time.monotonic()
+    assert get(old) is None
+    assert time.monotonic() - started < 4  # stale is final: not waited for
+    assert get(new) == (b"new", size)
 
 
 def test_get_with_deadline_returns_none_at_the_deadline_and_the_payload_when_there(

@@ -186,6 +186,39 @@ def test_issue22_unlinked_ring_frame_claimed_meanwhile_is_not_moved(scope: str) 
         assert reader.get(EDGE, "next").value == b"n"
 
 
+def test_issue22_a_damaged_ring_its_producer_replaced_is_dropped_and_the_new_one_read(
+    scope: str,
+) -> None:
+    """A kept reader whose old ring is damaged and closed (re-created) unmaps it and reads the new one.
+
+    The neighbour scribbles over the ring's head and unlinks the file; the
+    producer's next put re-creates the ring under the same identity. The
+    reader's next get meets the damage on the old mapping, drops that
+    reader from its cache (not only from the edge's list) and finds the
+    key in the new ring, then keeps reading it.
+    """
+    from shmring.spec.layout import RING_HEAD_OFFSET
+
+    with Connector(scope, ring_capacity=1 << 16) as producer, Connector(scope) as reader:
+        producer.put(EDGE, "warm", b"w")
+        assert reader.get(EDGE, "warm").status is GetStatus.DELIVERED  # maps and keeps the ring
+        ring = producer.ring(EDGE)
+        assert ring is not None
+        with open(ring.path, "r+b") as file:  # the neighbour
+            file.seek(RING_HEAD_OFFSET)
+            file.write((17).to_bytes(8, "little"))
+        os.unlink(ring.path)
+        producer.put(EDGE, "next", b"n")  # notices the unlink: the old ring CLOSED, a new one
+        assert producer.health().rings_replaced == 1
+        got = reader.get(EDGE, "next")
+        assert got.status is GetStatus.DELIVERED and got.value == b"n"
+        mapped = list(reader._ring_route.readers.values())
+        assert len(mapped) == 1 and not mapped[0].producer_closed  # the damaged one is gone
+        assert reader.get(EDGE, "next").status is GetStatus.NOT_FOUND  # once
+        producer.put(EDGE, "later", b"l")
+        assert reader.get(EDGE, "later").value == b"l"
+
+
 def test_issue22_reader_drops_a_shrunk_ring_mapping(scope: str) -> None:
     from shmring.impl.errors import CorruptFrameError
     from shmring.impl.ring.producer import RingChannel

@@ -201,3 +201,36 @@ def test_two_processes_churning_join_and_leave_never_fail(
     teardowns = len(directories) - 1
     assert teardowns > 0  # the loop really tore down (thousands, typically)
     assert not os.path.exists(deployment_directory(scope))  # the last one out removed it
+
+
+_WITHOUT_STDIN = textwrap.dedent(
+    """
+    import os, sys
+    from shmring.impl.connector import Connector
+
+    os.close(0)  # a service started without stdin: the next descriptor opened is 0
+    with Connector(sys.argv[1], ring_capacity=1 << 16) as connector:
+        connector.put(("a", "b"), "k", b"v")  # joins: the directory is opened first
+        held = connector._deployment.directory.fd
+        assert connector.get(("a", "b"), "k").value == b"v"
+    print(held, os.path.exists(connector.directory))
+    """
+)
+
+
+def test_a_process_without_stdin_tears_its_deployment_down(scope: str) -> None:
+    """Descriptor 0 is a descriptor like any other: a deployment directory held as fd 0 is removed at close."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_STDIN, scope],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=WAIT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    held, exists = result.stdout.split()
+    assert held == "0"  # the directory really was descriptor 0
+    assert exists == "False"
+    assert not os.path.exists(deployment_directory(scope))

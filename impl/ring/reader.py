@@ -226,7 +226,9 @@ class RingReader(ReaderClaim):
         from the view (a slice, `memoryview()`, numpy.frombuffer,
         torch.frombuffer) outlives the call, the get raises BufferError and
         the frame stays CLAIMED, so the ring never rewrites what it shows. If
-        `decode` raises, the frame stays deliverable.
+        `decode` raises, the frame stays deliverable, except for a payload
+        that does not decode (CorruptFrameError, UnsupportedPayloadError):
+        that frame is RETIRED (consumed, as vllm-omni does) and the error raised.
 
         LEASE: the answer's payload is a `Lease` borrowing the payload in
         place; the frame is DONE when the lease is released. LEASE with
@@ -235,7 +237,8 @@ class RingReader(ReaderClaim):
         the frame is CLAIMED (this process its holder) until the last view
         made from the payload dies, then DONE. If `decode` raises, the frame
         stays deliverable (unless something made from it outlives the
-        failure: then it is claimed until that dies).
+        failure: then it is claimed until that dies), or is RETIRED for a
+        payload that does not decode, as in COPY_OUT.
 
         With `position` (a descriptor) only that exact frame may be claimed;
         anything else answers STALE. BUSY: another process holds the ring
