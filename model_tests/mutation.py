@@ -63,6 +63,7 @@ HISTORY_HEADER = (
 # otherwise fail every run, on clean code too (conftest.py).
 SCOPED_SHM = {"SHMRING_SHM_CHECK": "scope"}
 CONFIRM_TIMEOUT_S = 300  # one pytest run while confirming a kill (the mutant may hang)
+CLEAN_TIMEOUT_S = 1800  # the whole selection on clean code, no xdist (after a failed clean run)
 # A mutant can break the code that cleans up (a close that no longer unlinks), and
 # a run killed at its timeout cleans up nothing: the fresh samples of 2026-12-04
 # left 16 deployment directories in /dev/shm. Where it may (root, unshare), every
@@ -505,7 +506,13 @@ def commit_of(root: Path = ROOT) -> str:
 
 
 def _pytest(
-    work: Path, mutant: str, tests: list[str], *, first_failure: bool, deselect: list[str] = ()
+    work: Path,
+    mutant: str,
+    tests: list[str],
+    *,
+    first_failure: bool,
+    deselect: list[str] = (),
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """pytest in the mutants' copy with `mutant` active ("" for clean code), no xdist."""
     args = [
@@ -536,7 +543,7 @@ def _pytest(
             env=env,
             capture_output=True,
             text=True,
-            timeout=CONFIRM_TIMEOUT_S,
+            timeout=CONFIRM_TIMEOUT_S if timeout is None else timeout,
         )
     except subprocess.TimeoutExpired as expired:
         out = expired.stdout or ""
@@ -553,6 +560,29 @@ def failed_tests(output: str) -> list[str]:
         if len(words) > 1 and words[0] in ("FAILED", "ERROR") and ".py" in words[1]:
             found.append(_summary_node_id(line.split(" ", 1)[1]))
     return found
+
+
+def clean_failures(work: Path) -> list[str] | None:
+    """After mutmut's clean run failed: the copy's selection alone on clean code, and what fails.
+
+    mutmut keeps no output of its clean run, so a run that stopped there
+    said only "see mutmut.log". The answer is the failing node ids, [] when
+    everything passes now (the failure did not hold up: load, another run
+    beside it), None when the copy has no selection to run.
+    """
+    config = work / "mutants" / "pyproject.toml"
+    if not config.exists():
+        return None
+    tests = tomllib.loads(config.read_text())["tool"]["mutmut"].get(
+        "pytest_add_cli_args_test_selection"
+    )
+    if not tests:
+        return None
+    result = _pytest(work, "", list(tests), first_failure=False, timeout=CLEAN_TIMEOUT_S)
+    failing = failed_tests(result.stdout)
+    if failing or result.returncode == 0:
+        return failing
+    return None  # timed out, or failed without naming a test or a file
 
 
 def _summary_node_id(rest: str) -> str:
@@ -811,6 +841,13 @@ def main(argv: list[str] | None = None) -> int:
         # mutmut stopped before any mutant (its stats run or the clean run
         # failed): there is no score to record.
         print(f"mutation: mutmut checked none of the sample; see {work / 'mutmut.log'}")
+        failing = clean_failures(work)
+        if failing:
+            print("mutation: on clean code these fail in the copy:", *failing, sep="\n  ")
+        elif failing == []:
+            print(
+                "mutation: the selection passes on clean code now: mutmut's failure did not hold up"
+            )
         return 2
     known = load_equivalents()
     confirmed: dict[str, str] = {}

@@ -465,3 +465,23 @@ def test_a_run_gets_a_dev_shm_of_its_own_and_leaves_nothing_in_the_real_one() ->
 
 def test_without_root_a_run_is_left_as_it_is() -> None:
     assert mutation.in_private_shm(["pytest", "-x"], root=False) == ["pytest", "-x"]
+
+
+def test_a_failed_clean_run_is_run_again_to_name_what_fails(tmp_path: Path) -> None:
+    """mutmut keeps no output of its clean run: the runner names the failing tests itself."""
+    mutants = tmp_path / "mutants"
+    mutants.mkdir()
+    (mutants / "test_clean.py").write_text(
+        "def test_passes():\n    pass\n\ndef test_fails():\n    assert False\n"
+    )
+    selection = '["test_clean.py"]'
+    (mutants / "pyproject.toml").write_text(
+        f"[tool.mutmut]\npytest_add_cli_args_test_selection = {selection}\n"
+    )
+    assert mutation.clean_failures(tmp_path) == ["test_clean.py::test_fails"]
+    (mutants / "test_clean.py").write_text("def test_passes():\n    pass\n")
+    assert mutation.clean_failures(tmp_path) == []  # passes now: the failure did not hold up
+    (mutants / "test_clean.py").write_text("import not_a_module_anywhere\n")
+    assert mutation.clean_failures(tmp_path) == ["test_clean.py"]  # a file that does not import
+    (mutants / "pyproject.toml").unlink()
+    assert mutation.clean_failures(tmp_path) is None  # nothing to run
