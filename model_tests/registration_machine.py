@@ -473,6 +473,26 @@ class RegistryMachine(RuleBasedStateMachine):
         assert self.registry.poisoned == self.model.poisoned
         assert self.registry.closed == self.model.closed
         assert len(self.registry.every_segment) == len(self.model.segments)
+        # Every counter against the model's segments, so one that counts the
+        # wrong way is seen at its first step, not only while it stays zero.
+        states = [s.state for s in self.model.segments.values()]
+        stats = self.registry.statistics()
+        got_counts = (
+            stats.segments_allocated,
+            stats.segments_published,
+            stats.segments_removed,
+            stats.segments_retained,
+            stats.poisoned,
+        )
+        expected_counts = (
+            len(states),
+            states.count(spec.SEGMENT_PUBLISHED),
+            states.count(spec.SEGMENT_REMOVED),
+            states.count(spec.SEGMENT_RETAINED),
+            self.model.poisoned,
+        )
+        if not self.model.closed:  # close removes what is left without a failed step
+            assert got_counts == expected_counts, f"statistics: impl {stats}, model {states}"
         for sid, model in self.model.segments.items():
             impl = self.impl(sid)
             got = (impl.state, impl.registered, impl.copied, impl.mapped, os.path.exists(impl.path))
