@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from ..impl.errors import ShmringError
 from ..impl.frame_io import SharedWords
+from ..impl.ring.frames import segment_problem
 from ..impl.ring.producer import RingChannel
 from ..impl.ring.reader import RingReader
 from ..impl.ring.results import ReceiveStatus
@@ -401,9 +402,9 @@ class InterruptedFallbackWorld(FallbackWorld):
         super().check_step(label)
         data = self._snapshot
         if data is not None and os.path.exists(self.path):  # a complete segment (checked above)
-            length = self.fallback.claim._check_segment(
-                memoryview(data), len(data), self.KEY.encode()
-            )[3]
+            fields = segment_problem(memoryview(data), len(data), self.KEY.encode())[2]
+            assert fields is not None
+            length = fields[4]  # its payload length
             start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(self.KEY)
             self.interrupts.seen_published.add(data[start : start + length])
 

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from ..impl import frame_io
 from ..impl.frame_io import FrameHeader, SharedWords, compute_checksum
+from ..impl.ring.frames import segment_problem
 from ..impl.ring.producer import RingChannel
 from ..impl.ring.reader import RingReader
 from ..impl.ring.results import ReceiveStatus
@@ -715,10 +716,10 @@ class FallbackWorld:
         if data == self._snapshot:
             return  # unchanged since the last check
         self._snapshot = data
-        problem, _owner, _generation, payload_length, checksum, _state = (
-            self.fallback.claim._check_segment(memoryview(data), size, self.KEY.encode())
-        )
+        problem, _header, fields = segment_problem(memoryview(data), size, self.KEY.encode())
         _require(problem is None, f"the file at the segment name is not a segment: {problem}")
+        assert fields is not None
+        payload_length, checksum = fields[4], fields[6]
         start = RING_HEADER_LENGTH + FRAME_KEY_OFFSET + len(self.KEY)
         payload = data[start : start + payload_length]
         _require(compute_checksum(self.KEY.encode(), payload) == checksum, "torn segment")

@@ -272,14 +272,18 @@ def _claim_locked(
                     where.unlink(path)
                 return _NOT_FOUND
             key_bytes = key.encode("utf-8")
-            problem, producer, frame_generation, payload_length, checksum, state = _check_segment(
-                buf, size, key_bytes
-            )
+            # The ring's header and frame checks (`ring.frames.segment_problem`): a
+            # segment is a ring header whose capacity is its one frame's length.
+            problem, header, fields = segment_problem(buf, size, key_bytes)
             if problem is not None:
                 where.unlink(path)
                 raise CorruptFrameError(
                     f"corrupted fallback segment: {problem}; removed; path={path!r}"
                 )
+            assert fields is not None  # no problem: its frame was read
+            producer = (header.producer_pid, header.producer_start_time, header.producer_instance)
+            _, _, _, _, payload_length, frame_generation, checksum = fields
+            state = header.state
             if (owner is not None and producer != owner) or (
                 generation is not None and frame_generation != generation
             ):
@@ -390,22 +394,6 @@ def _commit(
             pass  # unlinked below instead; the producer forgets the file
     where.unlink(path)
     return False
-
-
-def _check_segment(
-    buf: memoryview, size: int, key_bytes: bytes
-) -> tuple[str | None, tuple[int, ...], int, int, int, int]:
-    """(problem or None, owner, generation, payload length, checksum, ring state) of a segment.
-
-    The header and frame checks are the ring's (`ring.frames.segment_problem`):
-    a segment is a ring header whose capacity is its one frame's length.
-    """
-    problem, header, fields = segment_problem(buf, size, key_bytes)
-    owner = (header.producer_pid, header.producer_start_time, header.producer_instance)
-    if problem is not None:
-        return problem, owner, 0, 0, 0, 0
-    _, _, _, _, payload_length, position, checksum = fields
-    return None, owner, position, payload_length, checksum, header.state
 
 
 @signals_deferred

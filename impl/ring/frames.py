@@ -284,7 +284,7 @@ def published_keys(
 
 def segment_problem(
     buf: memoryview, size: int, key_bytes: bytes
-) -> tuple[str | None, RingHeader, FrameFields]:
+) -> tuple[str | None, RingHeader, FrameFields | None]:
     """(problem or None, header, frame fields) of a one-frame segment file holding `key_bytes`.
 
     The segment is a ring header whose capacity is the length of the one
@@ -293,7 +293,7 @@ def segment_problem(
     """
     header, problem = read_checked_ring_header(buf, size, SEGMENT_FILE)
     if problem is not None:
-        return problem, header, (0, 0, 0, 0, 0, 0, 0)
+        return problem, header, None  # no frame read: a header that fails says nothing of it
     frame = read_frame_header(buf, RING_HEADER_LENGTH)
     fields = (
         frame.length,
