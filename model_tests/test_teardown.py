@@ -28,8 +28,8 @@ import pytest
 from shmring.impl.admin import collect
 from shmring.impl.directory import open_deployment_directory
 from shmring.impl.discovery import Membership
-from shmring.impl.names import deployment_directory
-from shmring.impl.os_seam import SITE_RMDIR, OsFacade
+from shmring.impl.names import MEMBERS_FILE_NAME, deployment_directory
+from shmring.impl.os_seam import SITE_FLOCK, SITE_RMDIR, OsFacade
 
 WAIT_S = 300.0
 
@@ -233,4 +233,42 @@ def test_a_process_without_stdin_tears_its_deployment_down(scope: str) -> None:
     held, exists = result.stdout.split()
     assert held == "0"  # the directory really was descriptor 0
     assert exists == "False"
+    assert not os.path.exists(deployment_directory(scope))
+
+
+class _UnlinksMembersAtFirstLock(OsFacade):
+    """An OS seam that unlinks `members` once, right before the first flock: a teardown's unlink
+    landing between a joiner's open of the file and its lock."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path: str | None = path
+
+    def _enter(self, site: str) -> None:
+        path = self.path
+        if site == SITE_FLOCK and path is not None:
+            self.path = None
+            os.unlink(path)
+
+
+def test_a_join_whose_members_file_was_unlinked_before_its_lock_starts_over(scope: str) -> None:
+    """The lock then sits on a file no one else finds (nlink 0): the join opens `members` again."""
+    setup = Membership.join(
+        None, OsFacade(), ensure_directory=lambda: open_deployment_directory(scope, OsFacade())
+    )
+    members = os.path.join(setup.directory.path, MEMBERS_FILE_NAME)
+    try:
+        seam = _UnlinksMembersAtFirstLock(members)
+        member = Membership.join(setup.directory, seam)
+        try:
+            assert seam.path is None  # the unlink happened
+            assert isinstance(member, Membership) and member.joined
+            held = os.fstat(member._fd)
+            assert held.st_nlink == 1  # the lock is on the file at the name, not the lost one
+            assert (held.st_dev, held.st_ino) == (os.stat(members).st_dev, os.stat(members).st_ino)
+        finally:
+            member.leave()
+    finally:
+        setup.leave()
+        setup.directory.close()
     assert not os.path.exists(deployment_directory(scope))
