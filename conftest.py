@@ -1,4 +1,4 @@
-"""Suite-wide fixtures: unique scopes, and /dev/shm left as each test found it."""
+"""Suite-wide fixtures: unique scopes, /dev/shm left as each test found it, impl's logs exact."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
+# impl's log records held to the one table of its messages (the fixtures live there)
+from shmring.model_tests.log_messages import impl_logs_known_messages, impl_records  # noqa: F401
 
 SHM_ROOT = "/dev/shm"
 SCOPED_CHECK = "SHMRING_SHM_CHECK"  # "scope": count only the test's scope (shared machines)
