@@ -747,3 +747,19 @@ def test_start_time_is_read_after_the_command_name() -> None:
     line = b"42 (odd) name) (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19 20\n"
     assert parse_start_time(line) == 777
     assert read_start_time(2**22 + 12345) is None  # beyond pid_max: no such process
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"42 no parenthesis S 1 2 3", "not a /proc stat line: b'42 no parenthesis S 1 2 3'"),
+        (b"42 (x) S 1 2 3", "/proc stat line too short: b'42 (x) S 1 2 3'"),
+        (b"9 (" + b"n" * 200 + b") S 1", "/proc stat line too short: " + repr(b"9 (" + b"n" * 77)),
+    ],
+    ids=["no-command-name", "too-short", "cut-at-80-bytes"],
+)
+def test_a_line_that_is_no_start_time_is_refused_naming_the_line(line: bytes, message: str) -> None:
+    """The refusal says which line it read (its first 80 bytes), not only that one was wrong."""
+    with pytest.raises(ValueError) as refused:
+        parse_start_time(line)
+    assert str(refused.value) == message
