@@ -212,3 +212,32 @@ def test_arena_unregister_failure_retains_arena_until_late_unregister(registry: 
 def test_invalid_arena_capacity_is_a_configuration_error(registry: Registry) -> None:
     with pytest.raises(ConfigurationError, match="capacity=1000"):
         RegisteredArena(registry, 1000)
+
+
+def test_a_reader_sees_the_state_the_arena_writes_and_refuses_once_closed(
+    registry: Registry,
+) -> None:
+    """`ArenaReader.frame_state` reads the frame header the arena's own view reads."""
+    from shmring.impl.errors import ClosedError
+    from shmring.impl.registered.arena import ArenaReader
+
+    with RegisteredArena(registry, 4096) as arena:
+        first, second = (arena.put(torch.full((7,), n, dtype=torch.uint8)) for n in (1, 2))
+        assert not isinstance(first, PutStatus) and not isinstance(second, PutStatus)
+        reader = ArenaReader(registry.directory, first.arena)
+        try:
+            assert reader.frame_state(first.position) == FRAME_STATE_PUBLISHED
+            view = reader.borrow(first, "uint8", (7,))
+            assert reader.frame_state(first.position) == FRAME_STATE_CLAIMED
+            assert reader.frame_state(second.position) == FRAME_STATE_PUBLISHED
+            # A position past the capacity names the same place (positions only grow).
+            assert reader.frame_state(first.position + reader.capacity) == FRAME_STATE_CLAIMED
+            del view
+            assert reader.frame_state(first.position) == FRAME_STATE_DONE
+            assert arena.frame_state(first.position) == FRAME_STATE_DONE
+        finally:
+            reader.close()
+        with pytest.raises(ClosedError, match=f"arena reader is closed: name={reader.name!r}"):
+            reader.frame_state(first.position)
+        drained = borrow_in_reader(registry.directory, second, (7,))
+        del drained
