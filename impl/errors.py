@@ -12,10 +12,42 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from typing import Any
+
+
+def _require_message(error: BaseException, message: object) -> None:
+    """TypeError unless `message` is text that says something: every error names what went wrong."""
+    if not isinstance(message, str) or not message:
+        raise TypeError(f"{type(error).__name__} needs a message (a non-empty str): {message!r}")
+
+
+def _rebuild(cls: type[ShmringError], args: tuple[object, ...], state: dict[str, object]) -> Any:
+    """An error `ShmringError.__reduce__` sent, made again without its class's own __init__."""
+    base = OSError if issubclass(cls, OSError) else Exception  # the one whose layout it has
+    error = base.__new__(cls, *args)
+    base.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ShmringError(Exception):
-    """Root of every error shmring raises on purpose."""
+    """Root of every error shmring raises on purpose.
+
+    Its message is a non-empty str (TypeError otherwise). Every error
+    survives pickling as it is, with its extra attributes (`errno`,
+    `cuda_error`, `feature`): an error that crossed to another process
+    (multiprocessing, a process pool) is the error that was raised.
+    """
+
+    def __init__(self, message: str, *args: object) -> None:
+        _require_message(self, message)
+        super().__init__(message, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = self.args
+        if isinstance(self, OSError) and self.filename is not None:
+            args = (*args, self.filename)
+        return (_rebuild, (type(self), args, dict(self.__dict__)))
 
 
 class ConfigurationError(ShmringError, ValueError):
@@ -95,6 +127,7 @@ class NoSpaceError(ShmringError, OSError):
     """The OS has no space for a segment (ENOSPC and friends)."""
 
     def __init__(self, message: str, errno: int = _errno.ENOSPC) -> None:
+        _require_message(self, message)
         OSError.__init__(self, errno, message)
 
 
@@ -106,6 +139,7 @@ class DirectoryReplacedError(BrokenError, OSError):
     """
 
     def __init__(self, message: str) -> None:
+        _require_message(self, message)
         OSError.__init__(self, _errno.ESTALE, message)
 
 
@@ -118,6 +152,7 @@ class ResourceExhaustedError(ShmringError, OSError):
     """
 
     def __init__(self, message: str, errno: int = _errno.EMFILE) -> None:
+        _require_message(self, message)
         OSError.__init__(self, errno, message)
 
 
@@ -130,6 +165,7 @@ class FileAccessError(ShmringError, OSError):
     """
 
     def __init__(self, message: str, errno: int, filename: str | None = None) -> None:
+        _require_message(self, message)
         OSError.__init__(self, errno, message)
         self.filename = filename
 
