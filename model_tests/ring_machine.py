@@ -145,6 +145,12 @@ class RingLockstepMachine(RuleBasedStateMachine):
         self.indexes = {False: index_spec.ReaderIndex(), True: index_spec.ReaderIndex()}
         self.serial = 0
         self.outstanding: set[int] = set()  # positions of leases not yet released
+        # What the model answered, counted: the producer's and each reader's
+        # counters must say the same at every step (a counter seen only at
+        # zero passes a mutant that counts down).
+        self.put_outcomes = {status: 0 for status in PutStatus}
+        self.retired = 0  # frames puts (of a key again), cancels and close retired
+        self.claims = {False: 0, True: 0}  # frames each reader claimed
         # Whether Hypothesis shows this example's notes (the final replay of a
         # failing example, or a verbose run). Notes are only read then, so the
         # other examples skip formatting them.
@@ -255,6 +261,8 @@ class RingLockstepMachine(RuleBasedStateMachine):
         if self.noting:
             note(f"  -> {outcome}")
         assert tuple(outcome) == _model_put_fields(expected), (outcome, expected)
+        self.put_outcomes[expected.status] += 1
+        self.retired += expected.retired  # a put of a key retires its earlier frame
         if outcome.status is PutStatus.NOT_ADMITTED:
             TALLY.label("not admitted")
         elif outcome.status is PutStatus.FULL:
@@ -285,6 +293,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
             note(f"  -> {got.status.value} at {got.position}")
         self._check_delivery(expected, got.status, got.position)
         if expected.status is GetStatus.DELIVERED:
+            self.claims[other] += 1
             assert got.payload == expected.payload
 
     @rule(descriptor=descriptors, other_key=st.sampled_from((None, *KEYS)), other=st.booleans())
@@ -307,6 +316,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         if self.noting:
             note(f"  -> {got.status.value}")
         self._check_delivery(expected, got.status, got.position)
+        self.claims[other] += expected.status is GetStatus.DELIVERED
         if expected.status is GetStatus.STALE:
             TALLY.label("stale descriptor")
         else:
@@ -337,6 +347,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         self._check_delivery(expected, got.status, got.position)
         if got.status is not ReceiveStatus.DELIVERED:
             return multiple()
+        self.claims[False] += 1
         lease: Lease = got.payload
         assert bytes(lease.view) == expected.payload
         self.outstanding.add(lease.position)
@@ -362,6 +373,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
         wrapped = self.ring.head > self.ring.capacity
         expected = ring_spec.process_cancel(self.ring, key)
         assert self.channel.cancel(key) == expected
+        self.retired += expected
         if wrapped and expected:
             TALLY.label("cancel after wrap")
 
@@ -373,6 +385,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
             note(f"cancel_prefix({prefix!r})")
         expected = ring_spec.process_cancel_prefix(self.ring, prefix)
         assert self.channel.cancel_prefix(prefix) == expected
+        self.retired += expected
 
     @precondition(lambda self: self.model is not None and self.model.head > 0)
     @rule(draw=st.integers(0, 7))
@@ -386,6 +399,7 @@ class RingLockstepMachine(RuleBasedStateMachine):
             note("close()")
         expected = ring_spec.process_close(self.ring)
         assert self.channel.close() == expected
+        self.retired += expected
 
     # -- invariants --------------------------------------------------------------------
 
@@ -403,6 +417,18 @@ class RingLockstepMachine(RuleBasedStateMachine):
         claimed = sum(frame.state == FRAME_STATE_CLAIMED for frame in ring.frames)
         assert shared.claimed_frames == claimed
         assert shared.closed == ring.closed
+        own = self.channel.statistics()
+        counted = (own.puts, own.refused_not_admitted, own.refused_full, own.retired)
+        outcomes = self.put_outcomes
+        expected_counts = (
+            outcomes[PutStatus.PUBLISHED],
+            outcomes[PutStatus.NOT_ADMITTED],
+            outcomes[PutStatus.FULL],
+            self.retired,
+        )
+        assert counted == expected_counts, (own, outcomes, self.retired)
+        for other in (False, True):
+            assert self._pick_reader(other).statistics().gets == self.claims[other], other
         for other, model_index in self.indexes.items():
             real = self._pick_reader(other).index_snapshot()
             check_reader_index(ring, model_index)
