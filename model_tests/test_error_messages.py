@@ -44,7 +44,7 @@ READ = {
     "subprocess without pillow (test_conformance_wire_types.py checks its words)",
     "futex word is closed": "test_a_closed_futex_word_refuses_a_load",
     "pool reference names generation 0 (no publish has it)": "test_pool.py's forged "
-    "references (a get of one)",
+    "references (a get of one; the message matched whole, anchored)",
     "the registered transfer path's CUDA driver": "MissingExtraError's feature: reached only "
     "where cuda-python is refused (test_base_install.py, in a subprocess)",
     "CudaRuntimeDriver needs a CUDA device: torch.cuda.is_available()=False": (
