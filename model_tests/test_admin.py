@@ -59,7 +59,9 @@ def killed_producer(scope: str):
 def test_stat_of_an_unknown_scope_says_nothing_is_there(scope: str) -> None:
     status = admin.deployment_status(scope)
     assert not status.exists
-    assert "nothing in shared memory" in admin.format_status(status)
+    assert admin.format_status(status) == (
+        f"{names.deployment_directory(scope)}: nothing in shared memory for this scope"
+    )
 
 
 def test_stat_shows_the_dead_producer_its_ring_and_its_segment(
