@@ -503,6 +503,9 @@ class DiscoveryLockstepMachine(RuleBasedStateMachine):
             assert seam.calls["scandir"] == model_scans, (
                 f"{name} scans: model {model_scans}, implementation {seam.calls['scandir']}"
             )
+            # What the connector reports of them too (`health().scans`).
+            reported = self.receivers[name].health().scans
+            assert reported == model_scans, f"{name} health.scans {reported}, model {model_scans}"
 
 
 def _read_stamp(directory: str) -> int | None:
