@@ -107,3 +107,18 @@ def test_an_error_without_a_message_is_refused(make: Any, message: object) -> No
     with pytest.raises(TypeError, match=r"needs a message \(a non-empty str\): ") as refused:
         make(message)
     assert str(refused.value).endswith(repr(message))
+
+
+def test_a_missing_extra_names_the_feature_the_module_and_the_command() -> None:
+    """Word for word, with a detail and without one (the default adds nothing)."""
+    bare = errors.MissingExtraError("video encoding", "av", "video")
+    assert (
+        str(bare) == "video encoding needs av, which is not installed: pip install 'shmring[video]'"
+    )
+    assert (bare.feature, bare.module, bare.extra) == ("video encoding", "av", "video")
+    detailed = errors.MissingExtraError("video encoding", "av", "video", "ImportError: no av")
+    assert str(detailed) == (
+        "video encoding needs av, which is not installed (ImportError: no av): "
+        "pip install 'shmring[video]'"
+    )
+    assert isinstance(bare, ImportError) and isinstance(bare, errors.ConfigurationError)
