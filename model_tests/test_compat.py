@@ -265,3 +265,35 @@ def test_payload_tags_are_preserved_across_many_keys(
     for index in reversed(range(40)):
         got = receiver.get(0, 1, f"req_9_{index}")
         assert got is not None and payload_tag(got[0]) == index
+
+
+def test_foreign_receivers_are_kept_and_the_least_recently_used_is_closed_first(
+    scope: str,
+) -> None:
+    """A descriptor of another scope joins a receiver there once; a later one uses it again."""
+    from shmring.impl.compat_metadata import MAX_FOREIGN_SCOPES, ForeignReceivers
+    from shmring.impl.connector import Connector
+    from shmring.impl.names import DEFAULT_SHM_ROOT
+
+    producers = [Connector(f"{scope}f{n}") for n in range(MAX_FOREIGN_SCOPES + 1)]
+    foreign = ForeignReceivers(DEFAULT_SHM_ROOT, None)
+    try:
+        names = []
+        for producer in producers:
+            producer.put(("a", "b"), "k", b"made the directory")
+            names.append(os.path.basename(producer.directory))
+        first = foreign.receiver(names[0], "k")
+        assert first is not None and first.scope == producers[0].scope
+        kept = [first] + [foreign.receiver(name, "k") for name in names[1:MAX_FOREIGN_SCOPES]]
+        assert len(foreign) == MAX_FOREIGN_SCOPES
+        assert foreign.receiver(names[0], "k") is first  # kept, and now the most recent
+        foreign.receiver(names[MAX_FOREIGN_SCOPES], "k")  # one too many: the oldest goes
+        assert len(foreign) == MAX_FOREIGN_SCOPES
+        assert foreign.receiver(names[0], "k") is first  # used last but one: still kept
+        evicted = kept[1]  # the least recently used
+        assert evicted is not None and evicted.closed
+        assert not first.closed
+    finally:
+        foreign.close()
+        for producer in producers:
+            producer.close()
