@@ -20,20 +20,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ...spec.connector import Route
-from ...spec.layout import CODEC_FRAMED_MARKER, POOL_REF_LENGTH
+from ...spec.layout import POOL_REF_LENGTH
 from .. import codec
 from ..errors import ResourceExhaustedError
 from ..liveness import Liveness
 from ..names import ConnectorIdentity
 from ..pool import PoolReader, is_pool_ref
 from ..ring.borrow import BorrowedPayload
-from .cohort import NOTHING_HELD, CohortGates, is_borrowed_member, is_member
+from .cohort import NOTHING_HELD, CohortGates, is_borrowed_member
 from .edges import Edge
 from .shortage import retry_short_of_descriptors
 
 _RING = Route.RING
 _POOL = Route.POOL
-_FRAMED = CODEC_FRAMED_MARKER  # a cohort member's envelope starts like a framed payload
 
 # A ring payload -> (encoded bytes, value, route): POOL when it was a pool reference.
 Decoder = Callable[[memoryview], tuple[int, Any, Route]]
@@ -84,9 +83,9 @@ def frame_decoder(
         if pool is not None and is_pool_ref(view):
             size, value = pool.decode_owned(producer, view, decode_payload)
             return size, value, _POOL
-        if cohorts is not None and view[0] == _FRAMED and is_member(view):
-            return view.nbytes, decode_payload(view), _RING
-        return view.nbytes, codec.decode(view), _RING
+        # `decode_payload` is the cohorts' when the edge has them: it opens a
+        # member's envelope, and decodes anything else as `codec.decode` does.
+        return view.nbytes, decode_payload(view), _RING
 
     return decode
 
