@@ -250,3 +250,23 @@ def test_a_forked_child_draws_other_fresh_values_than_its_parent() -> None:
         os.close(read_end)
     parent = [futex.fresh_value(0) for _ in range(4)]
     assert len(child) == 4 and child != parent
+
+
+@pytest.mark.skipif(not futex.AVAILABLE, reason="needs futex(2)")
+def test_a_wait_with_no_time_left_or_on_a_closed_word_returns_without_a_system_call() -> None:
+    """A timeout <= 0 never reaches the kernel (a negative one would be EINVAL there), nor a
+    closed word (its address may name a mapping that is gone, or one that never moves)."""
+    mapping = mmap.mmap(-1, 64)
+    word = futex.FutexWord(mapping, 0)
+    try:
+        seen = word.load()
+        word.wait(seen, 0.0)
+        word.wait(seen, -1.5)  # as a deadline already past gives it: no OSError(EINVAL)
+        word.close()
+        done = threading.Thread(target=word.wait, args=(seen, LONG_WAIT_S))
+        done.start()
+        done.join(WATCHDOG_S)
+        assert not done.is_alive()  # it did not sleep on the unchanged word
+    finally:
+        word.close()
+        mapping.close()
