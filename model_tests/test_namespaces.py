@@ -429,3 +429,23 @@ def test_a_borrower_in_another_namespace_keeps_its_frame_when_the_ring_fills(sco
             for stream in (borrower.stdin, borrower.stdout):
                 if stream is not None:
                     stream.close()
+
+
+def test_the_pid_namespace_is_read_once_per_process_and_again_after_a_fork() -> None:
+    """`own_pid_namespace` keeps (pid, namespace): reused by this pid, read again by another."""
+    from shmring.impl import liveness_file
+    from shmring.impl.os_seam import DEFAULT_OS
+
+    namespace = liveness_file.own_pid_namespace(DEFAULT_OS)
+    info = os.stat("/proc/self/ns/pid")
+    assert namespace == (info.st_dev, info.st_ino)
+    assert liveness_file._namespace_cache == (os.getpid(), namespace)
+    saved = liveness_file._namespace_cache
+    try:
+        liveness_file._namespace_cache = (os.getpid(), (1, 2))  # what it keeps is what it answers
+        assert liveness_file.own_pid_namespace(DEFAULT_OS) == (1, 2)
+        liveness_file._namespace_cache = (os.getpid() + 1, (1, 2))  # a forked child's copy
+        assert liveness_file.own_pid_namespace(DEFAULT_OS) == namespace
+        assert liveness_file._namespace_cache == (os.getpid(), namespace)
+    finally:
+        liveness_file._namespace_cache = saved
