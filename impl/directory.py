@@ -384,6 +384,19 @@ def open_private_file(path: str, os_facade: OsFacade, what: str) -> tuple[int, o
     return fd, info
 
 
+def remove_deployment_directory_if_empty(path: str, os_facade: OsFacade = DEFAULT_OS) -> bool:
+    """rmdir `path` when nothing is left in it; answer whether it was removed."""
+    try:
+        os_facade.rmdir(path)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
 __all__ = [
     "DeploymentDirectory",
     "Directory",
@@ -394,4 +407,5 @@ __all__ = [
     "check_private_file",
     "ensure_deployment_directory",
     "open_deployment_directory",
+    "remove_deployment_directory_if_empty",
 ]

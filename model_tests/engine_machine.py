@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 from ..fault_injection.kit.payloads import tagged_payload
-from ..impl.directory import ensure_deployment_directory
+from ..impl.directory import ensure_deployment_directory, remove_deployment_directory_if_empty
 from ..impl.names import current_producer_identity, ring_path
 from ..impl.registered.arena import ArenaReader, RegisteredArena, arena_key
 from ..impl.registered.cuda_driver import SimulatedCudaDriver
@@ -59,7 +59,6 @@ from ..spec.layout import (
     RING_CAPACITY_ALIGNMENT,
 )
 from ..spec.ring import ConsumeMode, GetStatus, PutStatus
-from .workers import remove_deployment_directory_if_empty
 
 CAPACITY = 4096  # small: wraparound, exact fit and FULL within a few puts
 KEYS = ("a", "b", "req_0_1")

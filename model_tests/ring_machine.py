@@ -45,7 +45,10 @@ from hypothesis.stateful import (
 
 from ..fault_injection.kit.machines import Tally, register_profiles
 from ..fault_injection.kit.payloads import tagged_payload
-from ..impl.directory import ensure_deployment_directory
+from ..impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from ..impl.names import current_producer_identity, ring_path
 from ..impl.ring.borrow import Lease
 from ..impl.ring.producer import RingChannel
@@ -62,7 +65,6 @@ from ..spec.layout import (
     RING_CAPACITY_ALIGNMENT,
 )
 from ..spec.ring import ConsumeMode, GetStatus, PutStatus
-from .workers import remove_deployment_directory_if_empty
 
 KEYS = ("a", "b", "é", "req_0_1", "req_0_12", "req_0_1x", "request_0_0")
 FILLER_KEY = "filler"  # published and claimed in one rule; matches no prefix

@@ -11,7 +11,6 @@ each reports ``(what, value)`` pairs over its connection.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import time
@@ -19,7 +18,10 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 from ..fault_injection.kit.payloads import tagged_payload
-from ..impl.directory import ensure_deployment_directory
+from ..impl.directory import (
+    ensure_deployment_directory,
+    remove_deployment_directory_if_empty,
+)
 from ..impl.names import DEFAULT_SHM_ROOT, current_producer_identity, ring_path
 from ..impl.os_seam import DEFAULT_OS
 from ..impl.ring.producer import RingChannel
@@ -27,19 +29,6 @@ from ..impl.ring.reader import RingReader
 from ..impl.ring.results import ReceiveStatus
 
 # -- deployment directories --------------------------------------------------------
-
-
-def remove_deployment_directory_if_empty(path: str) -> bool:
-    """rmdir `path` when nothing is left in it; answer whether it was removed (tests' cleanup)."""
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        if error.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            return False
-        raise
-    return True
 
 
 @contextlib.contextmanager
