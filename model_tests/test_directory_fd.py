@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,23 @@ def test_registered_transfer_readers_refuse_files_that_are_not_ours_issue_12(
         for name in (arena, segment):
             os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
+
+
+def test_an_empty_directory_is_removed_and_anything_else_answers_why_not(tmp_path: Path) -> None:
+    """`remove_deployment_directory_if_empty`: True only when it removed the directory."""
+    from shmring.impl.directory import remove_deployment_directory_if_empty
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert remove_deployment_directory_if_empty(str(empty)) is True
+    assert not empty.exists()
+    assert remove_deployment_directory_if_empty(str(empty)) is False  # gone already
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "left").write_bytes(b"")
+    assert remove_deployment_directory_if_empty(str(full)) is False  # ENOTEMPTY
+    assert (full / "left").exists()
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    with pytest.raises(NotADirectoryError):  # any other refusal is the caller's to see
+        remove_deployment_directory_if_empty(str(plain))
